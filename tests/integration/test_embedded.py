@@ -1,0 +1,20 @@
+"""The embedded server starts on a free port, answers, and comes back with its data after a stop."""
+
+from __future__ import annotations
+
+import redis
+
+from worker.embedded import EmbeddedServer
+
+
+def test_embedded_server_keeps_data_across_restart_with_aof() -> None:
+    """A server run with AOF, as in production, keeps its keys across a stop and start."""
+    with EmbeddedServer(appendonly=True) as server:
+        client = redis.Redis.from_url(server.url)
+        client.set("k", "v")
+        client.close()
+        server.stop()
+        server.start()
+        client = redis.Redis.from_url(server.url)
+        assert client.get("k") == b"v"
+        client.close()

@@ -1,0 +1,21 @@
+"""The `turnstile` command line: thin commands over library functions."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="turnstile",
+    help="Run long LLM agent tasks as durable background steps.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """Turnstile: durable agent runs on Celery with a shared per-tenant budget ledger."""
+
+
+def main() -> None:
+    app()
