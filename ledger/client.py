@@ -1,0 +1,331 @@
+"""The Python face of the ledger: validate, call one script, return a typed result."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+
+import redis
+import structlog
+from redis.backoff import NoBackoff
+from redis.exceptions import (
+    ClusterDownError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    ResponseError,
+    TryAgainError,
+)
+from redis.retry import Retry
+
+from ledger import replies
+from ledger.errors import LedgerError, LedgerInputError, LedgerUnavailable
+from ledger.inputs import (
+    DEFAULT_DIMENSIONS,
+    MAX_AMOUNT,
+    check_amount,
+    check_amounts,
+    check_dimension_name,
+    check_id,
+    check_known_dimension,
+    check_period,
+    check_tenant,
+    flat_pairs,
+    seconds_to_ms,
+)
+from ledger.keys import PENDING_TENANTS, journal_key, tenant_keys
+from ledger.results import (
+    CeilingResult,
+    DimensionState,
+    JournalEntry,
+    RebuildResult,
+    ReserveResult,
+    SettleResult,
+)
+from ledger.scripts import OPERATIONS, compose
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_GRACE_S = 60.0
+"""Added to every deadline: usage a provider reports after the step's own timeout (a response
+already in flight, an asynchronous usage record) must still land before the hold is charged."""
+
+DEFAULT_RETENTION_S = 7 * 24 * 3600.0
+"""How long resolved reservations are remembered, so a retry with the same id within a week is
+a replay; after that the id is forgotten and would make a new reservation."""
+
+DEFAULT_JOURNAL_MAXLEN = 100_000
+"""Entries kept per tenant (trimmed approximately): weeks of a busy tenant's history."""
+
+DEFAULT_CONNECT_TIMEOUT_S = 0.5
+DEFAULT_SOCKET_TIMEOUT_S = 1.0
+"""A reserve must answer fast, admitted or not: a hard limit fails closed on a slow ledger
+rather than stalling every worker. A script here runs in well under a millisecond."""
+
+REAP_BATCH = 500  # expiries and prunings per reap call: bounds how long one call blocks Redis
+
+_UNAVAILABLE: tuple[type[Exception], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    ReadOnlyError,  # a replica after a failover
+    OutOfMemoryError,  # writes refused until memory frees up
+    ClusterDownError,
+    TryAgainError,
+)
+
+
+def _unavailable(exc: Exception) -> bool:
+    if isinstance(exc, _UNAVAILABLE):
+        return True
+    # A script running past its time limit makes the server answer BUSY to everyone.
+    return isinstance(exc, ResponseError) and str(exc).startswith("BUSY")
+
+
+def connect(
+    url: str,
+    *,
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+    timeout_s: float = DEFAULT_SOCKET_TIMEOUT_S,
+) -> redis.Redis:
+    """A client that gives up fast: short timeouts and no retries of its own.
+
+    redis-py retries a failed command ten times with backoff by default, which turns a dead
+    server into seconds of waiting; the ledger's callers retry with the same id instead.
+    """
+    return redis.Redis.from_url(
+        url,
+        socket_connect_timeout=connect_timeout_s,
+        socket_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+        decode_responses=True,
+    )
+
+
+class Ledger:
+    """A tenant budget ledger shared by every worker, over one Redis or Valkey server.
+
+    `grace_s` is added to every reservation's deadline; `dimensions` are the dimension names
+    this ledger accepts (the built-in four by default; add more freely); `retention_s` is how
+    long resolved reservations stay replayable; `journal_maxlen` caps each tenant's journal.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        grace_s: float = DEFAULT_GRACE_S,
+        dimensions: Sequence[str] = DEFAULT_DIMENSIONS,
+        retention_s: float = DEFAULT_RETENTION_S,
+        journal_maxlen: int = DEFAULT_JOURNAL_MAXLEN,
+    ) -> None:
+        self._grace_ms = seconds_to_ms("grace_s", grace_s)
+        self._retention_ms = seconds_to_ms("retention_s", retention_s, maximum_s=10 * 365 * 86400)
+        if isinstance(journal_maxlen, bool) or not isinstance(journal_maxlen, int):
+            raise LedgerInputError("journal_maxlen must be an integer")
+        if not 1 <= journal_maxlen <= MAX_AMOUNT:
+            raise LedgerInputError("journal_maxlen must be at least 1")
+        self.dimensions = tuple(check_dimension_name(d) for d in dimensions)
+        self._maxlen = str(journal_maxlen)
+        self._client = client
+        self._scripts = {op: client.register_script(self._source(op)) for op in OPERATIONS}
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        timeout_s: float = DEFAULT_SOCKET_TIMEOUT_S,
+        grace_s: float = DEFAULT_GRACE_S,
+        dimensions: Sequence[str] = DEFAULT_DIMENSIONS,
+        retention_s: float = DEFAULT_RETENTION_S,
+        journal_maxlen: int = DEFAULT_JOURNAL_MAXLEN,
+    ) -> Ledger:
+        client = connect(url, connect_timeout_s=connect_timeout_s, timeout_s=timeout_s)
+        return cls(
+            client,
+            grace_s=grace_s,
+            dimensions=dimensions,
+            retention_s=retention_s,
+            journal_maxlen=journal_maxlen,
+        )
+
+    @property
+    def client(self) -> redis.Redis:
+        return self._client
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # Seams for the tests' simulated clock: the script text and the KEYS of a tenant.
+    def _source(self, operation: str) -> str:
+        return compose(operation)
+
+    def _keys(self, tenant: str) -> list[str]:
+        return tenant_keys(tenant)
+
+    def _run(self, operation: str, tenant: str, args: list[str]) -> object:
+        try:
+            return self._scripts[operation](keys=self._keys(tenant), args=args)
+        except redis.RedisError as exc:
+            if _unavailable(exc):
+                raise LedgerUnavailable(f"ledger store unavailable: {exc}") from exc
+            raise LedgerError(f"ledger {operation} failed: {exc}") from exc
+
+    def set_ceiling(
+        self,
+        tenant: str,
+        dimension: str,
+        value: int,
+        *,
+        hard: bool = True,
+        period: str = "none",
+        op_id: str | None = None,
+    ) -> CeilingResult:
+        """Set a ceiling. Pass `op_id` to make a retried call a replay; without one, each call
+        gets a fresh id. Raises LedgerConflict if `op_id` already set something else."""
+        check_tenant(tenant)
+        check_known_dimension(dimension, self.dimensions)
+        checked = check_amount(f"ceiling of {dimension}", value)
+        if not isinstance(hard, bool):
+            raise LedgerInputError(f"hard must be True or False, got {hard!r}")
+        op = check_id(op_id, "operation id") if op_id is not None else uuid.uuid4().hex
+        args = [op, dimension, str(checked), "1" if hard else "0", check_period(period).value]
+        reply = self._run("set_ceiling", tenant, [*args, self._maxlen])
+        return replies.set_ceiling(reply, op)
+
+    def reserve(
+        self,
+        tenant: str,
+        reservation_id: str,
+        amounts: Mapping[str, int],
+        *,
+        timeout_s: float,
+    ) -> ReserveResult:
+        """Hold `amounts` against every ceiling at once, or hold nothing.
+
+        The hold's deadline is the server's time + `timeout_s` + the grace margin. Bad input
+        raises LedgerInputError; an unreachable server never raises: it answers status
+        "unavailable", and retrying later with the same id is safe.
+        """
+        check_tenant(tenant)
+        check_id(reservation_id)
+        pairs = check_amounts(amounts, self.dimensions, allow_empty=False)
+        timeout_ms = seconds_to_ms("timeout_s", timeout_s)
+        args = [reservation_id, str(timeout_ms), str(self._grace_ms), self._maxlen]
+        try:
+            reply = self._run("reserve", tenant, args + flat_pairs(pairs))
+        except LedgerUnavailable as exc:
+            return ReserveResult(status="unavailable", admitted=False, detail=str(exc))
+        result = replies.reserve(reply)
+        if replies.needs_index(reply):
+            self._index(tenant)
+        return result
+
+    def _index(self, tenant: str) -> None:
+        try:
+            self._client.sadd(PENDING_TENANTS, tenant)
+        except redis.RedisError as exc:
+            # The hold stands; its expiry is still charged by the tenant's next operation or
+            # by reap(tenant). Only reap_all would miss it, until the tenant is indexed again.
+            log.warning("ledger_index_failed", tenant=tenant, error=str(exc))
+
+    def settle_script_args(
+        self, tenant: str, reservation_id: str, actual: Mapping[str, int]
+    ) -> tuple[list[str], list[str]]:
+        """KEYS and ARGV for `ledger_settle(keys, argv)` inside another script (see lib.lua)."""
+        check_tenant(tenant)
+        check_id(reservation_id)
+        pairs = check_amounts(actual, self.dimensions, allow_empty=True)
+        return self._keys(tenant), [reservation_id, self._maxlen, *flat_pairs(pairs)]
+
+    def settle(self, tenant: str, reservation_id: str, actual: Mapping[str, int]) -> SettleResult:
+        """Book the actual usage and release the rest of the hold.
+
+        Settling again with the same actual is a replay; with another, LedgerConflict. A
+        reservation that expired (charged in full) is corrected to the actual. Raises
+        LedgerUnavailable when the server does not answer (retry with the same arguments).
+        """
+        _, args = self.settle_script_args(tenant, reservation_id, actual)
+        return replies.settle(self._run("settle", tenant, args), reservation_id)
+
+    def release(self, tenant: str, reservation_id: str) -> SettleResult:
+        """Resolve a reservation that spent nothing (the same as settling with all zeros)."""
+        check_tenant(tenant)
+        check_id(reservation_id)
+        reply = self._run("release", tenant, [reservation_id, self._maxlen])
+        return replies.settle(reply, reservation_id)
+
+    def read(self, tenant: str) -> dict[str, DimensionState]:
+        """Every dimension with a ceiling or any usage, in its current period, in dimension
+        order. Due expiries are charged first."""
+        check_tenant(tenant)
+        return replies.read(self._run("read", tenant, [self._maxlen]))
+
+    def rebuild(self, tenant: str) -> RebuildResult:
+        """Recompute every reserved figure from the pending reservations (a repair)."""
+        check_tenant(tenant)
+        return replies.rebuild(self._run("rebuild", tenant, [self._maxlen]))
+
+    def _reap_once(self, tenant: str) -> tuple[int, int]:
+        """(expired, pending) after charging every due expiry and pruning old records."""
+        args = [str(REAP_BATCH), str(self._retention_ms), self._maxlen]
+        expired_total = 0
+        while True:
+            expired, pruned, pending = replies.reap(self._run("reap", tenant, args))
+            expired_total += expired
+            if expired < REAP_BATCH and pruned < REAP_BATCH:
+                return expired_total, pending
+
+    def reap(self, tenant: str) -> int:
+        """Charge every due expiry of `tenant` in deadline order; returns how many."""
+        check_tenant(tenant)
+        return self._reap_once(tenant)[0]
+
+    def reap_all(self) -> int:
+        """Reap every tenant that may hold pending reservations; returns the expiries charged.
+
+        Each tenant leaves the set before its reap and goes back if it still holds something,
+        so a reserve that lands in between always leaves the tenant indexed.
+        """
+        try:
+            tenants = list(self._client.sscan_iter(PENDING_TENANTS, count=REAP_BATCH))
+            total = 0
+            for raw in tenants:
+                tenant = replies.text(raw)
+                self._client.srem(PENDING_TENANTS, tenant)
+                try:
+                    expired, pending = self._reap_once(tenant)
+                except LedgerError:
+                    self._client.sadd(PENDING_TENANTS, tenant)
+                    raise
+                total += expired
+                if pending:
+                    self._client.sadd(PENDING_TENANTS, tenant)
+        except redis.RedisError as exc:
+            raise LedgerUnavailable(f"ledger store unavailable: {exc}") from exc
+        return total
+
+    def journal(self, tenant: str, *, count: int | None = None) -> list[JournalEntry]:
+        """The tenant's journal, oldest first (the last `count` entries if given)."""
+        check_tenant(tenant)
+        key = journal_key(tenant)
+        try:
+            if count is None:
+                raw = self._client.xrange(key) or []
+            else:
+                raw = list(reversed(self._client.xrevrange(key, count=count) or []))
+        except redis.RedisError as exc:
+            raise LedgerUnavailable(f"ledger store unavailable: {exc}") from exc
+        return [replies.journal_entry(entry_id, dict(fields or {})) for entry_id, fields in raw]

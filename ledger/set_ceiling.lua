@@ -1,0 +1,59 @@
+--[[
+set_ceiling: set one dimension's ceiling, its kind and its period.
+
+KEYS  the six ledger keys of the tenant, in the order documented in lib.lua
+ARGV  [1] operation id (makes the call idempotent)
+      [2] dimension
+      [3] ceiling, an integer in 0..2^53
+      [4] 1 hard, 0 soft
+      [5] period: none, day or month
+      [6] journal length (approximate cap)
+
+Replies:
+  { 'set', replayed (0|1) }   replayed: this operation id already did exactly this
+  { 'conflict' }              this operation id already did something else; nothing written
+  { 'invalid', message }      nothing written
+Pending reservations keep the bucket they were admitted in; the new ceiling and period apply
+to reservations admitted from now on.
+]]
+
+local now = ledger_now()
+local op, dim, hard, period = ARGV[1], ARGV[2], ARGV[4], ARGV[5]
+local ceiling, maxlen = ledger_int(ARGV[3]), ledger_int(ARGV[6])
+if not ledger_valid_id(op) then
+  return { 'invalid', 'operation id must be 1..256 characters with no spaces' }
+end
+if not ledger_valid_dim(dim) then
+  return { 'invalid', 'bad dimension name: ' .. tostring(dim) }
+end
+if ceiling == nil then
+  return { 'invalid', 'ceiling must be an integer in 0..2^53' }
+end
+if hard ~= '0' and hard ~= '1' then
+  return { 'invalid', 'hard must be 0 or 1' }
+end
+if not ledger_valid_period(period) then
+  return { 'invalid', 'period must be none, day or month' }
+end
+if maxlen == nil or maxlen < 1 then
+  return { 'invalid', 'journal length must be a positive integer' }
+end
+
+ledger_expire_due(KEYS, now, LEDGER_EXPIRE_BATCH, maxlen)
+
+local entry = ledger_fmt(ceiling) .. '|' .. hard .. '|' .. period
+local fingerprint = dim .. '=' .. entry
+local seen = redis.call('HGET', KEYS[LEDGER_K_RECORDS], 'o:' .. op)
+if seen then
+  if seen == fingerprint then
+    return { 'set', 1 }
+  end
+  return { 'conflict' }
+end
+redis.call('HSET', KEYS[LEDGER_K_LIMITS], dim, entry)
+redis.call('HSET', KEYS[LEDGER_K_RECORDS], 'o:' .. op, fingerprint)
+redis.call('ZADD', KEYS[LEDGER_K_RESOLVED], now, 'o:' .. op)
+ledger_journal(KEYS, maxlen, now, 'set_ceiling', op, {
+  'dimension', dim, 'ceiling', ledger_fmt(ceiling), 'hard', hard, 'period', period,
+})
+return { 'set', 0 }
