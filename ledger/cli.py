@@ -1,0 +1,123 @@
+"""`turnstile ledger set|show`: thin commands over the Ledger API."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ledger.client import Ledger
+from ledger.errors import LedgerError
+from ledger.inputs import Period
+
+ledger_app = typer.Typer(
+    help="Read and set a tenant's budget ceilings.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+RedisUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--redis-url",
+        envvar="TURNSTILE_REDIS_URL",
+        help="URL of the ledger's Redis or Valkey server.",
+        show_default=False,
+    ),
+]
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+@contextmanager
+def _ledger(url: str | None) -> Iterator[Ledger]:
+    if not url:
+        raise _fail("no ledger store: set TURNSTILE_REDIS_URL or pass --redis-url", code=2)
+    try:
+        ledger = Ledger.from_url(url)
+    except ValueError as exc:  # redis-py's word for a malformed URL
+        raise _fail(f"bad ledger store URL {url!r}: {exc}", code=2) from None
+    try:
+        with ledger:
+            yield ledger
+    except LedgerError as exc:
+        raise _fail(str(exc)) from None
+
+
+def _parse_limit(text: str) -> tuple[str, int]:
+    name, sep, value = text.partition("=")
+    if not sep or not re.fullmatch(r"[0-9]+", value.strip()):
+        raise _fail(f"expected DIMENSION=INTEGER, got {text!r}", code=2)
+    return name.strip(), int(value)
+
+
+@ledger_app.command("set")
+def set_ceilings(
+    tenant: Annotated[str, typer.Argument(help="Tenant name.")],
+    limits: Annotated[
+        list[str],
+        typer.Argument(help="DIMENSION=CEILING pairs, e.g. cost_microusd=100000000."),
+    ],
+    period: Annotated[
+        Period, typer.Option("--period", help="When usage starts again from zero (UTC).")
+    ] = Period.NONE,
+    soft: Annotated[
+        bool, typer.Option("--soft", help="Flag going past the ceiling instead of refusing.")
+    ] = False,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Set ceilings for a tenant: hard unless --soft, with one period for all given."""
+    parsed = [_parse_limit(text) for text in limits]
+    with _ledger(redis_url) as ledger:
+        for name, value in parsed:
+            ledger.set_ceiling(tenant, name, value, hard=not soft, period=period.value)
+            kind = "soft" if soft else "hard"
+            typer.echo(f"{tenant} {name}: ceiling {value} ({kind}, period {period.value})")
+
+
+@ledger_app.command("show")
+def show(
+    tenant: Annotated[str, typer.Argument(help="Tenant name.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Show a tenant's ceilings and usage in the current period of each dimension."""
+    with _ledger(redis_url) as ledger:
+        state = ledger.read(tenant)
+    if as_json:
+        rows = {
+            name: {
+                "ceiling": dim.ceiling,
+                "committed": dim.committed,
+                "reserved": dim.reserved,
+                "hard": dim.hard,
+                "period": dim.period.value,
+            }
+            for name, dim in state.items()
+        }
+        typer.echo(json.dumps(rows))
+        return
+    if not state:
+        typer.echo(f"{tenant}: no ceilings and no usage")
+        return
+    table = Table("dimension", "ceiling", "committed", "reserved", "available", "kind", "period")
+    for name, dim in state.items():
+        ceiling = "unlimited" if dim.ceiling is None else str(dim.ceiling)
+        available = (
+            "-" if dim.ceiling is None else str(max(0, dim.ceiling - dim.committed - dim.reserved))
+        )
+        period = (
+            dim.period.value if dim.period is Period.NONE else f"{dim.period.value} {dim.bucket}"
+        )
+        kind = "hard" if dim.hard else "soft"
+        table.add_row(name, ceiling, str(dim.committed), str(dim.reserved), available, kind, period)
+    Console().print(table)
