@@ -1,0 +1,154 @@
+"""Budgets and admission arithmetic: pure functions, integers only.
+
+A turn is admitted only if what the run has consumed plus the worst case of the next turn fits
+every ceiling. Checking consumption alone answers the weaker question "are we over yet?", which
+lets the next turn overshoot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import msgspec
+
+from jobs.outcomes import Resource
+
+MICRO_PER_MILLION = 1_000_000
+
+
+class Budget(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Ceilings of one run. The defaults suit a three-tool support task (spec 000)."""
+
+    max_steps: int = 8  # model calls
+    max_tool_calls: int = 6
+    max_tokens: int = 4000  # model input + output, whole run
+    max_output_tokens: int = 300  # cap on one model reply
+    deadline_ms: int = 30_000  # active time: model and tool latency, not waiting for a person
+    max_cost_microusd: int = 1_000_000  # $1, spec 002's illustrative cap
+    # $3 and $15 per million input and output tokens: spec 002's illustrative model rates.
+    input_microusd_per_mtok: int = 3_000_000
+    output_microusd_per_mtok: int = 15_000_000
+    turn_tool_calls: int = 1  # tool calls reserved with each model call, before any is proposed
+    max_repeat: int = 2  # times one canonical call may be proposed
+    max_stalls: int = 3  # consecutive turns that leave the state signature unchanged
+    oscillation_window: int = 4  # turns alternating between two calls (A B A B) that stop a run
+    max_plan_steps: int = 6
+    max_tool_failures: int = 3  # consecutive failures of one dependency before tool_failure
+    max_batch: int = 8  # calls one reply may propose
+
+    def validate(self) -> list[str]:
+        """Problems with these numbers, in words; empty when the budget is usable."""
+        problems = [
+            f"{name} must be a non-negative integer"
+            for name in self.__struct_fields__
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0
+        ]
+        if self.max_output_tokens < 1:
+            problems.append("max_output_tokens must be at least 1")
+        if self.max_batch < 1:
+            problems.append("max_batch must be at least 1")
+        return problems
+
+
+class Usage(msgspec.Struct, kw_only=True):
+    """Consumption, or an exposure to reserve: one integer per budget dimension."""
+
+    steps: int = 0
+    tool_calls: int = 0
+    tokens: int = 0
+    elapsed_ms: int = 0
+    cost_microusd: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(**{f: getattr(self, f) + getattr(other, f) for f in self.__struct_fields__})
+
+    def __sub__(self, other: Usage) -> Usage:
+        return Usage(**{f: getattr(self, f) - getattr(other, f) for f in self.__struct_fields__})
+
+
+def est_tokens(text: str) -> int:
+    """Spec 000's rough estimate, four characters a token, for when no provider usage is given."""
+    return (len(text) + 3) // 4
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def model_cost_microusd(*, input_tokens: int, output_tokens: int, budget: Budget) -> int:
+    """Cost of one model call at the budget's rates, rounded up to a whole micro-dollar."""
+    return ceil_div(
+        input_tokens * budget.input_microusd_per_mtok
+        + output_tokens * budget.output_microusd_per_mtok,
+        MICRO_PER_MILLION,
+    )
+
+
+def turn_exposure(*, input_tokens: int, budget: Budget, tool_cost_bound_microusd: int) -> Usage:
+    """Worst case of the next turn before any call is proposed: one model call with its full
+    output cap, plus the per-turn tool allowance at the most expensive tool's bound."""
+    return Usage(
+        steps=1,
+        tool_calls=budget.turn_tool_calls,
+        tokens=input_tokens + budget.max_output_tokens,
+        cost_microusd=model_cost_microusd(
+            input_tokens=input_tokens, output_tokens=budget.max_output_tokens, budget=budget
+        )
+        + budget.turn_tool_calls * tool_cost_bound_microusd,
+    )
+
+
+def admission_rows(
+    *, consumed: Usage, reserve: Usage, budget: Budget
+) -> Iterator[tuple[Resource, int, int, int, bool]]:
+    """(resource, consumed, reserved, ceiling, fits) for each dimension, in checking order.
+
+    Time fits only while some of it is left: a turn always takes time, even with nothing
+    reserved for it, so a run at its deadline is not admitted.
+    """
+    yield (
+        Resource.STEPS,
+        consumed.steps,
+        reserve.steps,
+        budget.max_steps,
+        consumed.steps + reserve.steps <= budget.max_steps,
+    )
+    yield (
+        Resource.TOOL_CALLS,
+        consumed.tool_calls,
+        reserve.tool_calls,
+        budget.max_tool_calls,
+        consumed.tool_calls + reserve.tool_calls <= budget.max_tool_calls,
+    )
+    yield (
+        Resource.DEADLINE,
+        consumed.elapsed_ms,
+        reserve.elapsed_ms,
+        budget.deadline_ms,
+        consumed.elapsed_ms < budget.deadline_ms
+        and consumed.elapsed_ms + reserve.elapsed_ms <= budget.deadline_ms,
+    )
+    yield (
+        Resource.TOKENS,
+        consumed.tokens,
+        reserve.tokens,
+        budget.max_tokens,
+        consumed.tokens + reserve.tokens <= budget.max_tokens,
+    )
+    yield (
+        Resource.COST,
+        consumed.cost_microusd,
+        reserve.cost_microusd,
+        budget.max_cost_microusd,
+        consumed.cost_microusd + reserve.cost_microusd <= budget.max_cost_microusd,
+    )
+
+
+def first_unfit(*, consumed: Usage, reserve: Usage, budget: Budget) -> Resource | None:
+    """The first dimension in which consumed + reserve would pass its ceiling, or None."""
+    for resource, _, _, _, fits in admission_rows(
+        consumed=consumed, reserve=reserve, budget=budget
+    ):
+        if not fits:
+            return resource
+    return None

@@ -1,0 +1,287 @@
+"""One turn's tool calls: vet the whole batch, fit it to the budget, then act.
+
+Nothing runs until every proposed call has been vetted, so a halt on the third proposal leaves
+no side effect behind. Reads then run concurrently, writes one at a time in proposal order,
+and every proposed call yields exactly one observation, in proposal order.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import json
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgspec
+
+from jobs.budget import Usage, est_tokens
+from jobs.clock import Clock
+from jobs.job import Guard, Job, Permit, Severity, tighten
+from jobs.loops import call_signature
+from jobs.state import Call, HeldCall, RunState
+from jobs.tools import PERMANENT_CODES, Tool, ToolContext, ToolOutput, error, normalize_result
+from jobs.trace import Span, Trace, current_span
+
+TIMEOUT_GRACE_S = 0.05  # how much longer than its timeout a thread is waited for
+
+
+class Gate(Protocol):
+    """Asks for more than the per-turn allowance (a larger batch) before it runs."""
+
+    def extend(self, extra: Usage) -> bool: ...
+
+
+class Unlimited:
+    def extend(self, extra: Usage) -> bool:
+        return True
+
+
+def call_digest(call: Call) -> str:
+    """What an approval is bound to: exactly this tool with exactly these arguments."""
+    canonical = msgspec.json.encode([call.name, call.args], order="sorted")
+    return hashlib.sha256(canonical).hexdigest()[:16]
+
+
+def call_key(state: RunState, call: Call, *, step: int, index: int) -> str:
+    """One key per logical write: a repeated plan step is the same write, not a new one."""
+    if call.plan_step:
+        return f"{state.run_id}:{call.plan_step}"
+    return f"{state.run_id}:{step}.{index}"
+
+
+@dataclass
+class Outcome:
+    """How a batch ended, beyond its observations: a halt, a held call, an unknown write."""
+
+    halt: Guard | None = None
+    held: HeldCall | None = None
+    unknown: Call | None = None
+
+
+@dataclass
+class Planned:
+    index: int
+    call: Call
+    tool: Tool
+    key: str
+
+
+@dataclass
+class Batch:
+    calls: list[Call]
+    step: int
+    observations: list[dict[str, Any] | None] = field(default_factory=list)
+    approved: list[Planned] = field(default_factory=list)
+    outcome: Outcome = field(default_factory=Outcome)
+
+    def __post_init__(self) -> None:
+        self.observations = [None] * len(self.calls)
+
+
+def _plan_step_problem(state: RunState, call: Call) -> dict[str, Any] | None:
+    if call.plan_step is None:
+        return None
+    step = next((s for s in state.plan if s.id == call.plan_step), None)
+    if step is None:
+        return error("unknown_plan_step", f"no plan step {call.plan_step!r}")
+    if step.tool != call.name:
+        return error("plan_step_mismatch", f"step {step.id} is for {step.tool}")
+    done = {s.id for s in state.plan if s.status == "done"}
+    blocked = [d for d in step.depends_on if d not in done]
+    if blocked:
+        return error("plan_step_blocked", blocked)
+    return None
+
+
+def _vet_one(state: RunState, job: Job, batch: Batch, index: int) -> None:
+    call = batch.calls[index]
+    tool = job.tools.get(call.name)
+    if tool is None:
+        batch.observations[index] = error("unknown_tool", call.name[:80])
+        return
+    problems = tool.argument_problems(call.args)
+    if problems:
+        batch.observations[index] = error("invalid_arguments", problems)
+        return
+    problem = _plan_step_problem(state, call)
+    if problem is not None:
+        batch.observations[index] = problem
+        return
+    guard = job.guardrail(call, state)
+    if guard is not None and guard.severity is Severity.HALT:
+        batch.outcome.halt = guard
+        return
+    if guard is not None:
+        batch.observations[index] = error("blocked", guard.detail)
+        return
+    verdict = tighten(job.policy(call, tool, state), tool)
+    key = call_key(state, call, step=batch.step, index=index)
+    if verdict.decision is Permit.DENY:
+        batch.observations[index] = error("denied", verdict.reason)
+    elif verdict.decision is Permit.ASK and batch.outcome.held is None:
+        batch.outcome.held = HeldCall(
+            call=call, key=key, digest=call_digest(call), reason=verdict.reason
+        )
+        batch.observations[index] = {"status": "needs_approval", "reason": verdict.reason}
+    elif verdict.decision is Permit.ASK:
+        batch.observations[index] = error("not_executed", "another call is awaiting approval")
+    else:
+        batch.approved.append(Planned(index, call, tool, key))
+
+
+def vet(state: RunState, job: Job, batch: Batch) -> None:
+    """Vet every call before any runs. A halting guardrail stops the whole batch."""
+    for index in range(len(batch.calls)):
+        _vet_one(state, job, batch, index)
+        if batch.outcome.halt is not None:
+            batch.approved.clear()
+            return
+
+
+def fit(state: RunState, job: Job, batch: Batch, gate: Gate) -> None:
+    """Keep the approved calls that fit the run's budget, in proposal order, and ask the gate
+    for whatever goes beyond the per-turn allowance. The rest are observed, not run."""
+    budget, usage = state.budget, state.usage
+    kept: list[Planned] = []
+    cost = usage.cost_microusd
+    for planned in batch.approved:
+        if usage.tool_calls + len(kept) + 1 > budget.max_tool_calls:
+            batch.observations[planned.index] = error("over_budget", "tool_calls")
+        elif cost + planned.tool.cost_bound_microusd > budget.max_cost_microusd:
+            batch.observations[planned.index] = error("over_budget", "cost")
+        else:
+            kept.append(planned)
+            cost += planned.tool.cost_bound_microusd
+    allowance = budget.turn_tool_calls
+    if len(kept) > allowance:
+        extra = kept[allowance:]
+        asked = Usage(
+            tool_calls=len(extra),
+            cost_microusd=sum(p.tool.cost_bound_microusd for p in extra),
+        )
+        if not gate.extend(asked):
+            for planned in extra:
+                batch.observations[planned.index] = error("over_budget", "tenant")
+            kept = kept[:allowance]
+    batch.approved = kept
+
+
+@dataclass
+class Done:
+    """A finished call: its observation, the latency and cost it is charged, its span."""
+
+    result: dict[str, Any]
+    failed: bool
+    latency_ms: int
+    cost_microusd: int
+    span: Span
+
+
+def _seconds_to_ms(seconds: float) -> int:
+    return max(0, round(seconds * 1000))
+
+
+class Invoker:
+    """Runs tool calls on a thread pool, with the caller's context variables carried over."""
+
+    def __init__(self, trace: Trace, clock: Clock, pool: ThreadPoolExecutor) -> None:
+        self.trace, self.clock, self.pool = trace, clock, pool
+
+    def _in_thread(
+        self, planned: Planned, ctx: ToolContext, span_id: str
+    ) -> tuple[Span, object, float]:
+        span = self.trace.make(
+            span_id, "tool", planned.call.name, current_span.get(), args=ctx.args, key=ctx.key
+        )
+        t0 = self.clock.now()
+        try:
+            output: object = planned.tool.fn(ctx)
+        except Exception as exc:  # a tool that raises is an observation, not a crash
+            output = exc
+        return span, output, self.clock.now() - t0
+
+    def submit(
+        self, planned: Planned, ctx: ToolContext, span_id: str
+    ) -> Future[tuple[Span, object, float]]:
+        snapshot = contextvars.copy_context()
+        return self.pool.submit(snapshot.run, self._in_thread, planned, ctx, span_id)
+
+    def collect(
+        self,
+        planned: Planned,
+        ctx: ToolContext,
+        span_id: str,
+        future: Future[tuple[Span, object, float]],
+        waited_s: float,
+    ) -> Done:
+        """The call's observation. A call past its timeout is abandoned on its thread (the
+        worker's hard time limit stops one that never returns) and observed as a timeout."""
+        try:
+            span, output, measured_s = future.result(
+                timeout=max(0.0, ctx.timeout_s - waited_s) + TIMEOUT_GRACE_S
+            )
+        except FutureTimeout:
+            parent = current_span.get()
+            span = self.trace.make(
+                span_id, "tool", planned.call.name, parent, args=ctx.args, key=ctx.key
+            )
+            output, measured_s = TimeoutError(), ctx.timeout_s + 1.0
+        return self._observe(planned, ctx, span, output, measured_s)
+
+    def _observe(
+        self,
+        planned: Planned,
+        ctx: ToolContext,
+        span: Span,
+        output: object,
+        measured_s: float,
+    ) -> Done:
+        tool = planned.tool
+        if isinstance(output, BaseException):
+            latency_s = measured_s
+            result = error("tool_raised", f"{type(output).__name__}: {output}"[:200])
+            failed, cost = True, tool.cost_bound_microusd
+        elif not isinstance(output, ToolOutput):
+            latency_s = measured_s
+            result = error("bad_result", f"expected ToolOutput, got {type(output).__name__}")
+            failed, cost = True, tool.cost_bound_microusd
+        else:
+            latency_s = measured_s if output.latency_s is None else output.latency_s
+            result, failed = normalize_result(output.result)
+            cost = (
+                tool.cost_bound_microusd if output.cost_microusd is None else output.cost_microusd
+            )
+        if latency_s > ctx.timeout_s:
+            # A write that outlives its timeout may still have happened: say so, never "failed".
+            result = {"status": "unknown", "code": "timeout"} if tool.mutates else error("timeout")
+            latency_s, failed = ctx.timeout_s, not tool.mutates
+        span.t1 = round(span.t0 + latency_s, 6)
+        span.status = str(result.get("code") or result["status"])
+        return Done(result, failed, _seconds_to_ms(latency_s), max(0, int(cost)), span)
+
+
+def apply(state: RunState, planned: Planned, done: Done, job: Job) -> None:
+    """Fold one call's observation into the state: count it, mark its plan step, copy the
+    allow-listed facts, and track the dependency's failures in a row."""
+    state.usage.tool_calls += 1
+    state.usage.cost_microusd += done.cost_microusd
+    result, call = done.result, planned.call
+    step = next((s for s in state.plan if s.id == call.plan_step), None)
+    if result["status"] == "ok":
+        state.failures.pop(call.name, None)
+        state.facts.update(planned.tool.facts_from(call.args, result))
+        if step is not None:
+            step.status = "done"
+    elif result["status"] == "error":
+        if done.failed:
+            state.failures[call.name] = state.failures.get(call.name, 0) + 1
+        if step is not None and result.get("code") in PERMANENT_CODES:
+            step.status = "failed"
+    done.span.attrs["result_tokens"] = est_tokens(json.dumps(result))
+
+
+def signatures(calls: list[Call]) -> list[str]:
+    return [call_signature(c.name, c.args) for c in calls]

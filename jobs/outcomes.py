@@ -1,0 +1,49 @@
+"""The closed set of ways a run ends, and the names of what made it end."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Outcome(StrEnum):
+    COMPLETED = "completed"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    LOOP_DETECTED = "loop_detected"
+    NEEDS_APPROVAL = (
+        "needs_approval"  # suspended and resumable: the only outcome that is not terminal
+    )
+    APPROVAL_DENIED = "approval_denied"
+    ESCALATED = "escalated"
+    GUARDRAIL_STOP = "guardrail_stop"
+    TOOL_FAILURE = "tool_failure"
+    UNKNOWN_OUTCOME = "unknown_outcome"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+TERMINAL: frozenset[Outcome] = frozenset(Outcome) - {Outcome.NEEDS_APPROVAL}
+
+
+class Resource(StrEnum):
+    """Budget dimensions a run can exhaust, in the order admission checks them."""
+
+    STEPS = "steps"
+    TOOL_CALLS = "tool_calls"
+    DEADLINE = "deadline"
+    TOKENS = "tokens"
+    COST = "cost"
+
+
+class Detector(StrEnum):
+    REPEATED_CALL = "repeated_call"
+    OSCILLATION = "oscillation"
+    NO_PROGRESS = "no_progress"
+
+
+class Status(StrEnum):
+    """Where a run is in its life. `parked` belongs to the worker: a run held at a turn boundary."""
+
+    RUNNING = "running"
+    SUSPENDED = "suspended"
+    PARKED = "parked"
+    STOPPED = "stopped"

@@ -1,0 +1,122 @@
+"""A run's state: named fields, written only by the kernel, saved as stable JSON.
+
+The model never writes here directly. Tenant, user and goal come from the caller; plan, facts
+and consumption come from validated replies and allow-listed tool results.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Literal
+
+import msgspec
+
+from jobs.budget import Budget, Usage
+from jobs.errors import StateFormatError
+from jobs.outcomes import Outcome, Status
+
+SCHEMA_VERSION = 1
+
+StepStatus = Literal["pending", "done", "failed"]
+
+
+class PlanStep(msgspec.Struct, kw_only=True):
+    id: str
+    tool: str
+    depends_on: list[str]
+    status: StepStatus = "pending"
+
+
+class Call(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One proposed tool call, as the model asked for it (call ids are not kept)."""
+
+    name: str
+    args: dict[str, Any]
+    plan_step: str | None = None
+
+
+class HeldCall(msgspec.Struct, kw_only=True):
+    """A call held for a person's decision, with the key it will run under when approved."""
+
+    call: Call
+    key: str
+    digest: str
+    reason: str
+
+
+class Decision(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Who decided what about a run, and when (the time is the caller's, as an ISO string)."""
+
+    kind: Literal["approved", "denied", "cancelled"]
+    by: str
+    at: str
+    digest: str | None = None
+    reason: str | None = None
+
+
+class RunState(msgspec.Struct, kw_only=True):
+    schema_version: int = SCHEMA_VERSION
+    run_id: str
+    tenant: str
+    user_id: str  # set by the caller, never by the model
+    job: str
+    goal: str  # set by the caller, never by the model
+    params: dict[str, Any] = msgspec.field(default_factory=dict)
+    budget: Budget = msgspec.field(default_factory=Budget)
+    plan: list[PlanStep] = msgspec.field(default_factory=list)
+    facts: dict[str, Any] = msgspec.field(default_factory=dict)
+    last_result: Any = None
+    usage: Usage = msgspec.field(default_factory=Usage)
+    seen: dict[str, int] = msgspec.field(default_factory=dict)  # call signature -> proposals
+    recent: list[str] = msgspec.field(default_factory=list)  # signatures of the last turns
+    stalls: int = 0
+    failures: dict[str, int] = msgspec.field(default_factory=dict)  # tool -> failures in a row
+    status: Status = Status.RUNNING
+    outcome: Outcome | None = None
+    reason: str | None = None
+    detail: str | None = None
+    answer: str | None = None
+    unconfirmed: str | None = None  # plan step (or tool) of a write whose outcome is unknown
+    pending: HeldCall | None = None
+    approval: Decision | None = None
+    decisions: list[Decision] = msgspec.field(default_factory=list)
+    memory: list[str] = msgspec.field(default_factory=list)  # notes recalled at the start
+
+    @property
+    def terminal(self) -> bool:
+        return self.status is Status.STOPPED
+
+    def to_json(self) -> bytes:
+        """Canonical bytes: the same state always encodes to the same bytes."""
+        return msgspec.json.encode(self, order="sorted")
+
+    @staticmethod
+    def from_json(data: bytes | str) -> RunState:
+        try:
+            head = msgspec.json.decode(data, type=_Head)
+        except msgspec.DecodeError as exc:
+            raise StateFormatError(f"saved state does not parse: {exc}") from exc
+        if head.schema_version != SCHEMA_VERSION:
+            raise StateFormatError(
+                f"saved state has schema version {head.schema_version}; "
+                f"this code reads version {SCHEMA_VERSION}"
+            )
+        try:
+            return _DECODER.decode(data)
+        except msgspec.DecodeError as exc:
+            raise StateFormatError(f"saved state does not parse: {exc}") from exc
+
+    def copy(self) -> RunState:
+        return RunState.from_json(self.to_json())
+
+    def signature(self) -> str:
+        """Hash of what counts as progress: the facts and the plan's step statuses."""
+        core = {"facts": self.facts, "plan": [[s.id, s.status] for s in self.plan]}
+        return hashlib.sha256(msgspec.json.encode(core, order="sorted")).hexdigest()[:12]
+
+
+class _Head(msgspec.Struct):
+    schema_version: int
+
+
+_DECODER = msgspec.json.Decoder(RunState)

@@ -1,0 +1,107 @@
+"""Deterministic stand-ins for the model: the policy model that handles the request, and the
+provocation models that each force one failure. They read only the rendered view (and the
+turn number), so a run rebuilt turn by turn on different workers replies the same way."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from jobs.errors import ParamsError
+from jobs.model import Model, ModelRequest, ModelResponse, Scripted
+
+DEFAULT_MODEL_LATENCY_S = 1.5
+
+
+class PolicyModel:
+    """Refund the damaged item, then confirm by email: plan first, then one call per turn
+    chosen from the facts and the plan's statuses, then a final answer."""
+
+    def __init__(self, order: str = "ord_1001", amount_cents: int = 3000, latency_s: float = 1.5):
+        self.order, self.amount_cents, self.latency_s = order, amount_cents, latency_s
+
+    def reply(self, view: Mapping[str, Any]) -> dict[str, Any]:
+        facts, order = view["facts"], self.order
+        if not view["plan"]:
+            return {
+                "type": "plan",
+                "steps": [
+                    {"id": "s1", "tool": "get_order", "depends_on": []},
+                    {"id": "s2", "tool": "issue_refund", "depends_on": ["s1"]},
+                    {"id": "s3", "tool": "send_status_email", "depends_on": ["s2"]},
+                ],
+            }
+        if f"{order}.total_cents" not in facts:
+            return {
+                "type": "tool",
+                "name": "get_order",
+                "args": {"order_id": order},
+                "plan_step": "s1",
+            }
+        if not any(s["id"] == "s2" and s["status"] == "done" for s in view["plan"]):
+            args = {"order_id": order, "amount_cents": self.amount_cents, "reason": "damaged"}
+            return {"type": "tool", "name": "issue_refund", "plan_step": "s2", "args": args}
+        if f"{order}.sent" not in facts:
+            return {
+                "type": "tool",
+                "name": "send_status_email",
+                "args": {"order_id": order},
+                "plan_step": "s3",
+            }
+        return {
+            "type": "final",
+            "outcome": "completed",
+            "text": "Refund issued; confirmation emailed.",
+        }
+
+    def next(self, request: ModelRequest) -> ModelResponse:
+        return ModelResponse(self.reply(json.loads(request.view)), self.latency_s)
+
+
+def same_call(view: Any, i: int) -> dict[str, Any]:
+    """The same read of an order that does not exist, every turn."""
+    return {"type": "tool", "name": "get_order", "args": {"order_id": "ord_9999"}}
+
+
+def new_ids(view: Any, i: int) -> dict[str, Any]:
+    """A different missing order every turn: defeats the repeat limit, not the stall counter."""
+    return {"type": "tool", "name": "get_order", "args": {"order_id": f"ord_{9000 + i}"}}
+
+
+def search_loop(view: Any, i: int) -> dict[str, Any]:
+    """A new search every turn, each with a large result."""
+    return {
+        "type": "tool",
+        "name": "search_policy",
+        "args": {"order_id": "x", "q": f"returns policy {i}"},
+    }
+
+
+PROVOCATIONS = {"same_call": same_call, "new_ids": new_ids, "search_loop": search_loop}
+MODELS = ("policy", *PROVOCATIONS)
+
+
+def check_model_params(params: Mapping[str, Any]) -> None:
+    kind = params.get("model", "policy")
+    if kind not in MODELS:
+        raise ParamsError(f"unknown model {kind!r}; one of {', '.join(MODELS)}")
+    latency = params.get("model_latency_s", DEFAULT_MODEL_LATENCY_S)
+    if not isinstance(latency, int | float) or isinstance(latency, bool) or not 0 <= latency <= 600:
+        raise ParamsError("model_latency_s must be a number of seconds between 0 and 600")
+    amount = params.get("amount_cents", 3000)
+    if not isinstance(amount, int) or isinstance(amount, bool) or amount < 1:
+        raise ParamsError("amount_cents must be a positive integer")
+    if not isinstance(params.get("order", "ord_1001"), str):
+        raise ParamsError("order must be a string")
+
+
+def make_model(params: Mapping[str, Any]) -> Model:
+    check_model_params(params)
+    kind = params.get("model", "policy")
+    latency = float(params.get("model_latency_s", DEFAULT_MODEL_LATENCY_S))
+    if kind == "policy":
+        return PolicyModel(
+            str(params.get("order", "ord_1001")), int(params.get("amount_cents", 3000)), latency
+        )
+    return Scripted(PROVOCATIONS[kind], latency)

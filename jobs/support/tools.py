@@ -1,0 +1,136 @@
+"""The support job's four tools over a shop store, with simulated latencies.
+
+Latencies are reported, not slept: on a simulated clock the runs are instant and exact, and a
+scenario can make one tool slow through the run's params (`tool_latency_s`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from jobs.support.shop import ShopBackend, order_view, refund, status_email
+from jobs.tools import Tool, ToolContext, ToolOutput
+
+DEFAULT_LATENCY_S = {
+    "get_order": 0.4,
+    "search_policy": 0.8,
+    "issue_refund": 1.2,
+    "send_status_email": 0.9,
+}
+REPLAY_LATENCY_S = 0.1  # a write answered from its idempotency record is quick
+TOOL_TIMEOUT_S = 30.0  # each call also gets no more than the run's remaining time
+POLICY_SENTENCE = "Items may be returned within 30 days of arrival. "
+POLICY_TEXT = POLICY_SENTENCE * 90  # a deliberately large result, about 1,100 tokens
+
+_ORDER_ID = {"type": "string", "minLength": 1, "maxLength": 64}
+
+
+def _object(properties: Mapping[str, Any], required: list[str]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": dict(properties),
+        "required": required,
+        "additionalProperties": False,
+    }
+
+
+def latency_s(ctx: ToolContext, name: str) -> float:
+    overrides = ctx.params.get("tool_latency_s") or {}
+    return float(overrides.get(name, DEFAULT_LATENCY_S[name]))
+
+
+def shop_of(ctx: ToolContext) -> str:
+    """Runs share a shop only when they say so; by default each run has its own."""
+    return str(ctx.params.get("shop") or ctx.run_id)
+
+
+def support_tools(shop: ShopBackend) -> dict[str, Tool]:
+    def get_order(ctx: ToolContext) -> ToolOutput:
+        order = shop.get_order(shop_of(ctx), str(ctx.args["order_id"]))
+        return ToolOutput(order_view(order, ctx.user_id), latency_s(ctx, "get_order"))
+
+    def search_policy(ctx: ToolContext) -> ToolOutput:
+        return ToolOutput({"status": "ok", "text": POLICY_TEXT}, latency_s(ctx, "search_policy"))
+
+    def write(ctx: ToolContext, name: str, amount_cents: int | None) -> ToolOutput:
+        order_id = str(ctx.args["order_id"])
+
+        def rule(order: Any) -> Any:
+            if amount_cents is None:
+                return status_email(order, user_id=ctx.user_id, order_id=order_id)
+            return refund(
+                order,
+                user_id=ctx.user_id,
+                order_id=order_id,
+                amount_cents=amount_cents,
+                approved=ctx.approved,
+            )
+
+        result, replayed = shop.write_once(
+            shop_of(ctx), key=ctx.key, name=name, order_id=order_id, rule=rule
+        )
+        if replayed:
+            return ToolOutput({**result, "replayed": True}, REPLAY_LATENCY_S)
+        return ToolOutput(result, latency_s(ctx, name))
+
+    def issue_refund(ctx: ToolContext) -> ToolOutput:
+        return write(ctx, "issue_refund", int(ctx.args["amount_cents"]))
+
+    def send_status_email(ctx: ToolContext) -> ToolOutput:
+        return write(ctx, "send_status_email", None)
+
+    tools = [
+        Tool(
+            name="get_order",
+            fn=get_order,
+            schema=_object({"order_id": _ORDER_ID}, ["order_id"]),
+            facts=("order_status", "total_cents", "refunded_cents"),
+            fact_scope="order_id",
+            timeout_s=TOOL_TIMEOUT_S,
+            done_text="we looked up your order",
+            open_text="we did not get to look up your order",
+        ),
+        Tool(
+            name="search_policy",
+            fn=search_policy,
+            schema=_object(
+                {"q": {"type": "string", "maxLength": 500}, "order_id": _ORDER_ID}, ["q"]
+            ),
+            cost_bound_microusd=200,  # a paid search service
+            timeout_s=TOOL_TIMEOUT_S,
+        ),
+        Tool(
+            name="issue_refund",
+            fn=issue_refund,
+            schema=_object(
+                {
+                    "order_id": _ORDER_ID,
+                    "amount_cents": {"type": "integer", "minimum": 1, "maximum": 10_000_000},
+                    "reason": {"type": "string", "maxLength": 200},
+                },
+                ["order_id", "amount_cents"],
+            ),
+            mutates=True,
+            reversible=False,
+            facts=("refunded_cents",),
+            fact_scope="order_id",
+            timeout_s=TOOL_TIMEOUT_S,
+            done_text="the refund was issued",
+            open_text="the refund was not issued",
+        ),
+        Tool(
+            name="send_status_email",
+            fn=send_status_email,
+            schema=_object({"order_id": _ORDER_ID}, ["order_id"]),
+            mutates=True,
+            reversible=False,
+            cost_bound_microusd=50,
+            facts=("sent",),
+            fact_scope="order_id",
+            timeout_s=TOOL_TIMEOUT_S,
+            done_text="the confirmation email was sent",
+            open_text="the confirmation email was not sent",
+        ),
+    ]
+    return {t.name: t for t in tools}
