@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs.budget import est_tokens, first_unfit, model_cost_microusd, turn_exposure
+from jobs.budget import Usage, est_tokens, first_unfit, model_cost_microusd, turn_exposure
 from jobs.calls import (
     Batch,
     Gate,
@@ -323,15 +323,18 @@ def _call_model(
     except ModelTimeout:
         latency_ms = remaining_ms + 1
     except Exception as exc:  # a provider error is an observation; repeated, a tool_failure
-        _spend_time(state, rt.clock, _ms(rt.clock.now() - t0), rt.clock.now() - t0)
-        rt.trace.end(span, "error", error=str(exc)[:200])
+        failed_ms = _ms(rt.clock.now() - t0)
+        _spend_time(state, rt.clock, failed_ms, rt.clock.now() - t0)
+        rt.trace.end(
+            span, "error", error=f"{type(exc).__name__}: {exc}"[:200], latency_s=failed_ms / 1000
+        )
         return _model_failed(state, exc)
     measured_s = rt.clock.now() - t0
     if response is not None:
         latency_ms = _ms(measured_s if response.latency_s is None else response.latency_s)
     if latency_ms > remaining_ms:
         _spend_time(state, rt.clock, remaining_ms, measured_s)
-        rt.trace.end(span, "deadline")
+        rt.trace.end(span, "deadline", latency_s=latency_ms / 1000, timeout=response is None)
         return finish(
             state,
             Outcome.BUDGET_EXHAUSTED,
@@ -349,12 +352,16 @@ def _call_model(
     state.usage.cost_microusd += model_cost_microusd(
         input_tokens=tokens_in, output_tokens=tokens_out, budget=budget
     )
+    reported = None
+    if response.input_tokens is not None or response.output_tokens is not None:
+        reported = [response.input_tokens, response.output_tokens]
     rt.trace.end(
         span,
         input_tokens=tokens_in,
         output_tokens=tokens_out,
         reply=raw,
         latency_s=latency_ms / 1000,
+        reported_usage=reported,
     )
     return _Replied(raw, oversize)
 
@@ -424,6 +431,23 @@ def _after(state: RunState, before: str, stop: Move | None) -> Move | None:
             failing,
         )
     return None
+
+
+def exposure(state: RunState, job: Job) -> tuple[Resource | None, Usage]:
+    """The next turn's worst case, as a shared ledger should hold it, and the first dimension
+    of the run's own budget it does not fit (None: admitted). A held call that will run first
+    is part of it."""
+    view = job.render(state)
+    worst = turn_exposure(
+        input_tokens=est_tokens(view),
+        budget=state.budget,
+        tool_cost_bound_microusd=job.tool_cost_bound_microusd,
+    )
+    if state.pending is not None and state.status is not Status.SUSPENDED:
+        held = job.tools.get(state.pending.call.name)
+        worst.tool_calls += 1
+        worst.cost_microusd += held.cost_bound_microusd if held else 0
+    return first_unfit(consumed=state.usage, reserve=worst, budget=state.budget), worst
 
 
 def admit(state: RunState, job: Job, view: str) -> Resource | None:

@@ -62,9 +62,10 @@ class Recorder:
 
 
 class Replay:
-    """Returns recorded responses in order. Running out is a harness defect, not a reply."""
+    """Returns recorded responses in order, and raises recorded failures where they happened.
+    Running out is a harness defect, not a reply."""
 
-    def __init__(self, responses: Sequence[ModelResponse]) -> None:
+    def __init__(self, responses: Sequence[ModelResponse | Exception]) -> None:
         self.responses = list(responses)
         self.index = 0
 
@@ -73,4 +74,32 @@ class Replay:
             raise IndexError(f"replay has {len(self.responses)} responses; turn {request.step}")
         response = self.responses[self.index]
         self.index += 1
+        if isinstance(response, Exception):
+            raise response
         return response
+
+
+class RecordedFailure(Exception):  # noqa: N818 - it is the failure, replayed
+    """A model failure as it was recorded in a trace, raised again on replay."""
+
+
+def responses_from_spans(spans: Sequence[Any]) -> list[ModelResponse | Exception]:
+    """The model's side of a run, recovered from its model spans, in order: what `Replay`
+    needs to run the kernel again without the model."""
+    out: list[ModelResponse | Exception] = []
+    for span in spans:
+        if span.kind != "model":
+            continue
+        attrs = span.attrs
+        if span.status == "error":
+            out.append(RecordedFailure(attrs.get("error", "model error")))
+        elif span.status == "deadline" and attrs.get("timeout"):
+            out.append(ModelTimeout())
+        elif span.status == "deadline":
+            out.append(ModelResponse(None, attrs["latency_s"]))
+        else:
+            reported = attrs.get("reported_usage") or [None, None]
+            out.append(
+                ModelResponse(attrs.get("reply"), attrs["latency_s"], reported[0], reported[1])
+            )
+    return out
