@@ -41,6 +41,14 @@ def check_params(params: Mapping[str, Any]) -> None:
         for name, v in latencies.items()
     ):
         raise ParamsError("tool_latency_s must map support tool names to seconds (0 to 600)")
+    sleeps = params.get("sleep_s", {})
+    if not isinstance(sleeps, Mapping) or not all(
+        name in DEFAULT_LATENCY_S and isinstance(v, int | float) and 0 <= v <= 600
+        for name, v in sleeps.items()
+    ):
+        raise ParamsError("sleep_s must map support tool names to seconds (0 to 600)")
+    if params.get("die_in") not in (None, *DEFAULT_LATENCY_S):
+        raise ParamsError("die_in must name a support tool")
     shop = params.get("shop")
     if shop is not None and (not isinstance(shop, str) or not 0 < len(shop) <= 64):
         raise ParamsError("shop must be a name of 1 to 64 characters")

@@ -5,6 +5,7 @@ turn number), so a run rebuilt turn by turn on different workers replies the sam
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,8 +19,15 @@ class PolicyModel:
     """Refund the damaged item, then confirm by email: plan first, then one call per turn
     chosen from the facts and the plan's statuses, then a final answer."""
 
-    def __init__(self, order: str = "ord_1001", amount_cents: int = 3000, latency_s: float = 1.5):
+    def __init__(
+        self,
+        order: str = "ord_1001",
+        amount_cents: int = 3000,
+        latency_s: float = 1.5,
+        sleep_s: float = 0.0,
+    ) -> None:
         self.order, self.amount_cents, self.latency_s = order, amount_cents, latency_s
+        self.sleep_s = sleep_s
 
     def reply(self, view: Mapping[str, Any]) -> dict[str, Any]:
         facts, order = view["facts"], self.order
@@ -56,6 +64,8 @@ class PolicyModel:
         }
 
     def next(self, request: ModelRequest) -> ModelResponse:
+        if self.sleep_s:
+            time.sleep(self.sleep_s)  # a drill: a provider that hangs and ignores its timeout
         return ModelResponse(self.reply(json.loads(request.view)), self.latency_s)
 
 
@@ -92,6 +102,9 @@ def check_model_params(params: Mapping[str, Any]) -> None:
     amount = params.get("amount_cents", 3000)
     if not isinstance(amount, int) or isinstance(amount, bool) or amount < 1:
         raise ParamsError("amount_cents must be a positive integer")
+    sleep = params.get("model_sleep_s", 0)
+    if not isinstance(sleep, int | float) or isinstance(sleep, bool) or not 0 <= sleep <= 3600:
+        raise ParamsError("model_sleep_s must be a number of seconds between 0 and 3600")
     if not isinstance(params.get("order", "ord_1001"), str):
         raise ParamsError("order must be a string")
 
@@ -102,6 +115,9 @@ def make_model(params: Mapping[str, Any]) -> Model:
     latency = float(params.get("model_latency_s", DEFAULT_MODEL_LATENCY_S))
     if kind == "policy":
         return PolicyModel(
-            str(params.get("order", "ord_1001")), int(params.get("amount_cents", 3000)), latency
+            str(params.get("order", "ord_1001")),
+            int(params.get("amount_cents", 3000)),
+            latency,
+            float(params.get("model_sleep_s", 0)),
         )
     return Scripted(PROVOCATIONS[kind], latency)

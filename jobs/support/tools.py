@@ -6,6 +6,9 @@ scenario can make one tool slow through the run's params (`tool_latency_s`).
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,12 +48,32 @@ def shop_of(ctx: ToolContext) -> str:
     return str(ctx.params.get("shop") or ctx.run_id)
 
 
+# Failure drills a run can ask for in its params: `die_in` names a tool whose call kills its
+# own process, as a crashing dependency would; `sleep_s` makes a tool really slow (after its
+# effect, for a write), so that a worker can be stopped in the middle of a turn.
+
+
+def die_if_drilled(ctx: ToolContext, name: str) -> None:
+    if ctx.params.get("die_in") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def pause_if_drilled(ctx: ToolContext, name: str) -> None:
+    seconds = float((ctx.params.get("sleep_s") or {}).get(name, 0))
+    if seconds:
+        time.sleep(seconds)
+
+
 def support_tools(shop: ShopBackend) -> dict[str, Tool]:
     def get_order(ctx: ToolContext) -> ToolOutput:
+        die_if_drilled(ctx, "get_order")
+        pause_if_drilled(ctx, "get_order")
         order = shop.get_order(shop_of(ctx), str(ctx.args["order_id"]))
         return ToolOutput(order_view(order, ctx.user_id), latency_s(ctx, "get_order"))
 
     def search_policy(ctx: ToolContext) -> ToolOutput:
+        die_if_drilled(ctx, "search_policy")
+        pause_if_drilled(ctx, "search_policy")
         return ToolOutput({"status": "ok", "text": POLICY_TEXT}, latency_s(ctx, "search_policy"))
 
     def write(ctx: ToolContext, name: str, amount_cents: int | None) -> ToolOutput:
@@ -67,9 +90,11 @@ def support_tools(shop: ShopBackend) -> dict[str, Tool]:
                 approved=ctx.approved,
             )
 
+        die_if_drilled(ctx, name)
         result, replayed = shop.write_once(
             shop_of(ctx), key=ctx.key, name=name, order_id=order_id, rule=rule
         )
+        pause_if_drilled(ctx, name)
         if replayed:
             return ToolOutput({**result, "replayed": True}, REPLAY_LATENCY_S)
         return ToolOutput(result, latency_s(ctx, name))
