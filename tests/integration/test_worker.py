@@ -1,0 +1,373 @@
+"""The step worker with real Celery worker processes on a real server: spec 000's scenarios
+through the queue, approval, and DESIGN.md's failure matrix, one test per row."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+import pytest
+import redis
+
+from jobs.budget import Budget
+from jobs.support.scenarios import BY_LETTER, GOAL, SCENARIOS, USER, table
+from tests.integration.workers import (
+    WorkerProcess,
+    client_for,
+    running_workers,
+    settled,
+    wait_until,
+)
+from worker import keys
+from worker.api import Client, SubmissionError
+from worker.app import STEP_TASK, app
+from worker.embedded import EmbeddedServer
+from worker.shop import RedisShop
+from worker.store import SubmissionConflictError
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def queue() -> str:
+    return f"q-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def pool(redis_url: str, queue: str) -> Iterator[list[WorkerProcess]]:
+    with running_workers(redis_url, [queue], 2) as workers:
+        yield workers
+
+
+@pytest.fixture
+def client(redis_url: str, pool: list[WorkerProcess]) -> Client:
+    return client_for(redis_url)
+
+
+def _row(client: Client, run_id: str) -> dict[str, Any]:
+    state = client.state(run_id)
+    shop = RedisShop(client.client)
+    return {
+        "outcome": state.outcome.value if state.outcome else None,
+        "detail": state.detail,
+        "steps": state.usage.steps,
+        "tool_calls": state.usage.tool_calls,
+        "tokens": state.usage.tokens,
+        "elapsed_s": state.usage.elapsed_ms / 1000,
+        "effects": shop.effects(run_id),
+    }
+
+
+def _submit_all(client: Client, tenant: str, queue: str, **params: Any) -> dict[str, str]:
+    return {
+        s.letter: client.submit(
+            tenant, USER, "support", GOAL, {**s.params, **params}, budget=s.budget, queue=queue
+        )
+        for s in SCENARIOS
+    }
+
+
+def test_scenarios_through_the_queue_match_in_process(
+    client: Client, queue: str, unique: str
+) -> None:
+    """A-H through the queue on two worker processes end with the same outcomes, numbers and
+    effects as in process."""
+    ids = _submit_all(client, f"t-{unique}", queue)
+    wait_until(lambda: settled(client, list(ids.values())), timeout_s=60, what="scenarios settle")
+    expected = {
+        row["scenario"]: {k: v for k, v in row.items() if k != "scenario"} for row in table()
+    }
+    for letter, run_id in ids.items():
+        assert _row(client, run_id) == expected[letter], letter
+
+
+def test_approving_a_suspended_run_resumes_it(client: Client, queue: str, unique: str) -> None:
+    """G suspends with the refund held; approved, it completes with one refund and one email,
+    and the decision is in the run's events with who made it."""
+    g = BY_LETTER["G"]
+    run_id = client.submit(f"t-{unique}", USER, "support", GOAL, g.params, queue=queue)
+    wait_until(lambda: settled(client, [run_id]), what="G suspends")
+    held = client.state(run_id).pending
+    assert held is not None and held.call.name == "issue_refund"
+    client.approve(run_id, by="ops@example.com", digest=held.digest)
+    wait_until(lambda: client.run_hash(run_id)[1]["status"] == "stopped", what="G completes")
+    state = client.state(run_id)
+    assert (state.outcome, state.usage.steps, state.usage.tool_calls, state.usage.tokens) == (
+        "completed",
+        5,
+        4,
+        708,
+    )
+    assert state.usage.elapsed_ms == 11_200
+    assert RedisShop(client.client).effects(run_id) == [
+        ["refund", "ord_1004", 8000],
+        ["email", "ord_1004"],
+    ]
+    decisions = [
+        e for _, e in client.store.events(f"t-{unique}", run_id) if e["type"] == "decision"
+    ]
+    assert decisions[0]["kind"] == "approved" and decisions[0]["by"] == "ops@example.com"
+
+
+def _versions(client: Client, tenant: str, run_id: str) -> list[int]:
+    return [e["version"] for _, e in client.store.events(tenant, run_id) if e["type"] == "turn"]
+
+
+def test_sigkill_in_the_middle_of_a_turn_does_not_refund_twice(
+    client: Client, queue: str, pool: list[WorkerProcess], unique: str
+) -> None:
+    """A worker process killed after the refund and before the commit: the message comes back
+    (acks late, reject on worker lost), the turn runs again from the old version, the refund
+    replays by its key, and the run ends once, completed, with one refund."""
+    tenant = f"t-{unique}"
+    run_id = client.submit(
+        tenant, USER, "support", GOAL, {"sleep_s": {"issue_refund": 3.0}}, queue=queue
+    )
+    shop = RedisShop(client.client)
+    wait_until(lambda: shop.effects(run_id) != [], what="the refund is issued")
+    inflight = client.client.hget(keys.inflight(tenant), run_id)
+    assert inflight is not None
+    pid = int(str(inflight).split("|")[1])
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: settled(client, [run_id]), timeout_s=60, what="the run ends after the kill")
+    state = client.state(run_id)
+    assert state.outcome == "completed"
+    assert shop.effects(run_id) == [["refund", "ord_1001", 3000], ["email", "ord_1001"]]
+    versions = _versions(client, tenant, run_id)
+    assert versions == list(range(2, 2 + len(versions)))  # one committed turn per version
+    assert shop.orders(run_id)["ord_1001"].refunded_cents == 3000
+
+
+def test_a_step_that_keeps_killing_its_worker_ends_the_run_error(
+    client: Client, queue: str, unique: str
+) -> None:
+    """A turn that kills its worker process every time is stopped after the attempt limit;
+    another run on the same workers is not affected."""
+    tenant = f"t-{unique}"
+    poison = client.submit(tenant, USER, "support", GOAL, {"die_in": "get_order"}, queue=queue)
+    healthy = client.submit(tenant, USER, "support", GOAL, {}, queue=queue)
+    wait_until(lambda: settled(client, [poison, healthy]), timeout_s=90, what="both runs end")
+    stored = client.run_hash(poison)[1]
+    assert (stored["outcome"], stored["status"]) == ("error", "stopped")
+    assert "keeps killing the worker" in stored["reason"]
+    assert client.state(healthy).outcome == "completed"
+
+
+def test_the_tenant_cap_holds_across_workers(client: Client, queue: str, unique: str) -> None:
+    """100 runs of one tenant on two worker processes under a cost ceiling that admits about
+    half: committed never passes the ceiling; the rest end budget_exhausted naming the
+    tenant's dimension; the ledger's committed cost is exactly what the runs spent."""
+    tenant = f"cap-{unique}"
+    ceiling = 200_000
+    client.ledger.set_ceiling(tenant, "cost_microusd", ceiling)
+    budget = Budget(max_cost_microusd=50_000)
+    runs = [
+        client.submit(
+            tenant, USER, "support", GOAL, {"model_latency_s": 0}, budget=budget, queue=queue
+        )
+        for _ in range(100)
+    ]
+    peak = 0
+
+    def done() -> bool:
+        nonlocal peak
+        figures = client.ledger.read(tenant)["cost_microusd"]
+        peak = max(peak, figures.committed + figures.reserved)
+        return settled(client, runs)
+
+    wait_until(done, timeout_s=120, every_s=0.02, what="100 runs end")
+    figures = client.ledger.read(tenant)["cost_microusd"]
+    assert peak <= ceiling and figures.committed <= ceiling and figures.reserved == 0
+    states = [client.state(r) for r in runs]
+    outcomes = {(s.outcome, s.detail) for s in states}
+    assert outcomes <= {("completed", None), ("budget_exhausted", "tenant.cost_microusd")}
+    completed = sum(s.outcome == "completed" for s in states)
+    assert 20 <= completed <= 70
+    assert figures.committed == sum(s.usage.cost_microusd for s in states)
+
+
+def test_malformed_messages_are_logged_acked_and_fail_only_their_run(
+    client: Client, queue: str, pool: list[WorkerProcess], unique: str
+) -> None:
+    """A message with bad arguments ends its run `error`; one for an unknown run and one whose
+    body is not even JSON are logged and dropped; a run alongside finishes normally."""
+    tenant = f"t-{unique}"
+    victim = client.submit(
+        tenant,
+        USER,
+        "support",
+        GOAL,
+        {"model": "same_call"},
+        budget=Budget(max_steps=50, max_repeat=50, max_stalls=50),
+        queue=queue,
+    )
+    healthy = client.submit(tenant, USER, "support", GOAL, {}, queue=queue)
+    app.send_task(
+        STEP_TASK,
+        kwargs={"tenant": tenant, "run_id": victim, "version": "seven", "queue": queue},
+        queue=queue,
+    )
+    app.send_task(
+        STEP_TASK,
+        kwargs={"tenant": tenant, "run_id": "run_nobody", "version": 1, "queue": queue},
+        queue=queue,
+    )
+    client.client.lpush(queue, b"\x00\x01 this is not a message")
+    wait_until(lambda: settled(client, [victim, healthy]), timeout_s=60, what="runs end")
+    stored = client.run_hash(victim)[1]
+    assert stored["outcome"] == "error" and "malformed step message" in stored["reason"]
+    assert client.state(healthy).outcome == "completed"
+    logs = "".join(w.log() for w in pool)
+    assert "malformed_step_message" in logs and "step_skipped" in logs
+
+
+def test_a_state_that_does_not_parse_ends_the_run_error(
+    client: Client, queue: str, unique: str
+) -> None:
+    tenant = f"t-{unique}"
+    run_id = client.submit(
+        tenant, USER, "support", GOAL, {"sleep_s": {"get_order": 1.0}}, queue=queue
+    )
+    wait_until(lambda: client.run_hash(run_id)[1]["version"] == "3", what="the run is under way")
+    raw = msgspec.json.decode(client.run_hash(run_id)[1]["state"])
+    raw["schema_version"] = 42
+    client.client.hset(keys.run(tenant, run_id), "state", msgspec.json.encode(raw))
+    wait_until(lambda: settled(client, [run_id]), what="the run ends")
+    stored = client.run_hash(run_id)[1]
+    assert stored["outcome"] == "error" and "schema version 42" in stored["reason"]
+
+
+def test_every_message_delivered_twice_gives_the_same_results(redis_url: str, unique: str) -> None:
+    """With every step message sent twice, two workers race each step; the version compare-
+    and-set keeps one, so final states and effects are those of a single delivery."""
+    queue = f"dup-{unique}"
+    with running_workers(redis_url, [queue], 2, env={"TURNSTILE_CHAOS_SEND_COPIES": "2"}):
+        client = client_for(redis_url)
+        ids = _submit_all(client, f"t-{unique}", queue)
+        wait_until(
+            lambda: settled(client, list(ids.values())), timeout_s=90, what="scenarios settle"
+        )
+        expected = {
+            row["scenario"]: {k: v for k, v in row.items() if k != "scenario"} for row in table()
+        }
+        for letter, run_id in ids.items():
+            assert _row(client, run_id) == expected[letter], letter
+            versions = _versions(client, f"t-{unique}", run_id)
+            assert versions == list(range(2, 2 + len(versions)))
+
+
+def test_a_crash_after_commit_before_enqueue_is_finished_by_the_sweeper(
+    redis_url: str, unique: str
+) -> None:
+    """Every second send is dropped, as if the worker died between its commit and its
+    enqueue: the sweeper finds the lapsed leases and every run still ends as in process."""
+    queue = f"drop-{unique}"
+    env = {"TURNSTILE_CHAOS_DROP_EVERY": "2", "TURNSTILE_PICKUP_LEASE_S": "1"}
+    with running_workers(redis_url, [queue], 2, env=env) as workers:
+        client = client_for(redis_url)
+        ids = _submit_all(client, f"t-{unique}", queue)
+        wait_until(
+            lambda: settled(client, list(ids.values())), timeout_s=120, what="scenarios settle"
+        )
+        expected = {
+            row["scenario"]: {k: v for k, v in row.items() if k != "scenario"} for row in table()
+        }
+        for letter, run_id in ids.items():
+            assert _row(client, run_id) == expected[letter], letter
+        assert sum(len(w.events("chaos_send_dropped")) for w in workers) > 0
+        assert sum(len(w.events("step_resent")) for w in workers) > 0
+
+
+def test_store_and_ledger_down_no_turn_runs_and_runs_continue_after(unique: str) -> None:
+    """The store (which holds the ledger) stops while runs are under way: steps retry, no turn
+    runs, nothing is admitted; when the server is back every run finishes."""
+    with EmbeddedServer() as broker, EmbeddedServer(appendonly=True) as store:
+        queue = f"down-{unique}"
+        with running_workers(store.url, [queue], 2, broker_url=broker.url) as workers:
+            client = client_for(store.url, broker_url=broker.url)
+            runs = [
+                client.submit(
+                    "t", USER, "support", GOAL, {"sleep_s": {"get_order": 0.5}}, queue=queue
+                )
+                for _ in range(4)
+            ]
+            time.sleep(0.3)
+            store.stop()
+            time.sleep(3)
+            assert sum(len(w.events("step_retry")) for w in workers) > 0
+            store.start()
+            client = client_for(store.url, broker_url=broker.url)
+            wait_until(
+                lambda: settled(client, runs), timeout_s=90, what="runs finish after the outage"
+            )
+            assert {client.state(r).outcome for r in runs} == {"completed"}
+            shop = RedisShop(client.client)
+            for run_id in runs:
+                assert shop.effects(run_id) == [["refund", "ord_1001", 3000], ["email", "ord_1001"]]
+            assert client.ledger.read("t")["cost_microusd"].reserved == 0
+
+
+def test_a_hung_model_is_stopped_from_outside(redis_url: str, unique: str) -> None:
+    """A model call that ignores its timeout is stopped by the step's time limit: the run ends
+    budget_exhausted at its deadline instead of hanging."""
+    queue = f"hang-{unique}"
+    env = {"TURNSTILE_STEP_GRACE_S": "2", "TURNSTILE_SOFT_MARGIN_S": "1"}
+    with running_workers(redis_url, [queue], 1, env=env):
+        client = client_for(redis_url)
+        run_id = client.submit(f"t-{unique}", USER, "support", GOAL, {"model_sleep_s": 60},
+                               budget=Budget(deadline_ms=1000), queue=queue)  # fmt: skip
+        started = time.monotonic()
+        wait_until(lambda: settled(client, [run_id]), timeout_s=30, what="the hung run ends")
+        assert time.monotonic() - started < 15
+        state = client.state(run_id)
+        assert (state.outcome, state.detail) == ("budget_exhausted", "deadline")
+
+
+def test_submission_is_idempotent_and_checked(client: Client, queue: str, unique: str) -> None:
+    tenant = f"t-{unique}"
+    run_id = client.submit(tenant, USER, "support", GOAL, {}, queue=queue, run_id=f"r-{unique}")
+    assert (
+        client.submit(tenant, USER, "support", GOAL, {}, queue=queue, run_id=f"r-{unique}")
+        == run_id
+    )
+    with pytest.raises(SubmissionConflictError):
+        client.submit(
+            tenant, USER, "support", "another goal", {}, queue=queue, run_id=f"r-{unique}"
+        )
+    bad: list[dict[str, Any]] = [
+        {"job": "nope"}, {"tenant": ""}, {"user": ""}, {"goal": "x" * 5000},
+        {"params": {"blob": "x" * 20_000}}, {"queue": "bad queue!"},
+        {"budget": {"deadline_ms": 10**9}}, {"budget": {"max_steps": "many"}},
+        {"params": {"model": "gpt-9"}},
+    ]  # fmt: skip
+    for change in bad:
+        args = {
+            "tenant": tenant,
+            "user": USER,
+            "job": "support",
+            "goal": GOAL,
+            "params": {},
+            "queue": queue,
+            **change,
+        }
+        with pytest.raises(SubmissionError):
+            client.submit(
+                args.pop("tenant"),
+                args.pop("user"),
+                args.pop("job"),
+                args.pop("goal"),
+                args.pop("params"),
+                **args,
+            )
+    client.ledger.set_ceiling(f"small-{unique}", "cost_microusd", 1000)
+    with pytest.raises(SubmissionError, match="allows 1000"):
+        client.submit(f"small-{unique}", USER, "support", GOAL, {}, queue=queue)
+    assert (
+        redis.Redis.from_url(client.config.redis_url or "").exists(keys.run(f"small-{unique}", "x"))
+        == 0
+    )

@@ -1,0 +1,170 @@
+"""Real Celery worker processes for the integration tests, and a client to drive them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from worker.api import Client, connect_client
+from worker.settings import Settings
+
+READY_TIMEOUT_S = 30.0
+
+# Fast timers for tests: a lapsed lease is found within a second.
+FAST = {
+    "TURNSTILE_SWEEP_INTERVAL_S": "0.5",
+    "TURNSTILE_PICKUP_LEASE_S": "3",
+    "TURNSTILE_INFLIGHT_LEASE_S": "6",
+    "TURNSTILE_RETRY_BASE_S": "0.2",
+    "TURNSTILE_RETRY_MAX_S": "1",
+    "TURNSTILE_LEDGER_GRACE_S": "5",
+}
+
+
+class WorkerProcess:
+    """One `celery worker` process (prefork, concurrency 1 by default) on given queues."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        queues: list[str],
+        *,
+        name: str,
+        env: Mapping[str, str] | None = None,
+        broker_url: str | None = None,
+        concurrency: int = 1,
+    ) -> None:
+        self.name = name
+        self.log_path = Path(tempfile.mkdtemp(prefix="turnstile-worker-")) / f"{name}.log"
+        self.env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")},
+            **FAST,
+            "TURNSTILE_REDIS_URL": redis_url,
+            "TURNSTILE_BROKER_URL": broker_url or redis_url,
+            "TURNSTILE_LOG_FORMAT": "json",
+            "TURNSTILE_DEFAULT_QUEUE": queues[0],
+            **(env or {}),
+        }
+        self.args = [
+            sys.executable, "-m", "celery", "-A", "worker.app:app", "worker",
+            "-Q", ",".join(queues), "-c", str(concurrency), "-P", "prefork",
+            "-n", f"{name}@%h", "-E", "--without-gossip", "--without-mingle",
+            "--without-heartbeat", "-l", "WARNING",
+        ]  # fmt: skip
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> WorkerProcess:
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.args,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return self
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if '"worker_ready"' in self.log():
+                return
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(f"worker {self.name} exited: {self.log()[-2000:]}")
+            time.sleep(0.05)
+        raise RuntimeError(f"worker {self.name} not ready: {self.log()[-2000:]}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        """The structured log lines with this event name."""
+        out = []
+        for line in self.log().splitlines():
+            if f'"{name}"' in line:
+                try:
+                    out.append(json.loads(line[line.index("{") :]))
+                except ValueError:
+                    continue
+        return out
+
+    def children(self) -> list[psutil.Process]:
+        assert self.process is not None
+        try:
+            return psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def kill(self) -> None:
+        """SIGKILL to the worker and its pool: nothing gets to clean up."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM: a warm shutdown, the current turn finishes first."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+@contextmanager
+def running_workers(
+    redis_url: str,
+    queues: list[str],
+    count: int = 2,
+    *,
+    env: Mapping[str, str] | None = None,
+    broker_url: str | None = None,
+    prefix: str = "w",
+) -> Iterator[list[WorkerProcess]]:
+    workers = [
+        WorkerProcess(redis_url, queues, name=f"{prefix}{i}-{os.getpid()}-{time.monotonic_ns()}",
+                      env=env, broker_url=broker_url).start()
+        for i in range(count)
+    ]  # fmt: skip
+    try:
+        for worker in workers:
+            worker.wait_ready()
+        yield workers
+    finally:
+        for worker in workers:
+            worker.stop(timeout_s=10)
+
+
+def client_for(redis_url: str, broker_url: str | None = None, **overrides: Any) -> Client:
+    config = Settings(redis_url=redis_url, broker_url=broker_url, **overrides)
+    return connect_client(config)
+
+
+def wait_until(
+    predicate: Callable[[], bool], *, timeout_s: float = 60.0, every_s: float = 0.05, what: str = ""
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what or predicate}")
+
+
+def settled(client: Client, run_ids: list[str]) -> bool:
+    """Every run has stopped or is waiting for a person."""
+    return all(client.run_hash(r)[1]["status"] in ("stopped", "suspended") for r in run_ids)

@@ -1,0 +1,257 @@
+"""The Python API for services that enqueue work: submit a run, read it, decide on it.
+
+Every input is checked before anything is written: an unknown job, a budget above what the
+tenant allows, an oversized goal or params, an empty tenant or user are clear errors.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import msgspec
+import redis
+
+from jobs.budget import Budget
+from jobs.decisions import approve as kernel_approve
+from jobs.decisions import cancel as kernel_cancel
+from jobs.decisions import deny as kernel_deny
+from jobs.errors import KernelError
+from jobs.outcomes import Status
+from jobs.runs import new_run
+from jobs.state import RunState
+from ledger.client import Ledger
+from worker import keys
+from worker.app import connect, sender
+from worker.errors import TurnstileError
+from worker.registry import Jobs
+from worker.settings import Settings
+from worker.step import StepMessage, now_iso, time_limits
+from worker.store import Change, RunStore, SubmissionConflictError, fingerprint
+
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+RUN_TENANTS = f"{keys.PREFIX}:run-tenants"  # run id -> tenant, so a run id alone finds its run
+
+
+class SubmissionError(TurnstileError):
+    """A submission refused before anything was written."""
+
+
+class RunNotFoundError(TurnstileError):
+    pass
+
+
+class DecisionRefusedError(TurnstileError):
+    """An approve, deny or cancel that does not apply to the run as it stands."""
+
+
+Send = Callable[[StepMessage, float, float], None]
+
+
+def _budget(raw: Budget | Mapping[str, Any] | None, default: Budget) -> Budget:
+    if raw is None:
+        return default
+    if isinstance(raw, Budget):
+        return raw
+    try:
+        return msgspec.convert({**msgspec.to_builtins(default), **dict(raw)}, Budget)
+    except msgspec.ValidationError as exc:
+        raise SubmissionError(f"budget: {exc}") from exc
+
+
+class Client:
+    def __init__(self, client: redis.Redis, config: Settings, send: Send) -> None:
+        self.client, self.config, self.send = client, config, send
+        self.ledger = Ledger(client, grace_s=config.ledger_grace_s)
+        self.store = RunStore(client, self.ledger)
+        self.jobs = Jobs(client)
+
+    # -- submitting ------------------------------------------------------------------------
+
+    def submit(
+        self,
+        tenant: str,
+        user: str,
+        job: str,
+        goal: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        budget: Budget | Mapping[str, Any] | None = None,
+        queue: str = "default",
+        run_id: str | None = None,
+    ) -> str:
+        """Create the run and enqueue its first step; idempotent on `run_id`."""
+        run_id = run_id or f"run_{uuid.uuid4().hex[:20]}"
+        state = self._new_state(
+            tenant=tenant, user=user, job=job, goal=goal, params=params, budget=budget,
+            queue=queue, run_id=run_id,
+        )  # fmt: skip
+        self._check_tenant_allows(tenant, state.budget)
+        if self.client.hget(keys.queue_control(queue), "draining"):
+            raise SubmissionError(f"queue {queue!r} is draining: it takes no new runs")
+        digest = fingerprint([tenant, user, job, goal, state.params, state.budget, queue])
+        owner = self._claim_run_id(run_id, tenant)
+        if owner != tenant:
+            raise SubmissionConflictError(f"run id {run_id!r} belongs to another tenant")
+        created, stored = self.store.create(
+            tenant=tenant, run_id=run_id, state_json=state.to_json().decode(), fingerprint=digest,
+            queue=queue, job=job, user_id=user,
+            pickup_lease_ms=int(self.config.pickup_lease_s * 1000),
+            event={
+                "type": "submitted", "state": msgspec.to_builtins(state), "queue": queue,
+                "at": now_iso(),
+            },
+        )  # fmt: skip
+        if not created and stored != digest:
+            raise SubmissionConflictError(f"run {run_id!r} exists with a different submission")
+        if created:
+            self._send(StepMessage(tenant, run_id, 1, queue), state)
+        return run_id
+
+    def _new_state(
+        self, *, tenant: str, user: str, job: str, goal: str, params: Mapping[str, Any] | None,
+        budget: Budget | Mapping[str, Any] | None, queue: str, run_id: str,
+    ) -> RunState:  # fmt: skip
+        if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
+            raise SubmissionError("queue must be 1-64 letters, digits, '.', '_' or '-'")
+        if not isinstance(goal, str) or len(goal) > self.config.max_goal_chars:
+            raise SubmissionError(
+                f"goal must be text of at most {self.config.max_goal_chars} characters"
+            )
+        try:
+            size = len(msgspec.json.encode(params or {}))
+        except (TypeError, ValueError) as exc:
+            raise SubmissionError(f"params must be JSON: {exc}") from exc
+        if size > self.config.max_params_bytes:
+            raise SubmissionError(
+                f"params are {size} bytes; at most {self.config.max_params_bytes}"
+            )
+        try:
+            definition = self.jobs.get(job)
+            chosen = _budget(budget, definition.budget)
+            if chosen.deadline_ms > self.config.max_deadline_s * 1000:
+                raise SubmissionError(
+                    f"deadline above the {self.config.max_deadline_s:.0f} s a run may have"
+                )
+            return new_run(
+                run_id=run_id, tenant=tenant, user_id=user, job=definition, goal=goal,
+                params=params, budget=chosen,
+            )  # fmt: skip
+        except KernelError as exc:
+            raise SubmissionError(str(exc)) from exc
+
+    def _check_tenant_allows(self, tenant: str, budget: Budget) -> None:
+        """A run may not ask for more than its tenant's hard ceilings could ever give it."""
+        asked = {"cost_microusd": budget.max_cost_microusd, "tokens": budget.max_tokens,
+                 "steps": budget.max_steps, "tool_calls": budget.max_tool_calls}  # fmt: skip
+        for dimension, state in self.ledger.read(tenant).items():
+            if state.hard and state.ceiling is not None and asked.get(dimension, 0) > state.ceiling:
+                raise SubmissionError(
+                    f"budget asks for {asked[dimension]} {dimension}; "
+                    f"tenant {tenant!r} allows {state.ceiling}"
+                )
+
+    def _claim_run_id(self, run_id: str, tenant: str) -> str:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hsetnx(RUN_TENANTS, run_id, tenant)
+        pipe.hget(RUN_TENANTS, run_id)
+        return str(pipe.execute()[1])
+
+    def _send(self, msg: StepMessage, state: RunState) -> None:
+        soft_s, hard_s = time_limits(state, self.config)
+        self.send(msg, soft_s, hard_s)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def tenant_of(self, run_id: str) -> str:
+        tenant = self.client.hget(RUN_TENANTS, run_id)
+        if not tenant:
+            raise RunNotFoundError(f"no run {run_id!r}")
+        return str(tenant)
+
+    def run_hash(self, run_id: str, tenant: str | None = None) -> tuple[str, dict[str, str]]:
+        tenant = tenant or self.tenant_of(run_id)
+        stored = self.store.hash(tenant, run_id)
+        if not stored:
+            raise RunNotFoundError(f"no run {run_id!r} for tenant {tenant!r}")
+        return tenant, stored
+
+    def state(self, run_id: str, tenant: str | None = None) -> RunState:
+        _, stored = self.run_hash(run_id, tenant)
+        return RunState.from_json(stored["state"])
+
+    # -- deciding --------------------------------------------------------------------------
+
+    def _decide(
+        self, run_id: str, by: str, apply: Callable[[RunState], dict[str, Any]]
+    ) -> RunState:
+        tenant, stored = self.run_hash(run_id)
+        state = RunState.from_json(stored["state"])
+        try:
+            event = apply(state)
+        except KernelError as exc:
+            raise DecisionRefusedError(str(exc)) from exc
+        event.update(by=by, at=now_iso())
+        live = state.status is Status.RUNNING
+        committed = self.store.commit(
+            Change(
+                tenant=tenant, run_id=run_id, version=int(stored["version"]),
+                old_status=stored["status"], status=state.status.value,
+                state_json=state.to_json().decode(),
+                outcome=state.outcome.value if state.outcome else "",
+                detail=state.detail or "", reason=state.reason or "",
+                lease_ms=int(self.config.pickup_lease_s * 1000) if live else None,
+                events=[event],
+            )
+        )  # fmt: skip
+        if committed.kind != "ok":
+            raise DecisionRefusedError(
+                f"run {run_id} changed while deciding ({committed.kind}); try again"
+            )
+        if live:
+            self._send(StepMessage(tenant, run_id, committed.version, stored["queue"]), state)
+        return state
+
+    def approve(self, run_id: str, *, by: str, digest: str | None = None) -> RunState:
+        def apply(state: RunState) -> dict[str, Any]:
+            kernel_approve(state, by=by, at=now_iso(), digest=digest)
+            assert state.approval is not None
+            return {"type": "decision", "kind": "approved", "digest": state.approval.digest}
+
+        return self._decide(run_id, by, apply)
+
+    def deny(self, run_id: str, *, by: str, reason: str) -> RunState:
+        def apply(state: RunState) -> dict[str, Any]:
+            kernel_deny(state, self.jobs.get(state.job), by=by, at=now_iso(), reason=reason)
+            return {"type": "decision", "kind": "denied", "reason": reason}
+
+        return self._decide(run_id, by, apply)
+
+    def cancel(self, run_id: str, *, by: str, reason: str = "cancelled by an operator") -> str:
+        """Suspended or parked: cancelled at once. Running: at its next turn boundary."""
+        tenant, stored = self.run_hash(run_id)
+        if stored["status"] in (Status.SUSPENDED.value, Status.PARKED.value):
+
+            def apply(state: RunState) -> dict[str, Any]:
+                kernel_cancel(state, by=by, at=now_iso(), reason=reason)
+                return {"type": "decision", "kind": "cancelled", "reason": reason}
+
+            self._decide(run_id, by, apply)
+            return "cancelled"
+        if stored["status"] != Status.RUNNING.value:
+            raise DecisionRefusedError(
+                f"cannot cancel run {run_id}: it already ended {stored.get('outcome')}"
+            )
+        self.client.hset(
+            keys.run(tenant, run_id), mapping={"cancel_by": by, "cancel_reason": reason}
+        )
+        return "requested"
+
+
+def connect_client(config: Settings) -> Client:
+    """A client over the configured store, sending steps through the configured broker."""
+    if config.redis_url is None:
+        raise SubmissionError("no store: set TURNSTILE_REDIS_URL")
+    return Client(connect(config.redis_url, config), config, sender(config.broker))

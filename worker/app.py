@@ -1,0 +1,219 @@
+"""The Celery app and the step task: at least once, never pickle, never lose a message.
+
+Acks are late and a lost worker's message is rejected back to the queue, so a step that dies
+mid-turn is delivered again; the version compare-and-set in the store makes every extra
+delivery harmless. Prefetch is one: a worker holds only the message it is running.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import random
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import redis
+import structlog
+from celery import Celery, Task, signals
+
+from ledger.client import Ledger
+from worker.logs import configure as configure_logging
+from worker.registry import Jobs
+from worker.settings import Settings, settings
+from worker.step import LedgerDown, Services, Step, StepMessage, parse_message, time_limits
+from worker.store import RunStore, StoreUnavailable
+from worker.sweeper import Sweeper
+
+log = structlog.get_logger("turnstile.worker")
+
+STEP_TASK = "turnstile.step"
+# On the Redis transport 0 is served first. A run's later steps go ahead of new runs' first
+# steps, so a tenant at its cap finishes the runs it started instead of leaving many half done.
+CONTINUE_PRIORITY = 0
+START_PRIORITY = 9
+
+
+def make_app(config: Settings, *, broker_url: str | None = None, main: bool = True) -> Celery:
+    celery = Celery("turnstile", set_as_current=main)
+    celery.conf.update(
+        broker_url=broker_url or config.broker_url or config.redis_url,
+        broker_transport_options={"visibility_timeout": config.visibility_timeout_s},
+        broker_connection_retry_on_startup=True,
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        result_backend=None,
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=config.default_queue,
+        task_create_missing_queues=True,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        worker_hijack_root_logger=False,
+        worker_redirect_stdouts=False,  # structlog writes its own lines to stderr
+        broker_pool_limit=4,
+    )
+    return celery
+
+
+app = make_app(settings())
+
+
+@functools.lru_cache(maxsize=8)
+def _producer(broker_url: str) -> Celery:
+    return make_app(settings(), broker_url=broker_url, main=False)
+
+
+def sender(broker_url: str) -> Callable[[StepMessage, float, float], None]:
+    """A function that sends step messages to this broker: for a client (a service, the CLI,
+    a test) that picks its server at run time rather than from the environment."""
+    producer = _producer(broker_url)
+
+    def send(msg: StepMessage, soft_s: float, hard_s: float) -> None:
+        producer.send_task(STEP_TASK, **_options(msg, soft_s, hard_s))
+
+    return send
+
+
+_services: dict[int, Services] = {}
+_lock = threading.Lock()
+
+
+def connect(url: str, config: Settings) -> redis.Redis:
+    return redis.Redis.from_url(
+        url,
+        decode_responses=True,
+        socket_timeout=config.redis_timeout_s,
+        socket_connect_timeout=min(1.0, config.redis_timeout_s),
+        health_check_interval=30,
+    )
+
+
+def _options(msg: StepMessage, soft_s: float, hard_s: float) -> dict[str, Any]:
+    return {
+        "kwargs": msg.as_kwargs(),
+        "queue": msg.queue,
+        "priority": CONTINUE_PRIORITY if msg.version > 1 else START_PRIORITY,
+        "soft_time_limit": math.ceil(soft_s),
+        "time_limit": math.ceil(hard_s),
+    }
+
+
+def send_step(msg: StepMessage, soft_s: float, hard_s: float) -> None:
+    step_task.apply_async(**_options(msg, soft_s, hard_s))
+
+
+def build_services(config: Settings) -> Services:
+    if config.redis_url is None:
+        raise StoreUnavailable("no store: set TURNSTILE_REDIS_URL")
+    client = connect(config.redis_url, config)
+    ledger = Ledger.from_url(config.redis_url, grace_s=config.ledger_grace_s)
+    store = RunStore(client, ledger)
+
+    sends = iter(range(1, 2**62))
+
+    def send(msg: StepMessage, state: Any) -> None:
+        soft_s, hard_s = time_limits(state, config)
+        if config.chaos_drop_every and next(sends) % config.chaos_drop_every == 0:
+            log.warning("chaos_send_dropped", version=msg.version)
+            return
+        try:
+            for _ in range(config.chaos_send_copies):
+                send_step(msg, soft_s, hard_s)
+        except Exception as exc:  # the lease the commit set makes the sweeper send it later
+            log.warning("enqueue_failed", error=str(exc), version=msg.version)
+
+    return Services(settings=config, store=store, ledger=ledger, jobs=Jobs(client), send=send)
+
+
+def services() -> Services:
+    """This process's services, built after any fork: connections are never shared."""
+    pid = os.getpid()
+    with _lock:
+        if pid not in _services:
+            _services.clear()
+            _services[pid] = build_services(settings())
+        return _services[pid]
+
+
+def compute_backoff(attempts: int, *, base_s: float, max_s: float, jitter: float = 0.25) -> float:
+    """Exponential backoff with jitter, capped: base * 2^attempts, give or take a quarter."""
+    delay = min(max_s, base_s * 2.0 ** min(attempts, 30))
+    return max(0.0, delay * (1 + random.uniform(-jitter, jitter)))
+
+
+@app.task(name=STEP_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None)
+def step_task(self: Task, *args: Any, **kwargs: Any) -> str:  # type: ignore[type-arg]
+    """Run one turn of a run. Malformed messages are logged and acked; the run, where it can
+    be told, ends `error` with the reason."""
+    msg = parse_message(args, kwargs)
+    if isinstance(msg, str):
+        log.error(
+            "malformed_step_message", reason=msg, args=repr(args)[:200], kwargs=repr(kwargs)[:400]
+        )
+        _fail_named_run(kwargs, msg)
+        return "malformed"
+    structlog.contextvars.bind_contextvars(
+        tenant=msg.tenant, run_id=msg.run_id, version=msg.version
+    )
+    try:
+        return Step(services(), msg).run()
+    except (LedgerDown, StoreUnavailable) as exc:
+        config = settings()
+        delay = compute_backoff(
+            self.request.retries, base_s=config.retry_base_s, max_s=config.retry_max_s
+        )
+        log.warning("step_retry", error=str(exc), countdown_s=round(delay, 2))
+        raise self.retry(countdown=delay, exc=exc) from exc
+    finally:
+        structlog.contextvars.clear_contextvars()
+
+
+def _fail_named_run(kwargs: dict[str, Any], reason: str) -> None:
+    tenant, run_id = kwargs.get("tenant"), kwargs.get("run_id")
+    if not (isinstance(tenant, str) and tenant and isinstance(run_id, str) and run_id):
+        return
+    try:
+        services().store.fail_run(tenant, run_id, f"malformed step message: {reason}")
+    except Exception as exc:
+        log.error("fail_run_failed", error=str(exc))
+
+
+# -- the sweeper: a timer in each worker's main process --------------------------------------
+
+_sweeper_stop = threading.Event()
+
+
+@signals.worker_ready.connect
+def _start_sweeper(sender: Any = None, **kwargs: Any) -> None:
+    config = settings()
+    log.info("worker_ready", hostname=getattr(sender, "hostname", ""), pid=os.getpid())
+    if config.redis_url is None:
+        return
+    sweeper = Sweeper(connect(config.redis_url, config), config, send_step)
+    _sweeper_stop.clear()
+    threading.Thread(
+        target=sweeper.loop, args=(_sweeper_stop,), name="turnstile-sweeper", daemon=True
+    ).start()
+
+
+@signals.worker_shutdown.connect
+def _stop_sweeper(sender: Any = None, **kwargs: Any) -> None:
+    _sweeper_stop.set()
+
+
+@signals.worker_process_init.connect
+def _child_init(**kwargs: Any) -> None:
+    config = settings()
+    configure_logging(config.log_format, config.log_level)
+
+
+@signals.worker_init.connect
+def _main_init(**kwargs: Any) -> None:
+    config = settings()
+    configure_logging(config.log_format, config.log_level)

@@ -1,0 +1,70 @@
+"""Every Redis key of the worker, built in one place.
+
+A run's keys carry its tenant's hash tag, the same one the ledger's keys carry, so the commit
+script can compare-and-set the run and settle the tenant's reservation in one slot.
+"""
+
+from __future__ import annotations
+
+from ledger.keys import tenant_keys as ledger_tenant_keys
+
+PREFIX = "turnstile"
+
+TENANTS = f"{PREFIX}:tenants"  # every tenant that has runs: the sweeper's starting point
+SWEEP_LOCK = f"{PREFIX}:sweeper:lock"
+
+
+def _t(tenant: str, name: str) -> str:
+    return f"{PREFIX}:{{{tenant}}}:{name}"
+
+
+def run(tenant: str, run_id: str) -> str:
+    """Hash: state, version, status, outcome, detail, reason, queue, job, user, attempts..."""
+    return _t(tenant, f"run:{run_id}")
+
+
+def events(tenant: str, run_id: str) -> str:
+    """Stream: the run's events, appended by the same script that commits the state."""
+    return _t(tenant, f"events:{run_id}")
+
+
+def runs(tenant: str) -> str:
+    """Sorted set: the tenant's run ids by creation time (ms)."""
+    return _t(tenant, "runs")
+
+
+def by_status(tenant: str, status: str) -> str:
+    return _t(tenant, f"status:{status}")
+
+
+def by_outcome(tenant: str, outcome: str) -> str:
+    return _t(tenant, f"outcome:{outcome}")
+
+
+def leases(tenant: str) -> str:
+    """Sorted set: run id scored by when its lease lapses (server ms)."""
+    return _t(tenant, "leases")
+
+
+def control(tenant: str) -> str:
+    """Hash: the tenant's operator flags (paused, by, at)."""
+    return _t(tenant, "control")
+
+
+def inflight(tenant: str) -> str:
+    """Hash: run id -> "<queue>|<pid>|<host>" for turns running now; a drain waits for its
+    queue's turns to end."""
+    return _t(tenant, "inflight")
+
+
+def queue_control(queue: str) -> str:
+    """Hash: a queue's operator flags (paused, draining, by, at). Not tenant-tagged: a queue is
+    shared by tenants, and it is read in the same pipeline as the run, not inside a script."""
+    return f"{PREFIX}:queue:{queue}"
+
+
+QUEUES = f"{PREFIX}:queues"  # every queue that has been used or controlled
+
+
+def ledger(tenant: str) -> list[str]:
+    return ledger_tenant_keys(tenant)

@@ -1,0 +1,91 @@
+--[[
+Commit one change of a run, atomically: compare-and-set the version, write the state and its
+summary fields, settle the turn's ledger reservations, append the events, move the run in the
+status and outcome indexes, and set or clear its lease. Used for every change a run goes
+through: a turn, a park, a decision, a failure. This body follows the ledger's library (see
+ledger/lib.lua), so `ledger_settle` is in scope.
+
+KEYS
+  1 run hash        turnstile:{T}:run:<id>
+  2 events stream   turnstile:{T}:events:<id>
+  3 leases zset     turnstile:{T}:leases
+  4 old status set  turnstile:{T}:status:<status the caller loaded>
+  5 new status set  turnstile:{T}:status:<new status>
+  6 outcome set     turnstile:{T}:outcome:<outcome> (any tenant key when there is none)
+  7 inflight hash   turnstile:{T}:inflight
+  8-13              the tenant's six ledger keys, in the library's order (when settling)
+ARGV
+  1 run id
+  2 expected version
+  3 new state JSON, or "" to keep the stored one (a state that no longer parses)
+  4 new status
+  5 outcome or ""
+  6 detail or ""
+  7 reason or ""
+  8 lease (ms) from now, or "" to drop the lease (stopped, suspended, parked)
+  9 events stream max length
+  10 n: the number of events, then n event JSON strings
+  then m: the number of settlements, then for each: k, then its k ledger_settle arguments
+  then h: the number of run-hash fields to delete, then their names
+Returns
+  {"ok", new_version} | {"stale", version} | {"missing"} | {"ledger", outcome, detail}
+]]
+local version = redis.call('HGET', KEYS[1], 'version')
+if not version then
+  return {'missing'}
+end
+if version ~= ARGV[2] then
+  return {'stale', version}
+end
+
+local i = 10
+local n_events = tonumber(ARGV[i])
+local events_at = i + 1
+i = i + n_events + 1
+local n_settles = tonumber(ARGV[i])
+i = i + 1
+local ledger_keys = {KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]}
+for _ = 1, n_settles do
+  local k = tonumber(ARGV[i])
+  local argv = {}
+  for j = 1, k do
+    argv[j] = ARGV[i + j]
+  end
+  i = i + k + 1
+  local res = ledger_settle(ledger_keys, argv)
+  if res[1] ~= 'settled' then
+    -- Nothing of the run is written; a refused settlement wrote nothing either.
+    return {'ledger', res[1], tostring(res[2] or '')}
+  end
+end
+local n_hdel = tonumber(ARGV[i])
+for j = 1, n_hdel do
+  redis.call('HDEL', KEYS[1], ARGV[i + j])
+end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local new_version = tonumber(version) + 1
+local run_id, status, outcome = ARGV[1], ARGV[4], ARGV[5]
+redis.call('HSET', KEYS[1], 'version', new_version, 'status', status, 'outcome', outcome,
+  'detail', ARGV[6], 'reason', ARGV[7], 'updated_ms', string.format('%d', now))
+if ARGV[3] ~= '' then
+  redis.call('HSET', KEYS[1], 'state', ARGV[3])
+end
+for j = 0, n_events - 1 do
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[9], '*', 'event', ARGV[events_at + j])
+end
+if KEYS[4] ~= KEYS[5] then
+  redis.call('SREM', KEYS[4], run_id)
+end
+redis.call('SADD', KEYS[5], run_id)
+if outcome ~= '' and status == 'stopped' then
+  redis.call('SADD', KEYS[6], run_id)
+end
+if ARGV[8] == '' then
+  redis.call('ZREM', KEYS[3], run_id)
+else
+  redis.call('ZADD', KEYS[3], now + tonumber(ARGV[8]), run_id)
+end
+redis.call('HDEL', KEYS[7], run_id)
+return {'ok', new_version}

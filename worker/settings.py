@@ -1,0 +1,71 @@
+"""Settings, built once at the edge from `TURNSTILE_*` environment variables, typed and frozen."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TURNSTILE_", frozen=True, extra="ignore")
+
+    redis_url: str | None = None  # the store and the ledger; None: local commands embed one
+    broker_url: str | None = None  # Celery's broker; defaults to the store's server
+    default_queue: str = "default"
+
+    # A step's hard time limit is the run's remaining active time plus this grace, so a call
+    # that ignores its own timeout is still stopped from outside; the soft limit is a little
+    # shorter, so the step can record the deadline before it is killed.
+    step_grace_s: float = Field(default=10.0, gt=0)
+    soft_margin_s: float = Field(default=2.0, gt=0)
+    # The longest active time a run may ask for; with the grace it bounds every hard limit,
+    # and the broker's visibility timeout is set above that.
+    max_deadline_s: float = Field(default=3600.0, gt=0)
+
+    # A run whose lease lapses without a commit is re-enqueued by the sweeper. A queued step
+    # gets `pickup_lease_s` to start; a running one `inflight_lease_s`, renewed by a heartbeat.
+    pickup_lease_s: float = Field(default=60.0, gt=0)
+    inflight_lease_s: float = Field(default=15.0, gt=0)
+    sweep_interval_s: float = Field(default=5.0, gt=0)
+    # A step whose delivery has killed its worker this many times ends the run `error`.
+    max_step_attempts: int = Field(default=3, ge=1)
+    # Backoff for a step that finds the store or the ledger unreachable.
+    retry_base_s: float = Field(default=0.5, gt=0)
+    retry_max_s: float = Field(default=30.0, gt=0)
+
+    ledger_grace_s: float = Field(default=60.0, ge=0)
+    redis_timeout_s: float = Field(default=5.0, gt=0)
+
+    # Submission limits: what one run may carry and ask for.
+    max_goal_chars: int = 4000
+    max_params_bytes: int = 16 * 1024
+
+    # Chaos drills, for proving the failure matrix in a staging system; both off by default.
+    # Every step message is sent this many times (duplicate deliveries), and every n-th send
+    # is dropped as if the worker died between its commit and its enqueue.
+    chaos_send_copies: int = Field(default=1, ge=1, le=5)
+    chaos_drop_every: int = Field(default=0, ge=0)
+
+    log_format: Literal["auto", "json", "console"] = "auto"
+    log_level: str = "INFO"
+
+    @property
+    def broker(self) -> str:
+        url = self.broker_url or self.redis_url
+        if url is None:
+            raise ValueError("no broker: set TURNSTILE_BROKER_URL or TURNSTILE_REDIS_URL")
+        return url
+
+    @property
+    def visibility_timeout_s(self) -> int:
+        """Above the longest hard time limit a step can have, so the broker never hands a
+        running step to a second worker."""
+        return int(self.max_deadline_s + self.step_grace_s + 60)
+
+
+@lru_cache(maxsize=1)
+def settings() -> Settings:
+    return Settings()

@@ -1,0 +1,420 @@
+"""One step of a run, in DESIGN.md's order: gate, load, admit, turn, commit, next.
+
+The Celery task only parses its message and calls `run_step`; everything here is plain Python
+over the store, the ledger and the kernel, so the order is readable in one place.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+import structlog
+from celery.exceptions import SoftTimeLimitExceeded
+
+from jobs.budget import Usage
+from jobs.clock import ActiveClock
+from jobs.closing import closing_message
+from jobs.decisions import cancel
+from jobs.errors import StateFormatError, UnknownJobError
+from jobs.job import Job
+from jobs.kernel import Continue, Finished, Move, Runtime, Suspended, exposure, finish, turn
+from jobs.outcomes import Outcome, Resource, Status
+from jobs.state import RunState
+from jobs.trace import Trace
+from ledger.client import Ledger
+from worker import keys
+from worker.errors import TurnstileError
+from worker.registry import Jobs
+from worker.settings import Settings
+from worker.store import Change, Committed, Loaded, RunStore
+
+log = structlog.get_logger("turnstile.step")
+
+
+class LedgerDown(TurnstileError):  # noqa: N818 - the ledger is down, said plainly
+    """The ledger did not answer: hard limits fail closed, the step is retried later."""
+
+
+@dataclass(frozen=True)
+class StepMessage:
+    tenant: str
+    run_id: str
+    version: int
+    queue: str
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return {
+            "tenant": self.tenant,
+            "run_id": self.run_id,
+            "version": self.version,
+            "queue": self.queue,
+        }
+
+
+def parse_message(args: tuple[Any, ...], kwargs: dict[str, Any]) -> StepMessage | str:
+    """The step's arguments, or why they are not a step message."""
+    if args:
+        return f"positional arguments are not accepted: {list(args)[:4]!r}"
+    tenant, run_id, version, queue = (
+        kwargs.get(k) for k in ("tenant", "run_id", "version", "queue")
+    )
+    if not isinstance(tenant, str) or not tenant or not isinstance(run_id, str) or not run_id:
+        return "tenant and run_id must be non-empty strings"
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        return "version must be a positive integer"
+    if not isinstance(queue, str) or not queue:
+        return "queue must be a non-empty string"
+    return StepMessage(tenant, run_id, version, queue)
+
+
+def time_limits(state: RunState, settings: Settings) -> tuple[float, float]:
+    """(soft, hard) time limits of the run's next step: the run's remaining active time plus a
+    grace, so that a call ignoring its own timeout is still stopped from outside."""
+    remaining_s = max(0, state.budget.deadline_ms - state.usage.elapsed_ms) / 1000
+    hard = min(remaining_s, settings.max_deadline_s) + settings.step_grace_s
+    return max(1.0, hard - settings.soft_margin_s), hard
+
+
+def ledger_amounts(usage: Usage) -> dict[str, int]:
+    return {
+        "steps": usage.steps,
+        "tool_calls": usage.tool_calls,
+        "tokens": usage.tokens,
+        "cost_microusd": usage.cost_microusd,
+    }
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+@dataclass
+class Services:
+    """What every step of one worker process shares."""
+
+    settings: Settings
+    store: RunStore
+    ledger: Ledger
+    jobs: Jobs
+    send: Callable[[StepMessage, RunState], None]  # enqueue the next step
+
+
+class LedgerGate:
+    """Asks the tenant's ledger for a batch larger than the turn's allowance, before it runs."""
+
+    def __init__(self, ledger: Ledger, tenant: str, reservation_id: str, timeout_s: float) -> None:
+        self.ledger, self.tenant, self.reservation_id, self.timeout_s = (
+            ledger,
+            tenant,
+            reservation_id,
+            timeout_s,
+        )
+        self.reserved: Usage | None = None
+
+    def extend(self, extra: Usage) -> bool:
+        result = self.ledger.reserve(
+            self.tenant, self.reservation_id, ledger_amounts(extra), timeout_s=self.timeout_s
+        )
+        if result.admitted:
+            self.reserved = extra
+        return result.admitted
+
+
+def split_actual(actual: Usage, holds: list[tuple[str, Usage]]) -> list[tuple[str, Usage]]:
+    """Share a turn's actual usage among its holds, each taking up to what it reserved; the
+    last takes whatever is left (an overage is booked, and flagged, on it)."""
+    left = ledger_amounts(actual)
+    out = []
+    for index, (reservation_id, held) in enumerate(holds):
+        limit = ledger_amounts(held)
+        last = index == len(holds) - 1
+        share = {d: left[d] if last else min(left[d], limit[d]) for d in left}
+        left = {d: left[d] - share[d] for d in left}
+        out.append((reservation_id, Usage(**share)))
+    return out
+
+
+class Heartbeat:
+    """Renews the in-flight lease while a long turn runs, so the sweeper leaves it alone."""
+
+    def __init__(self, renew: Callable[[], None], every_s: float) -> None:
+        self._renew, self._every_s = renew, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="turnstile-heartbeat", daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._every_s):
+            try:
+                self._renew()
+            except Exception as exc:  # a missed heartbeat only risks a harmless duplicate
+                log.warning("heartbeat_failed", error=str(exc))
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+
+
+@dataclass
+class Step:
+    """One delivery of a step message being handled."""
+
+    services: Services
+    msg: StepMessage
+
+    @property
+    def settings(self) -> Settings:
+        return self.services.settings
+
+    # -- commits ---------------------------------------------------------------------------
+
+    def _change(self, state: RunState | None, loaded: Loaded, **kw: Any) -> Change:
+        return Change(
+            tenant=self.msg.tenant,
+            run_id=self.msg.run_id,
+            version=self.msg.version,
+            old_status=loaded.status or "running",
+            state_json=state.to_json().decode() if state is not None else "",
+            **kw,
+        )
+
+    def _summary(self, state: RunState) -> dict[str, Any]:
+        return {
+            "status": state.status.value,
+            "outcome": state.outcome.value if state.outcome else "",
+            "detail": state.detail or "",
+            "reason": state.reason or "",
+        }
+
+    def fail(self, loaded: Loaded, reason: str, state: RunState | None = None) -> Committed:
+        """End the run `error` with the reason; the state is kept as it was if it is broken."""
+        log.error("run_failed", reason=reason)
+        if state is not None:
+            finish(state, Outcome.ERROR, reason)
+        event = {"type": "finished", "outcome": "error", "reason": reason, "at": now_iso()}
+        return self.services.store.commit(
+            self._change(
+                state, loaded, status=Status.STOPPED.value, outcome=Outcome.ERROR.value,
+                reason=reason, events=[event],
+            )
+        )  # fmt: skip
+
+    def park(self, loaded: Loaded, state: RunState) -> Committed:
+        why = (
+            "tenant paused"
+            if loaded.tenant_paused
+            else "queue paused"
+            if loaded.queue_paused
+            else "queue draining"
+        )
+        state.status = Status.PARKED
+        log.info("run_parked", why=why)
+        event = {"type": "parked", "why": why, "step": state.usage.steps, "at": now_iso()}
+        return self.services.store.commit(
+            self._change(state, loaded, status=Status.PARKED.value, reason=why, events=[event])
+        )
+
+    def finish_now(
+        self,
+        loaded: Loaded,
+        state: RunState,
+        job: Job,
+        events: list[dict[str, Any]],
+        *,
+        settlements: list[list[str]] | None = None,
+        clear: list[str] | None = None,
+    ) -> Committed:
+        """Commit a state the step changed, with its events, and what follows from it."""
+        if state.status is Status.STOPPED:
+            events.append(self._finished_event(state, job))
+        elif state.status is Status.SUSPENDED and state.pending is not None:
+            held = state.pending
+            events.append(
+                {"type": "suspended", "tool": held.call.name, "args": held.call.args,
+                 "digest": held.digest, "reason": held.reason, "at": now_iso()}
+            )  # fmt: skip
+        lease = int(self.settings.pickup_lease_s * 1000) if state.status is Status.RUNNING else None
+        return self.services.store.commit(
+            self._change(
+                state, loaded, lease_ms=lease, events=events,
+                settlements=settlements or [], clear=clear or [], **self._summary(state),
+            )
+        )  # fmt: skip
+
+    def _finished_event(self, state: RunState, job: Job) -> dict[str, Any]:
+        return {
+            "type": "finished",
+            "outcome": state.outcome.value if state.outcome else "",
+            "detail": state.detail,
+            "reason": state.reason,
+            "answer": state.answer,
+            "message": closing_message(state, job),
+            "usage": msgspec.to_builtins(state.usage),
+            "at": now_iso(),
+        }
+
+    # -- the step --------------------------------------------------------------------------
+
+    def run(self) -> str:
+        """Handle the delivery; returns what happened, for the log and the tests."""
+        store = self.services.store
+        loaded = store.load(
+            tenant=self.msg.tenant, run_id=self.msg.run_id, version=self.msg.version,
+            queue=self.msg.queue, inflight_lease_ms=int(self.settings.inflight_lease_s * 1000),
+        )  # fmt: skip
+        if loaded.kind != "go":
+            log.info(
+                "step_skipped",
+                why=loaded.kind,
+                current_version=loaded.version,
+                status=loaded.status,
+            )
+            return loaded.kind
+        if loaded.attempts > self.settings.max_step_attempts:
+            reason = (
+                f"step {self.msg.version} was delivered {loaded.attempts} times without a "
+                "commit: its turn keeps killing the worker"
+            )
+            self.fail(loaded, reason, self._parse(loaded))
+            return "poison"
+        try:
+            state = RunState.from_json(loaded.state)
+            job = self.services.jobs.get(state.job)
+        except (StateFormatError, UnknownJobError) as exc:
+            self.fail(loaded, str(exc))
+            return "broken"
+        return self._gate_and_turn(loaded, state, job)
+
+    def _parse(self, loaded: Loaded) -> RunState | None:
+        try:
+            return RunState.from_json(loaded.state)
+        except StateFormatError:
+            return None
+
+    def _gate_and_turn(self, loaded: Loaded, state: RunState, job: Job) -> str:
+        if loaded.cancel_by:
+            cancel(
+                state, by=loaded.cancel_by, at=now_iso(), reason=loaded.cancel_reason or "cancelled"
+            )
+            self.finish_now(loaded, state, job, [], clear=["cancel_by", "cancel_reason"])
+            return "cancelled"
+        if loaded.tenant_paused or loaded.queue_paused or loaded.queue_draining:
+            self.park(loaded, state)
+            return "parked"
+        return self._admit_and_turn(loaded, state, job)
+
+    def _admit_and_turn(self, loaded: Loaded, state: RunState, job: Job) -> str:
+        step_no = state.usage.steps + 1
+        _, hard_s = time_limits(state, self.settings)
+        unfit, worst = exposure(state, job)
+        holds: list[tuple[str, Usage]] = []
+        if unfit is None:
+            reservation_id = f"{state.run_id}:{step_no}"
+            result = self.services.ledger.reserve(
+                state.tenant, reservation_id, ledger_amounts(worst), timeout_s=hard_s
+            )
+            if result.status == "unavailable":
+                raise LedgerDown(result.detail)
+            if not result.admitted:
+                dimension = result.first_rejected or "conflict"
+                reason = f"the tenant's {dimension} ceiling has no room for the next turn"
+                log.info("tenant_budget_refused", dimension=dimension, status=result.status)
+                finish(state, Outcome.BUDGET_EXHAUSTED, reason, f"tenant.{dimension}")
+                self.finish_now(loaded, state, job, [])
+                return "refused"
+            holds.append((reservation_id, worst))
+        return self._turn(loaded, state, job, holds, hard_s)
+
+    def _turn(
+        self,
+        loaded: Loaded,
+        state: RunState,
+        job: Job,
+        holds: list[tuple[str, Usage]],
+        hard_s: float,
+    ) -> str:
+        before = msgspec.structs.replace(state.usage)
+        clock = ActiveClock(state.usage.elapsed_ms / 1000)
+        trace = Trace(clock)
+        gate = LedgerGate(
+            self.services.ledger, state.tenant, f"{state.run_id}:{before.steps + 1}:x", hard_s
+        )
+        runtime = Runtime(
+            job=job, model=job.model(state.params), clock=clock, trace=trace, gate=gate
+        )
+        renew_every = self.settings.inflight_lease_s / 3
+        try:
+            with Heartbeat(self._renew_lease, renew_every):
+                move = turn(state, runtime)
+        except SoftTimeLimitExceeded:
+            state, move = self._out_of_time(loaded)
+            actual = sum((h for _, h in holds), Usage())  # worst case: nothing more is known
+        else:
+            actual = state.usage - before
+        finally:
+            runtime.close()
+        if gate.reserved is not None:
+            holds.append((gate.reservation_id, gate.reserved))
+        settlements = [
+            self.services.ledger.settle_script_args(state.tenant, rid, ledger_amounts(share))[1]
+            for rid, share in split_actual(actual, holds)
+        ]
+        event = {
+            "type": "turn", "step": state.usage.steps, "version": self.msg.version + 1,
+            "status": state.status.value, "usage": msgspec.to_builtins(actual),
+            "totals": msgspec.to_builtins(state.usage), "last_result": state.last_result,
+            "spans": msgspec.to_builtins(trace.spans), "at": now_iso(),
+        }  # fmt: skip
+        committed = self.finish_now(loaded, state, job, [event], settlements=settlements)
+        return self._next(committed, state, move)
+
+    def _renew_lease(self) -> None:
+        client = self.services.store.client
+        client.zadd(
+            keys.leases(self.msg.tenant),
+            {
+                self.msg.run_id: int(client.time()[0]) * 1000
+                + int(self.settings.inflight_lease_s * 1000)
+            },
+            xx=True,
+        )
+
+    def _out_of_time(self, loaded: Loaded) -> tuple[RunState, Move]:
+        """The soft limit fired inside the turn: something ignored its timeout. Start again
+        from the state as loaded and end the run; if an approved held call may have run, its
+        outcome is unknown, otherwise the run ran out of time."""
+        state = RunState.from_json(loaded.state)
+        state.usage.elapsed_ms = state.budget.deadline_ms
+        if state.pending is not None:
+            state.unconfirmed = state.pending.call.plan_step or state.pending.call.name
+            reason = "the turn outlived its time limit while an approved call may have run"
+            return state, finish(state, Outcome.UNKNOWN_OUTCOME, reason)
+        reason = "the turn outlived its time limit: a call ignored its timeout"
+        return state, finish(state, Outcome.BUDGET_EXHAUSTED, reason, Resource.DEADLINE)
+
+    def _next(self, committed: Committed, state: RunState, move: Move) -> str:
+        if committed.kind == "stale":
+            log.info("turn_discarded", why="another delivery committed this version first")
+            return "stale"
+        if committed.kind != "ok":
+            log.error("commit_failed", kind=committed.kind, detail=committed.detail)
+            return f"commit_{committed.kind}"
+        if isinstance(move, Continue):
+            self.services.send(
+                StepMessage(self.msg.tenant, self.msg.run_id, committed.version, self.msg.queue),
+                state,
+            )
+            return "continued"
+        if isinstance(move, Suspended):
+            log.info("run_suspended", tool=move.held.call.name)
+            return "suspended"
+        assert isinstance(move, Finished)
+        log.info("run_finished", outcome=move.outcome.value, detail=move.detail)
+        return "finished"

@@ -1,0 +1,91 @@
+"""The sweeper: re-sends the step of every live run whose lease lapsed without a commit.
+
+A lease is set when a run is created or commits (time for its next step to start) and when a
+step starts (time for it to commit, renewed by a heartbeat). A worker that died after its
+commit and before its enqueue, or whose message was lost, leaves a lapsed lease behind. The
+re-sent step carries the run's current version, so if the original turns up after all, one of
+the two finds the version moved on and does nothing. It also runs the ledger's reaper, which
+charges reservations past their deadline.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import redis
+import structlog
+
+from jobs.errors import StateFormatError
+from jobs.state import RunState
+from ledger.client import Ledger
+from worker import keys
+from worker.settings import Settings
+from worker.step import StepMessage, time_limits
+
+log = structlog.get_logger("turnstile.sweeper")
+
+BATCH = 200  # lapsed leases handled per tenant per sweep
+
+
+class Sweeper:
+    def __init__(
+        self,
+        client: redis.Redis,
+        config: Settings,
+        send: Callable[[StepMessage, float, float], None],
+        ledger: Ledger | None = None,
+    ) -> None:
+        self.client, self.config, self.send = client, config, send
+        self.ledger = ledger or Ledger(client, grace_s=config.ledger_grace_s)
+
+    def _now_ms(self) -> int:
+        seconds, micros = self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    def sweep(self) -> int:
+        """One pass over every tenant; returns how many steps were re-sent. One worker sweeps
+        at a time: the others find the lock taken and skip the pass."""
+        interval_ms = int(self.config.sweep_interval_s * 1000)
+        if not self.client.set(keys.SWEEP_LOCK, "1", nx=True, px=max(100, interval_ms - 50)):
+            return 0
+        self.ledger.reap_all()
+        now = self._now_ms()
+        sent = 0
+        tenants = sorted(str(t) for t in self.client.smembers(keys.TENANTS))
+        for tenant in tenants:
+            due = self.client.zrangebyscore(keys.leases(tenant), 0, now, start=0, num=BATCH)
+            for run_id in due:
+                sent += self._resend(tenant, str(run_id), now)
+        return sent
+
+    def _resend(self, tenant: str, run_id: str, now: int) -> int:
+        version, status, queue, state_json = self.client.hmget(
+            keys.run(tenant, run_id), "version", "status", "queue", "state"
+        )
+        if status != "running" or version is None:
+            self.client.zrem(keys.leases(tenant), run_id)  # a lease of a run that is not live
+            return 0
+        try:
+            soft_s, hard_s = time_limits(RunState.from_json(str(state_json)), self.config)
+        except StateFormatError:
+            soft_s, hard_s = time_limits_default(self.config)
+        # The next lapse is a whole pickup lease away, so one sweep sends one step, not many.
+        self.client.zadd(
+            keys.leases(tenant), {run_id: now + int(self.config.pickup_lease_s * 1000)}, xx=True
+        )
+        self.send(StepMessage(tenant, run_id, int(str(version)), str(queue)), soft_s, hard_s)
+        log.info("step_resent", tenant=tenant, run_id=run_id, version=int(str(version)))
+        return 1
+
+    def loop(self, stop: threading.Event) -> None:
+        while not stop.wait(self.config.sweep_interval_s):
+            try:
+                self.sweep()
+            except Exception as exc:  # the store may be down: try again next interval
+                log.warning("sweep_failed", error=str(exc))
+
+
+def time_limits_default(config: Settings) -> tuple[float, float]:
+    hard = config.max_deadline_s + config.step_grace_s
+    return hard - config.soft_margin_s, hard
