@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from types import TracebackType
+from typing import Self
 
 import redis
 import structlog
@@ -140,7 +141,7 @@ class Ledger:
         dimensions: Sequence[str] = DEFAULT_DIMENSIONS,
         retention_s: float = DEFAULT_RETENTION_S,
         journal_maxlen: int = DEFAULT_JOURNAL_MAXLEN,
-    ) -> Ledger:
+    ) -> Self:
         client = connect(url, connect_timeout_s=connect_timeout_s, timeout_s=timeout_s)
         return cls(
             client,
@@ -157,7 +158,7 @@ class Ledger:
     def close(self) -> None:
         self._client.close()
 
-    def __enter__(self) -> Ledger:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(

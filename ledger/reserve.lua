@@ -73,7 +73,8 @@ end
 local rejected, soft = {}, {}
 for i, d in ipairs(dims) do
   local used = current[fields[2 * i - 1]] + current[fields[2 * i]]
-  if used + amounts[d] > LEDGER_MAX_AMOUNT then
+  -- Subtract rather than add: used + amount would round to 2^53 where it passes it by one.
+  if used > LEDGER_MAX_AMOUNT or amounts[d] > LEDGER_MAX_AMOUNT - used then
     return { 'invalid', 'total of ' .. d .. ' would pass 2^53' }
   end
   local cap = ceiling[d]

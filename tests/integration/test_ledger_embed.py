@@ -1,0 +1,85 @@
+"""The library contract: another script embeds ledger_settle and stays atomic with it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ledger import Ledger
+from ledger.keys import tenant_key
+from ledger.scripts import library_source
+
+pytestmark = pytest.mark.integration
+
+# A miniature of the worker's commit: settle the turn's hold, and only if that succeeded,
+# write the run's state. KEYS: the six ledger keys, then the run key; ARGV: the new state,
+# then ledger_settle's argv.
+COMMIT = """
+local argv = {}
+for i = 2, #ARGV do
+  argv[#argv + 1] = ARGV[i]
+end
+local res = ledger_settle({ KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6] }, argv)
+if res[1] ~= 'settled' then
+  return res
+end
+redis.call('SET', KEYS[7], ARGV[1])
+return res
+"""
+
+
+@pytest.fixture
+def ledger(redis_url: str) -> Iterator[Ledger]:
+    with Ledger.from_url(redis_url, grace_s=0) as ledger:
+        yield ledger
+
+
+def test_a_composed_script_settles_and_writes_in_one_step(ledger: Ledger, unique: str) -> None:
+    """A script made of the library plus a few lines settles the hold and writes its own key;
+    a conflicting settle writes neither."""
+    commit = ledger.client.register_script(library_source() + COMMIT)
+    run_key = tenant_key(unique, "run:r1")
+    ledger.reserve(unique, "r1:3", {"tokens": 100, "cost_microusd": 50}, timeout_s=60)
+
+    keys, argv = ledger.settle_script_args(unique, "r1:3", {"tokens": 120, "cost_microusd": 40})
+    reply = commit(keys=[*keys, run_key], args=["version-4", *argv])
+    assert reply == ["settled", 0, ["tokens", 20], 0]
+    assert ledger.client.get(run_key) == "version-4"
+    state = ledger.read(unique)
+    assert (state["tokens"].committed, state["tokens"].reserved) == (120, 0)
+    assert (state["cost_microusd"].committed, state["cost_microusd"].reserved) == (40, 0)
+
+    assert commit(keys=[*keys, run_key], args=["version-4", *argv])[:2] == ["settled", 1]
+    _, other = ledger.settle_script_args(unique, "r1:3", {"tokens": 1})
+    assert commit(keys=[*keys, run_key], args=["version-5", *other]) == ["conflict"]
+    assert ledger.client.get(run_key) == "version-4"
+    _, unknown = ledger.settle_script_args(unique, "r1:99", {})
+    assert commit(keys=[*keys, run_key], args=["version-5", *unknown]) == ["unknown"]
+
+
+def test_the_library_defines_no_globals(ledger: Ledger) -> None:
+    """The library loads in a script on its own: everything in it is local."""
+    assert ledger.client.eval(library_source() + "\nreturn 1", 0) == 1
+
+
+BUCKET = "return ledger_bucket(ARGV[1], tonumber(ARGV[2]))"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    moment=st.datetimes(
+        min_value=datetime(1970, 1, 1), max_value=datetime(2999, 12, 31, 23, 59, 59)
+    )
+)
+def test_period_buckets_match_the_utc_calendar(redis_url: str, moment: datetime) -> None:
+    """The Lua calendar names the same UTC day and month as Python's."""
+    ms = int(moment.replace(tzinfo=UTC).timestamp() * 1000)
+    with Ledger.from_url(redis_url) as ledger:
+        bucket = ledger.client.register_script(library_source() + "\n" + BUCKET)
+        assert bucket(args=["day", ms]) == moment.strftime("%Y-%m-%d")
+        assert bucket(args=["month", ms]) == moment.strftime("%Y-%m")
+        assert bucket(args=["none", ms]) == "all"
