@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ledger.cli import ledger_app
+from worker.cli_common import BrokerUrl, JsonFlag, RedisUrl, client, fail
 
 app = typer.Typer(
     name="turnstile",
@@ -23,9 +24,6 @@ app.add_typer(ledger_app, name="ledger")
 @app.callback()
 def _root() -> None:
     """Turnstile: durable agent runs on Celery with a shared per-tenant budget ledger."""
-
-
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
 @app.command()
@@ -50,6 +48,111 @@ def scenarios(as_json: JsonFlag = False) -> None:
             json.dumps(row["effects"]),
         )
     Console().print(out)
+
+
+@app.command()
+def demo(
+    runs: Annotated[
+        int,
+        typer.Option(
+            "--runs",
+            envvar="TURNSTILE_DEMO_RUNS",
+            min=0,
+            max=500,
+            help="Runs for the capped tenant, besides scenarios A-H.",
+        ),
+    ] = 8,
+    as_json: JsonFlag = False,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Run support runs end to end: a private server (unless TURNSTILE_REDIS_URL names one),
+    two worker processes, scenarios A-H and runs over a tenant's cap."""
+    from worker.demo import run_demo
+    from worker.errors import TurnstileError
+
+    try:
+        result = run_demo(extra_runs=runs, as_json=as_json, redis_url=redis_url)
+    except TurnstileError as exc:
+        fail(str(exc))
+    if as_json:
+        typer.echo(json.dumps(result))
+
+
+@app.command()
+def worker(
+    queues: Annotated[
+        str,
+        typer.Option(
+            "--queues", "-Q", envvar="TURNSTILE_QUEUES", help="Comma-separated queues to consume."
+        ),
+    ] = "default",
+    concurrency: Annotated[
+        int,
+        typer.Option(
+            "--concurrency", "-c", envvar="TURNSTILE_CONCURRENCY", min=1, help="Worker processes."
+        ),
+    ] = 2,
+    loglevel: Annotated[
+        str, typer.Option("--loglevel", envvar="TURNSTILE_CELERY_LOG_LEVEL")
+    ] = "WARNING",
+    redis_url: RedisUrl = None,
+    broker_url: BrokerUrl = None,
+) -> None:
+    """Start a Celery worker for Turnstile's steps: acks late, prefetch 1, JSON only, events on.
+    SIGTERM finishes the turns in flight before exiting."""
+    import os
+
+    if not redis_url:
+        fail("no store: set TURNSTILE_REDIS_URL or pass --redis-url", code=2)
+    os.environ["TURNSTILE_REDIS_URL"] = redis_url
+    if broker_url:
+        os.environ["TURNSTILE_BROKER_URL"] = broker_url
+    from worker.app import app as celery_app
+    from worker.settings import settings
+
+    settings.cache_clear()
+    celery_app.conf.update(broker_url=broker_url or redis_url)
+    celery_app.worker_main(
+        ["worker", "-Q", queues, "-c", str(concurrency), "-E", "-l", loglevel,
+         "--without-gossip", "--without-mingle"]
+    )  # fmt: skip
+
+
+def _params(pairs: list[str]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            fail(f"expected KEY=VALUE, got {pair!r}", code=2)
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value  # plain text is a string
+    return out
+
+
+@app.command()
+def submit(
+    tenant: Annotated[str, typer.Option("--tenant", envvar="TURNSTILE_TENANT")],
+    user: Annotated[str, typer.Option("--user", envvar="TURNSTILE_USER")],
+    goal: Annotated[str, typer.Option("--goal", envvar="TURNSTILE_GOAL")],
+    job: Annotated[str, typer.Option("--job", envvar="TURNSTILE_JOB")] = "support",
+    param: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--param", envvar="TURNSTILE_PARAMS", help="KEY=VALUE; VALUE is JSON or text."
+        ),
+    ] = None,
+    queue: Annotated[str, typer.Option("--queue", envvar="TURNSTILE_QUEUE")] = "default",
+    run_id: Annotated[str | None, typer.Option("--run-id", envvar="TURNSTILE_RUN_ID")] = None,
+    as_json: JsonFlag = False,
+    redis_url: RedisUrl = None,
+    broker_url: BrokerUrl = None,
+) -> None:
+    """Submit a run; prints its id. Idempotent with --run-id."""
+    with client(redis_url, broker_url) as c:
+        made = c.submit(tenant, user, job, goal, _params(param or []), queue=queue, run_id=run_id)
+    typer.echo(json.dumps({"run_id": made}) if as_json else made)
 
 
 def main() -> None:

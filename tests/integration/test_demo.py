@@ -1,0 +1,52 @@
+"""`turnstile demo` works on a machine with no Redis installed and no TURNSTILE_* variables."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def _servers_and_workers() -> set[int]:
+    found = set()
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if "valkey-server" in cmdline or "celery" in cmdline:
+            found.add(process.info["pid"])
+    return found
+
+
+def test_demo_runs_on_a_bare_machine() -> None:
+    """With only the project's own environment on PATH (no redis-server, no valkey-server)
+    and no TURNSTILE_* variables, the demo starts its own server and two workers, runs the
+    scenarios and the capped tenant's runs, prints its JSON and leaves nothing running."""
+    before = _servers_and_workers()
+    bindir = Path(sys.executable).parent
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    env["PATH"] = str(bindir)
+    out = subprocess.run(
+        [str(bindir / "turnstile"), "demo", "--runs", "4", "--json"],
+        env=env, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert _servers_and_workers() <= before  # everything it started, it stopped
+    result = json.loads(out.stdout)
+    runs = result["runs"]
+    assert len(runs) == 12
+    by_outcome = {r["outcome"] for r in runs}
+    assert {"completed", "loop_detected", "budget_exhausted", "unknown_outcome"} <= by_outcome
+    capped = [r for r in runs if r["tenant"].startswith("capped-")]
+    assert any(r["detail"] == "tenant.cost_microusd" for r in capped)
+    for tenant, dims in result["ledger"].items():
+        assert dims["cost_microusd"]["reserved"] == 0
+        ceiling = dims["cost_microusd"]["ceiling"]
+        assert ceiling is None or dims["cost_microusd"]["committed"] <= ceiling, tenant
+    assert set(runs[0]) == {"run_id", "tenant", "outcome", "detail", "steps", "tool_calls",
+                            "tokens", "cost_microusd", "effects"}  # fmt: skip
