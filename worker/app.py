@@ -20,6 +20,7 @@ import structlog
 from celery import Celery, Task, signals
 
 from ledger.client import Ledger
+from worker import metrics
 from worker.logs import configure as configure_logging
 from worker.registry import Jobs
 from worker.settings import Settings, settings
@@ -151,26 +152,32 @@ def compute_backoff(attempts: int, *, base_s: float, max_s: float, jitter: float
 def step_task(self: Task, *args: Any, **kwargs: Any) -> str:  # type: ignore[type-arg]
     """Run one turn of a run. Malformed messages are logged and acked; the run, where it can
     be told, ends `error` with the reason."""
+    started, result = metrics.step_started(), "exception"
     msg = parse_message(args, kwargs)
     if isinstance(msg, str):
         log.error(
             "malformed_step_message", reason=msg, args=repr(args)[:200], kwargs=repr(kwargs)[:400]
         )
         _fail_named_run(kwargs, msg)
+        metrics.step_done("malformed", started)
         return "malformed"
     structlog.contextvars.bind_contextvars(
         tenant=msg.tenant, run_id=msg.run_id, version=msg.version
     )
     try:
-        return Step(services(), msg).run()
+        result = Step(services(), msg).run()
+        return result
     except (LedgerDown, StoreUnavailable) as exc:
         config = settings()
         delay = compute_backoff(
             self.request.retries, base_s=config.retry_base_s, max_s=config.retry_max_s
         )
         log.warning("step_retry", error=str(exc), countdown_s=round(delay, 2))
+        result = "retry"
+        metrics.step_retried("ledger_down" if isinstance(exc, LedgerDown) else "store_unavailable")
         raise self.retry(countdown=delay, exc=exc) from exc
     finally:
+        metrics.step_done(result, started)
         structlog.contextvars.clear_contextvars()
 
 
@@ -217,3 +224,17 @@ def _child_init(**kwargs: Any) -> None:
 def _main_init(**kwargs: Any) -> None:
     config = settings()
     configure_logging(config.log_format, config.log_level)
+    metrics.enable(config.metrics_port)  # before the pool forks: the children inherit it
+
+
+# -- metrics: served by the main process, written by every pool process ---------------------
+
+
+@signals.worker_ready.connect
+def _serve_metrics(**kwargs: Any) -> None:
+    metrics.serve(settings().metrics_port)
+
+
+@signals.worker_process_shutdown.connect
+def _child_exit(pid: int | None = None, **kwargs: Any) -> None:
+    metrics.process_dead(pid or os.getpid())

@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     chaos_send_copies: int = Field(default=1, ge=1, le=5)
     chaos_drop_every: int = Field(default=0, ge=0)
 
+    # Port of the worker's Prometheus endpoint, served by its main process; None or 0: off.
+    metrics_port: int | None = None
+
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: str = "INFO"
 

@@ -27,7 +27,7 @@ from jobs.outcomes import Outcome, Resource, Status
 from jobs.state import RunState
 from jobs.trace import Trace
 from ledger.client import Ledger
-from worker import keys
+from worker import keys, metrics
 from worker.errors import TurnstileError
 from worker.registry import Jobs
 from worker.settings import Settings
@@ -326,6 +326,7 @@ class Step:
                 dimension = result.first_rejected or "conflict"
                 reason = f"the tenant's {dimension} ceiling has no room for the next turn"
                 log.info("tenant_budget_refused", dimension=dimension, status=result.status)
+                metrics.tenant_refused(dimension)
                 finish(state, Outcome.BUDGET_EXHAUSTED, reason, f"tenant.{dimension}")
                 self.finish_now(loaded, state, job, [])
                 return "refused"
@@ -417,4 +418,5 @@ class Step:
             return "suspended"
         assert isinstance(move, Finished)
         log.info("run_finished", outcome=move.outcome.value, detail=move.detail)
+        metrics.run_finished(move.outcome.value, move.detail)
         return "finished"

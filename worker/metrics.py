@@ -1,0 +1,262 @@
+"""Prometheus metrics of the worker: what each step did, how long it took, how runs ended.
+
+Celery's prefork pool runs steps in child processes, so the metrics use prometheus-client's
+multiprocess mode: every process writes its samples to files in `PROMETHEUS_MULTIPROC_DIR`,
+and the worker's main process serves their aggregate on `TURNSTILE_METRICS_PORT`.
+
+prometheus-client chooses how it stores values once, when it is first imported, from whether
+`PROMETHEUS_MULTIPROC_DIR` is set. So `prometheus_client` is imported here only inside
+`enable`, which runs in the main process on `worker_init`, before the pool forks: it sets the
+directory, then imports, then builds the metrics, and the children inherit all three. With
+metrics off nothing is imported, no server runs, and each recording call is one `if`.
+
+The directory: `PROMETHEUS_MULTIPROC_DIR` if the environment names one (it is emptied of
+metric files at start, as the client's documentation asks, so give each worker its own),
+otherwise a private temporary directory, removed when the worker exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import glob
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import structlog
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+    from prometheus_client.metrics_core import Metric
+
+log = structlog.get_logger("turnstile.metrics")
+
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# Bound to every interface: Prometheus scrapes the worker from another host (a pod, a container).
+LISTEN_ADDR = "0.0.0.0"  # noqa: S104
+
+# A step is anything from a no-op skip (milliseconds) to a turn with slow tools (minutes).
+STEP_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+# Results of `Step.run` that end the run without passing through `Step._next`, with the outcome
+# and detail the run records. `finished` and `refused` are counted where they happen, in the
+# step, because only there are the outcome and the refused dimension known.
+_ENDS_RUN: dict[str, tuple[str, str]] = {
+    "cancelled": ("cancelled", ""),
+    "poison": ("error", ""),
+    "broken": ("error", ""),
+}
+
+
+class Metrics:
+    """The worker's metrics. In the worker they are registered nowhere (`registry=None`):
+    multiprocess mode writes them to files and the served registry reads those."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        from prometheus_client import Counter, Gauge, Histogram  # noqa: PLC0415 - see the docstring
+
+        self.steps: Counter = Counter(
+            "turnstile_steps_total",
+            "Step deliveries handled, by what the step returned (continued, finished, "
+            "suspended, parked, refused, stale, ...; retry when the store or ledger was down).",
+            ["result"],
+            registry=registry,
+        )
+        self.step_seconds: Histogram = Histogram(
+            "turnstile_step_seconds",
+            "Wall time of one step delivery, by what the step returned.",
+            ["result"],
+            buckets=STEP_BUCKETS_S,
+            registry=registry,
+        )
+        self.steps_in_progress: Gauge = Gauge(
+            "turnstile_steps_in_progress",
+            "Steps running now, summed over the live pool processes.",
+            multiprocess_mode="livesum",
+            registry=registry,
+        )
+        self.runs_finished: Counter = Counter(
+            "turnstile_runs_finished_total",
+            "Runs that recorded a terminal outcome, by outcome and detail (the resource or "
+            "detector that fired, e.g. deadline, tenant.cost_microusd, repeated_call).",
+            ["outcome", "detail"],
+            registry=registry,
+        )
+        self.ledger_refusals: Counter = Counter(
+            "turnstile_ledger_refusals_total",
+            "Turns the tenant's ledger refused at admission, by the first dimension that did "
+            "not fit; each ends its run budget_exhausted(tenant.<dimension>).",
+            ["dimension"],
+            registry=registry,
+        )
+        self.step_retries: Counter = Counter(
+            "turnstile_step_retries_total",
+            "Steps put back on the queue with backoff, by reason (ledger_down, store_unavailable).",
+            ["reason"],
+            registry=registry,
+        )
+
+
+@dataclass
+class _State:
+    """This process's metrics: set once in the main process, inherited by the pool on fork."""
+
+    metrics: Metrics | None = None
+    path: str | None = None
+    server: WSGIServer | None = None
+
+
+_state = _State()
+
+
+def enabled() -> bool:
+    return _state.metrics is not None
+
+
+# -- recording: called in the pool processes, on every step ------------------------------------
+
+
+def step_started() -> float:
+    """Call as a step starts; pass what it returns to `step_done`."""
+    if _state.metrics is not None:
+        _state.metrics.steps_in_progress.inc()
+    return time.monotonic()
+
+
+def step_done(result: str, started: float) -> None:
+    """The step returned `result` (or `retry`, `exception`); `started` is from `step_started`."""
+    m = _state.metrics
+    if m is None:
+        return
+    m.steps_in_progress.dec()
+    m.steps.labels(result).inc()
+    m.step_seconds.labels(result).observe(time.monotonic() - started)
+    if result in _ENDS_RUN:
+        m.runs_finished.labels(*_ENDS_RUN[result]).inc()
+
+
+def step_retried(reason: str) -> None:
+    if _state.metrics is not None:
+        _state.metrics.step_retries.labels(reason).inc()
+
+
+def run_finished(outcome: str, detail: str | None) -> None:
+    """A turn's move was Finished and its commit went through."""
+    if _state.metrics is not None:
+        _state.metrics.runs_finished.labels(outcome, detail or "").inc()
+
+
+def tenant_refused(dimension: str) -> None:
+    """The tenant's ledger refused the turn; the run ends budget_exhausted(tenant.<dimension>)."""
+    m = _state.metrics
+    if m is not None:
+        m.ledger_refusals.labels(dimension).inc()
+        m.runs_finished.labels("budget_exhausted", f"tenant.{dimension}").inc()
+
+
+def process_dead(pid: int) -> None:
+    """A pool process is exiting: drop its live gauges (`steps_in_progress`)."""
+    if _state.metrics is not None and _state.path is not None:
+        _mark_dead(pid, _state.path)
+
+
+# -- setup: in the worker's main process ---------------------------------------------------------
+
+
+def enable(port: int | None) -> bool:
+    """Turn metrics on for this process and the pool it will fork; False if `port` is off
+    (None or 0) or the client was imported before the directory was set."""
+    if not port or _state.metrics is not None:
+        return _state.metrics is not None
+    path = _prepare_dir()
+    from prometheus_client import values  # noqa: PLC0415 - only after the directory is set
+
+    if values.ValueClass is values.MutexValue:
+        log.error(
+            "metrics_disabled",
+            why="prometheus_client was imported before PROMETHEUS_MULTIPROC_DIR was set",
+        )
+        return False
+    _state.path, _state.metrics = path, Metrics()
+    return True
+
+
+def _prepare_dir() -> str:
+    path = os.environ.get(MULTIPROC_DIR_ENV)
+    if path:
+        os.makedirs(path, exist_ok=True)
+        for stale in glob.glob(os.path.join(path, "*.db")):
+            os.remove(stale)  # a previous worker's samples would be added to ours
+        return path
+    path = tempfile.mkdtemp(prefix="turnstile-metrics-")
+    os.environ[MULTIPROC_DIR_ENV] = path  # inherited by the pool on fork
+    # Pool processes leave through os._exit, so only the main process runs this.
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+def serve(port: int | None) -> int | None:
+    """Serve the aggregate of every process's metrics on `port`; returns the port bound."""
+    path = _state.path
+    if _state.metrics is None or path is None or not port or _state.server is not None:
+        return None
+    from prometheus_client import CollectorRegistry, start_http_server  # noqa: PLC0415
+
+    registry = CollectorRegistry()
+    registry.register(_LiveCollector(path))
+    try:
+        _state.server, _ = start_http_server(port, LISTEN_ADDR, registry)
+    except OSError as exc:
+        log.error("metrics_server_failed", port=port, error=str(exc))
+        return None
+    bound: int = _state.server.server_address[1]
+    log.info("metrics_serving", port=bound, multiproc_dir=path)
+    return bound
+
+
+class _LiveCollector:
+    """The multiprocess collector, after dropping the live gauges of pool processes that died
+    without running their exit hooks (killed by a hard time limit, or by a crash)."""
+
+    def __init__(self, path: str) -> None:
+        from prometheus_client import multiprocess  # noqa: PLC0415
+
+        self._path = path
+        self._inner = multiprocess.MultiProcessCollector(None, path)  # type: ignore[no-untyped-call]
+
+    def collect(self) -> Iterable[Metric]:
+        for pid in _dead_pids(glob.glob(os.path.join(self._path, "gauge_live*_*.db"))):
+            _mark_dead(pid, self._path)
+        collected: Iterable[Metric] = self._inner.collect()  # type: ignore[no-untyped-call]
+        return collected
+
+
+def _mark_dead(pid: int, path: str) -> None:
+    from prometheus_client import multiprocess  # noqa: PLC0415 - imported by `enable` already
+
+    multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
+
+
+def _dead_pids(files: Iterable[str]) -> set[int]:
+    pids = set()
+    for name in files:
+        with contextlib.suppress(ValueError):
+            pids.add(int(os.path.basename(name).rsplit("_", 1)[1].removesuffix(".db")))
+    return {pid for pid in pids if not _alive(pid)}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
