@@ -7,6 +7,7 @@ tenant allows, an oversized goal or params, an empty tenant or user are clear er
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -15,10 +16,12 @@ import msgspec
 import redis
 
 from jobs.budget import Budget
+from jobs.closing import closing_message
 from jobs.decisions import approve as kernel_approve
 from jobs.decisions import cancel as kernel_cancel
 from jobs.decisions import deny as kernel_deny
 from jobs.errors import KernelError
+from jobs.memory import recall, remember
 from jobs.outcomes import Status
 from jobs.runs import new_run
 from jobs.state import RunState
@@ -26,6 +29,7 @@ from ledger.client import Ledger
 from worker import keys
 from worker.app import connect, sender
 from worker.errors import TurnstileError
+from worker.memory import RedisMemory
 from worker.registry import Jobs
 from worker.settings import Settings
 from worker.step import StepMessage, now_iso, time_limits
@@ -67,6 +71,7 @@ class Client:
         self.ledger = Ledger(client, grace_s=config.ledger_grace_s)
         self.store = RunStore(client, self.ledger)
         self.jobs = Jobs(client)
+        self.memory = RedisMemory(client)
 
     # -- submitting ------------------------------------------------------------------------
 
@@ -137,7 +142,7 @@ class Client:
                 )
             return new_run(
                 run_id=run_id, tenant=tenant, user_id=user, job=definition, goal=goal,
-                params=params, budget=chosen,
+                params=params, budget=chosen, memory=self.recall(user, goal),
             )  # fmt: skip
         except KernelError as exc:
             raise SubmissionError(str(exc)) from exc
@@ -162,6 +167,24 @@ class Client:
     def _send(self, msg: StepMessage, state: RunState) -> None:
         soft_s, hard_s = time_limits(state, self.config)
         self.send(msg, soft_s, hard_s)
+
+    # -- long-term memory ------------------------------------------------------------------
+
+    def remember(self, user: str, text: str, *, source: str, ttl_s: float) -> str:
+        """Store a note for a user if its source may write memory; says what happened."""
+        return remember(
+            self.memory, user_id=user, text=text, source=source, now_s=time.time(), ttl_s=ttl_s
+        )
+
+    def recall(self, user: str, query: str) -> list[str]:
+        """The user's live notes that match the query: shown to the model, labelled as
+        remembered, in the run's first view. Scoped to the user before any matching."""
+        if not isinstance(user, str) or not user.strip():
+            return []
+        return recall(self.memory, user_id=user, query=query, now_s=time.time())
+
+    def forget(self, *, user: str | None = None, source: str | None = None) -> int:
+        return self.memory.forget(user_id=user, source=source)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -193,7 +216,11 @@ class Client:
             event = apply(state)
         except KernelError as exc:
             raise DecisionRefusedError(str(exc)) from exc
-        event.update(by=by, at=now_iso())
+        at = state.decisions[-1].at if state.decisions else now_iso()
+        event.update(by=by, at=at)  # the decision's own time: the record and the state agree
+        events = [event]
+        if state.status is Status.STOPPED:  # a denial or a cancel ends the run here and now
+            events.append(self._finished_event(state, at))
         live = state.status is Status.RUNNING
         committed = self.store.commit(
             Change(
@@ -203,7 +230,7 @@ class Client:
                 outcome=state.outcome.value if state.outcome else "",
                 detail=state.detail or "", reason=state.reason or "",
                 lease_ms=int(self.config.pickup_lease_s * 1000) if live else None,
-                events=[event],
+                events=events,
             )
         )  # fmt: skip
         if committed.kind != "ok":
@@ -213,6 +240,15 @@ class Client:
         if live:
             self._send(StepMessage(tenant, run_id, committed.version, stored["queue"]), state)
         return state
+
+    def _finished_event(self, state: RunState, at: str) -> dict[str, Any]:
+        """The same `finished` event a step writes, so every ended run has exactly one."""
+        return {
+            "type": "finished", "outcome": state.outcome.value if state.outcome else "",
+            "detail": state.detail, "reason": state.reason, "answer": state.answer,
+            "message": closing_message(state, self.jobs.get(state.job)),
+            "usage": msgspec.to_builtins(state.usage), "at": at,
+        }  # fmt: skip
 
     def approve(self, run_id: str, *, by: str, digest: str | None = None) -> RunState:
         def apply(state: RunState) -> dict[str, Any]:

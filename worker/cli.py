@@ -155,5 +155,52 @@ def submit(
     typer.echo(json.dumps({"run_id": made}) if as_json else made)
 
 
+memory_app = typer.Typer(
+    help="Long-term memory: notes kept per user, across runs.", no_args_is_help=True
+)
+app.add_typer(memory_app, name="memory")
+
+
+@memory_app.command("add")
+def memory_add(
+    user: Annotated[str, typer.Option("--user", envvar="TURNSTILE_USER")],
+    text: Annotated[str, typer.Option("--text", envvar="TURNSTILE_MEMORY_TEXT")],
+    source: Annotated[
+        str,
+        typer.Option(
+            "--source",
+            envvar="TURNSTILE_MEMORY_SOURCE",
+            help="user_message or validated_tool; others are refused.",
+        ),
+    ] = "user_message",
+    ttl_s: Annotated[float, typer.Option("--ttl-s", envvar="TURNSTILE_MEMORY_TTL_S", min=1)] = 90
+    * 86400,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Remember a note for a user; a note from an untrusted source is refused."""
+    with client(redis_url) as c:
+        said = c.remember(user, text, source=source, ttl_s=ttl_s)
+    if said != "stored":
+        fail(said)
+    typer.echo(said)
+
+
+@memory_app.command("forget")
+def memory_forget(
+    user: Annotated[str | None, typer.Option("--user", envvar="TURNSTILE_USER")] = None,
+    source: Annotated[
+        str | None, typer.Option("--source", envvar="TURNSTILE_MEMORY_SOURCE")
+    ] = None,
+    as_json: JsonFlag = False,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Delete notes by user, by source, or both."""
+    if user is None and source is None:
+        fail("say whose notes to forget: --user, --source, or both", code=2)
+    with client(redis_url) as c:
+        gone = c.forget(user=user, source=source)
+    typer.echo(json.dumps({"forgotten": gone}) if as_json else f"forgot {gone} notes")
+
+
 def main() -> None:
     app()
