@@ -91,11 +91,11 @@ def check_amounts(
         raise LedgerInputError(f"amounts must map dimension names to integers, got {amounts!r}")
     if not amounts and not allow_empty:
         raise LedgerInputError("nothing to reserve: name at least one dimension")
-    pairs: list[tuple[str, int]] = []
-    for name in in_dimension_order(amounts):
-        check_known_dimension(name, known)
-        pairs.append((name, check_amount(name, amounts[name])))
-    return pairs
+    for name, value in amounts.items():
+        if name not in known:  # the known names were checked once, when the ledger was made
+            check_known_dimension(name, known)
+        check_amount(name, value)
+    return [(name, amounts[name]) for name in in_dimension_order(amounts)]
 
 
 def check_known_dimension(name: object, known: Sequence[str]) -> str:

@@ -16,7 +16,8 @@ six carry the tenant's hash tag, so one script stays in one cluster slot; build 
   keys[4] deadlines  zset    reservation id scored by deadline (ms); pending reservations only
   keys[5] resolved   zset    "r:<id>" / "o:<id>" scored by when it was resolved (ms); pruned
                              by the reaper after the retention period
-  keys[6] journal    stream  one entry per change
+  keys[6] journal    stream  one entry per change: op, id, at_ms, changes, and per op extras;
+                             changes is "<dim>@<bucket>:<committed delta>:<reserved delta>;..."
 
 Time is the server's `TIME`, read once per script by the operation file and passed down as
 `now` (milliseconds). Buckets: a dimension's period is "none" (bucket "all"), "day" (bucket
@@ -48,22 +49,30 @@ Compose the script as `ledger.scripts.library_source()` followed by your own cod
 
 Call it before your own writes and abort on anything but 'settled'; it never raises for a
 refusal. It calls TIME itself, which is allowed because scripts replicate their effects.
+
+To settle several reservations in one script all or nothing, first call
+
+  local refusal = ledger_settle_check(keys, argv)
+
+for each of them: it writes nothing and returns nil when ledger_settle would answer 'settled'
+(applied or replayed), else the refusal ledger_settle would return. Then settle each in turn.
+(Two settlements of the same reservation id in one script are not checked against each other.)
 ]]
 
-local LEDGER_MAX_AMOUNT = 9007199254740992 -- 2^53: Lua numbers are doubles, exact up to here
-local LEDGER_EXPIRE_BATCH = 16 -- due expiries handled per operation; the reaper does the rest
-local LEDGER_MAX_ID = 256
-local LEDGER_K_LIMITS, LEDGER_K_USAGE, LEDGER_K_RECORDS = 1, 2, 3
-local LEDGER_K_DEADLINES, LEDGER_K_RESOLVED, LEDGER_K_JOURNAL = 4, 5, 6
+-- 2^53: Lua numbers are doubles, exact up to here. Amounts, ceilings and totals stay below.
+local LEDGER_MAX_AMOUNT = 9007199254740992
+-- Due expiries charged per operation; the reaper charges any backlog.
+local LEDGER_EXPIRE_BATCH = 16
+local LEDGER_UNLIMITED = '-|1|none'
+
+-- Numbers go into strings through "%d" only: concatenation would print 2^53 as 9.007e+15.
+local function ledger_fmt(n)
+  return string.format('%d', n)
+end
 
 local function ledger_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
--- Integers always go to the server through "%d": tostring() would print 2^53 as 9.007e+15.
-local function ledger_fmt(n)
-  return string.format('%d', n)
 end
 
 -- A decimal integer string in 0..2^53, as a number; nil for anything else.
@@ -78,17 +87,8 @@ local function ledger_int(s)
   return n
 end
 
-local function ledger_valid_dim(d)
-  return type(d) == 'string' and #d <= 64 and string.find(d, '^[a-z][a-z0-9_]*$') ~= nil
-end
-
 local function ledger_valid_id(id)
-  return type(id) == 'string' and #id > 0 and #id <= LEDGER_MAX_ID
-    and not string.find(id, '[%c%s]')
-end
-
-local function ledger_valid_period(p)
-  return p == 'none' or p == 'day' or p == 'month'
+  return type(id) == 'string' and #id > 0 and #id <= 256 and not string.find(id, '[%c%s]')
 end
 
 -- argv[first], argv[first + 1], ... as dimension/amount pairs.
@@ -96,12 +96,12 @@ end
 local function ledger_parse_pairs(argv, first)
   local dims, amounts = {}, {}
   local n = #argv
-  if n >= first and (n - first + 1) % 2 ~= 0 then
+  if (n - first + 1) % 2 ~= 0 then
     return nil, nil, 'dimension and amount arguments must come in pairs'
   end
   for i = first, n, 2 do
     local d = argv[i]
-    if not ledger_valid_dim(d) then
+    if type(d) ~= 'string' or #d > 64 or not string.find(d, '^[a-z][a-z0-9_]*$') then
       return nil, nil, 'bad dimension name: ' .. tostring(d)
     end
     if amounts[d] ~= nil then
@@ -149,248 +149,105 @@ local function ledger_parse_limit(raw)
   return tonumber(c), h == '1', p
 end
 
-local LEDGER_UNLIMITED = '-|1|none'
-
--- A reservation record: "<state>|<deadline>|<created>|<amounts>|<soft>|<actual>"
+-- A reservation record: "<state>|<deadline>|<created>|<soft>|<amounts>|<actual>"
 --   state    P pending, X expired (charged in full, unsettled), S settled, R released
---   amounts  "dim:bucket:n,..." in the order reserved
 --   soft     "dim,..." soft dimensions the reservation took past their ceiling
+--   amounts  "dim:bucket:n,..." in the order reserved
 --   actual   "dim:bucket:n,..." the settled actual usage, zeros left out
 local function ledger_decode(raw)
-  local state, deadline, created, amounts, soft, actual =
+  local state, deadline, created, soft, amounts, actual =
     string.match(raw, '^(%u)|(%d+)|(%d+)|([^|]*)|([^|]*)|([^|]*)$')
   local rec = {
     state = state, deadline = tonumber(deadline), created = tonumber(created),
-    dims = {}, amount = {}, bucket = {}, soft = {}, actual_dims = {}, actual = {},
-    actual_bucket = {},
+    soft_text = soft, amounts_text = amounts,
+    dims = {}, amount = {}, bucket = {}, actual = {},
   }
   for d, b, n in string.gmatch(amounts, '([%w_]+):([%w-]+):(%d+)') do
     rec.dims[#rec.dims + 1] = d
     rec.amount[d] = tonumber(n)
     rec.bucket[d] = b
   end
-  for d in string.gmatch(soft, '[%w_]+') do
-    rec.soft[#rec.soft + 1] = d
-  end
-  for d, b, n in string.gmatch(actual, '([%w_]+):([%w-]+):(%d+)') do
-    rec.actual_dims[#rec.actual_dims + 1] = d
+  for d, _, n in string.gmatch(actual, '([%w_]+):([%w-]+):(%d+)') do
     rec.actual[d] = tonumber(n)
-    rec.actual_bucket[d] = b
   end
   return rec
 end
 
-local function ledger_encode(rec)
-  local amounts, actual = {}, {}
-  for i, d in ipairs(rec.dims) do
-    amounts[i] = d .. ':' .. rec.bucket[d] .. ':' .. ledger_fmt(rec.amount[d])
+local function ledger_soft_list(soft_text)
+  local soft = {}
+  for d in string.gmatch(soft_text, '[%w_]+') do
+    soft[#soft + 1] = d
   end
-  for i, d in ipairs(rec.actual_dims) do
-    actual[i] = d .. ':' .. rec.actual_bucket[d] .. ':' .. ledger_fmt(rec.actual[d])
-  end
-  return rec.state .. '|' .. ledger_fmt(rec.deadline) .. '|' .. ledger_fmt(rec.created) .. '|'
-    .. table.concat(amounts, ',') .. '|' .. table.concat(rec.soft, ',') .. '|'
-    .. table.concat(actual, ',')
+  return soft
 end
 
--- Apply integer deltas to usage fields: `fields` in order, `deltas` field -> number.
--- `current` (field -> number) may carry values already read; the rest are read here.
-local function ledger_apply(keys, fields, deltas, current)
-  local missing = {}
-  for _, f in ipairs(fields) do
-    if current[f] == nil then
-      missing[#missing + 1] = f
-    end
-  end
-  if #missing > 0 then
-    local values = redis.call('HMGET', keys[LEDGER_K_USAGE], unpack(missing))
-    for i, f in ipairs(missing) do
-      current[f] = tonumber(values[i]) or 0
-    end
-  end
+-- Read, adjust and write back usage fields in two calls. `fields` lists field names, `delta`
+-- maps each to the change to make.
+local function ledger_adjust(usage_key, fields, delta)
+  local values = redis.call('HMGET', usage_key, unpack(fields))
   local args = {}
-  for _, f in ipairs(fields) do
-    args[#args + 1] = f
-    args[#args + 1] = ledger_fmt(current[f] + deltas[f])
+  for i, f in ipairs(fields) do
+    args[2 * i - 1] = f
+    args[2 * i] = ledger_fmt((tonumber(values[i]) or 0) + delta[f])
   end
-  if #args > 0 then
-    redis.call('HSET', keys[LEDGER_K_USAGE], unpack(args))
-  end
+  redis.call('HSET', usage_key, unpack(args))
 end
 
--- A list of changes, each { dim, bucket, committed delta, reserved delta }, applied to usage
--- and returned as journal fields "<dim>@<bucket>" -> "<committed delta>,<reserved delta>".
-local function ledger_book(keys, changes, current)
-  local fields, deltas, journal = {}, {}, {}
-  for _, ch in ipairs(changes) do
-    local d, b, dc, dr = ch[1], ch[2], ch[3], ch[4]
-    if dc ~= 0 then
-      local f = 'c:' .. d .. ':' .. b
-      if deltas[f] == nil then
-        fields[#fields + 1] = f
-        deltas[f] = 0
-      end
-      deltas[f] = deltas[f] + dc
-    end
-    if dr ~= 0 then
-      local f = 'r:' .. d .. ':' .. b
-      if deltas[f] == nil then
-        fields[#fields + 1] = f
-        deltas[f] = 0
-      end
-      deltas[f] = deltas[f] + dr
-    end
-    journal[#journal + 1] = d .. '@' .. b
-    journal[#journal + 1] = ledger_fmt(dc) .. ',' .. ledger_fmt(dr)
+local function ledger_journal(keys, maxlen, now, op, id, changes, extra)
+  if extra then
+    redis.call('XADD', keys[6], 'MAXLEN', '~', maxlen, '*', 'op', op, 'id', id,
+      'at_ms', ledger_fmt(now), 'changes', changes, unpack(extra))
+  else
+    redis.call('XADD', keys[6], 'MAXLEN', '~', maxlen, '*', 'op', op, 'id', id,
+      'at_ms', ledger_fmt(now), 'changes', changes)
   end
-  ledger_apply(keys, fields, deltas, current or {})
-  return journal
-end
-
-local function ledger_journal(keys, maxlen, now, op, id, fields)
-  redis.call('XADD', keys[LEDGER_K_JOURNAL], 'MAXLEN', '~', maxlen, '*',
-    'op', op, 'id', id, 'at_ms', ledger_fmt(now), unpack(fields))
 end
 
 -- Charge in full every pending reservation whose deadline is before `now`, oldest deadline
 -- first, at most `limit` of them. Returns how many were charged.
 local function ledger_expire_due(keys, now, limit, maxlen)
-  local due = redis.call('ZRANGEBYSCORE', keys[LEDGER_K_DEADLINES], '-inf',
-    '(' .. ledger_fmt(now), 'LIMIT', 0, limit)
+  local due = redis.call('ZRANGEBYSCORE', keys[4], '-inf', '(' .. ledger_fmt(now),
+    'LIMIT', 0, limit)
   for _, id in ipairs(due) do
-    local raw = redis.call('HGET', keys[LEDGER_K_RECORDS], 'r:' .. id)
-    if raw then
+    local raw = redis.call('HGET', keys[3], 'r:' .. id)
+    if raw and string.sub(raw, 1, 1) == 'P' then
       local rec = ledger_decode(raw)
-      if rec.state == 'P' then
-        local changes = {}
-        for _, d in ipairs(rec.dims) do
-          changes[#changes + 1] = { d, rec.bucket[d], rec.amount[d], -rec.amount[d] }
-        end
-        local fields = ledger_book(keys, changes)
-        rec.state = 'X'
-        redis.call('HSET', keys[LEDGER_K_RECORDS], 'r:' .. id, ledger_encode(rec))
-        redis.call('ZADD', keys[LEDGER_K_RESOLVED], now, 'r:' .. id)
-        fields[#fields + 1] = 'deadline_ms'
-        fields[#fields + 1] = ledger_fmt(rec.deadline)
-        ledger_journal(keys, maxlen, now, 'expire', id, fields)
+      local fields, delta, changes = {}, {}, {}
+      for i, d in ipairs(rec.dims) do
+        local b, amount = rec.bucket[d], rec.amount[d]
+        local c, r = 'c:' .. d .. ':' .. b, 'r:' .. d .. ':' .. b
+        fields[2 * i - 1], fields[2 * i] = c, r
+        delta[c], delta[r] = amount, -amount
+        changes[i] = d .. '@' .. b .. ':' .. ledger_fmt(amount) .. ':' .. ledger_fmt(-amount)
       end
+      ledger_adjust(keys[2], fields, delta)
+      redis.call('HSET', keys[3], 'r:' .. id, 'X' .. string.sub(raw, 2))
+      redis.call('ZADD', keys[5], now, 'r:' .. id)
+      ledger_journal(keys, maxlen, now, 'expire', id, table.concat(changes, ';'),
+        { 'deadline_ms', ledger_fmt(rec.deadline) })
     end
-    redis.call('ZREM', keys[LEDGER_K_DEADLINES], id)
+    redis.call('ZREM', keys[4], id)
   end
   return #due
 end
 
--- Flat { dim, amount, ... } of actual above the reserved amount.
-local function ledger_overage(rec, actual_dims, actual)
-  local out = {}
-  for _, d in ipairs(actual_dims) do
-    local over = actual[d] - (rec.amount[d] or 0)
-    if over > 0 then
-      out[#out + 1] = d
-      out[#out + 1] = over
-    end
-  end
-  return out
-end
-
-local function ledger_same_actual(rec, actual_dims, actual)
-  if #rec.actual_dims ~= #actual_dims then
-    return false
-  end
-  for _, d in ipairs(actual_dims) do
-    if rec.actual[d] ~= actual[d] then
-      return false
-    end
-  end
-  return true
-end
-
--- Buckets for actual usage in dimensions the reservation did not name: the bucket each such
--- dimension had when the reservation was admitted. Registers never-seen dimensions.
-local function ledger_extra_buckets(keys, rec, extra)
-  local buckets = {}
-  if #extra == 0 then
-    return buckets
-  end
-  local raw = redis.call('HMGET', keys[LEDGER_K_LIMITS], unpack(extra))
-  for i, d in ipairs(extra) do
-    local _, _, period = ledger_parse_limit(raw[i])
-    buckets[d] = ledger_bucket(period, rec.created)
-    if not raw[i] then
-      redis.call('HSET', keys[LEDGER_K_LIMITS], d, LEDGER_UNLIMITED)
-    end
-  end
-  return buckets
-end
-
--- Book a resolution of a pending or expired reservation; returns its overage and whether an
--- expiry charge was corrected.
-local function ledger_book_resolution(keys, id, rec, actual_dims, actual, kind, now, maxlen)
-  local extra = {}
-  for _, d in ipairs(actual_dims) do
-    if rec.amount[d] == nil then
-      extra[#extra + 1] = d
-    end
-  end
-  local extra_bucket = ledger_extra_buckets(keys, rec, extra)
-  local pending = rec.state == 'P'
-  local changes = {}
-  for _, d in ipairs(rec.dims) do
-    local spent, held = actual[d] or 0, rec.amount[d]
-    if pending then
-      changes[#changes + 1] = { d, rec.bucket[d], spent, -held }
-    else
-      changes[#changes + 1] = { d, rec.bucket[d], spent - held, 0 }
-    end
-    if spent > 0 then
-      rec.actual_bucket[d] = rec.bucket[d]
-    end
-  end
-  for _, d in ipairs(extra) do
-    changes[#changes + 1] = { d, extra_bucket[d], actual[d], 0 }
-    rec.actual_bucket[d] = extra_bucket[d]
-  end
-  local fields = ledger_book(keys, changes)
-  local overage = ledger_overage(rec, actual_dims, actual)
-  if #overage > 0 then
-    local parts = {}
-    for i = 1, #overage, 2 do
-      parts[#parts + 1] = overage[i] .. ':' .. ledger_fmt(overage[i + 1])
-    end
-    fields[#fields + 1] = 'overage'
-    fields[#fields + 1] = table.concat(parts, ',')
-  end
-  if pending then
-    redis.call('ZREM', keys[LEDGER_K_DEADLINES], id)
-  else
-    fields[#fields + 1] = 'corrects'
-    fields[#fields + 1] = 'expire'
-  end
-  rec.state = kind == 'release' and 'R' or 'S'
-  rec.actual_dims, rec.actual = actual_dims, actual
-  redis.call('HSET', keys[LEDGER_K_RECORDS], 'r:' .. id, ledger_encode(rec))
-  redis.call('ZADD', keys[LEDGER_K_RESOLVED], now, 'r:' .. id)
-  ledger_journal(keys, maxlen, now, kind, id, fields)
-  return overage, pending and 0 or 1
-end
-
--- Settle (kind 'settle') or release (kind 'release', no pairs) at time `now`.
--- argv as for ledger_settle; the reply is documented at the top of this file.
-local function ledger_resolve_at(keys, argv, now, kind)
+-- Parse a settle or release argv: id, maxlen, actual dims (zeros dropped, given order) and
+-- actual amounts; or nil and a refusal.
+local function ledger_parse_resolve(argv, kind)
   local id = argv[1]
   if not ledger_valid_id(id) then
-    return { 'invalid', 'reservation id must be 1..256 characters with no spaces' }
+    return nil, { 'invalid', 'reservation id must be 1..256 characters with no spaces' }
   end
   local maxlen = ledger_int(argv[2])
   if maxlen == nil or maxlen < 1 then
-    return { 'invalid', 'journal length must be a positive integer' }
+    return nil, { 'invalid', 'journal length must be a positive integer' }
   end
   local dims, amounts, err = ledger_parse_pairs(argv, 3)
   if err then
-    return { 'invalid', err }
+    return nil, { 'invalid', err }
   end
   if kind == 'release' and #dims > 0 then
-    return { 'invalid', 'release takes no amounts' }
+    return nil, { 'invalid', 'release takes no amounts' }
   end
   local actual_dims, actual = {}, {}
   for _, d in ipairs(dims) do
@@ -399,21 +256,149 @@ local function ledger_resolve_at(keys, argv, now, kind)
       actual[d] = amounts[d]
     end
   end
-  ledger_expire_due(keys, now, LEDGER_EXPIRE_BATCH, maxlen)
-  local raw = redis.call('HGET', keys[LEDGER_K_RECORDS], 'r:' .. id)
+  return { id = id, maxlen = maxlen, dims = actual_dims, actual = actual }
+end
+
+local function ledger_same_actual(rec, req)
+  local stored = 0
+  for _ in pairs(rec.actual) do
+    stored = stored + 1
+  end
+  if stored ~= #req.dims then
+    return false
+  end
+  for _, d in ipairs(req.dims) do
+    if rec.actual[d] ~= req.actual[d] then
+      return false
+    end
+  end
+  return true
+end
+
+-- Flat { dim, amount, ... } of actual above the reserved amount.
+local function ledger_overage(rec, req)
+  local out = {}
+  for _, d in ipairs(req.dims) do
+    local over = req.actual[d] - (rec.amount[d] or 0)
+    if over > 0 then
+      out[#out + 1] = d
+      out[#out + 1] = over
+    end
+  end
+  return out
+end
+
+-- The record of a resolve request and, when it is refused or a replay, the reply.
+local function ledger_lookup(keys, req)
+  local raw = redis.call('HGET', keys[3], 'r:' .. req.id)
   if not raw then
-    return { 'unknown' }
+    return nil, { 'unknown' }
   end
   local rec = ledger_decode(raw)
   if rec.state == 'S' or rec.state == 'R' then
-    if ledger_same_actual(rec, actual_dims, actual) then
-      return { 'settled', 1, ledger_overage(rec, actual_dims, actual), 0 }
+    if ledger_same_actual(rec, req) then
+      return rec, { 'settled', 1, ledger_overage(rec, req), 0 }
     end
-    return { 'conflict' }
+    return rec, { 'conflict' }
   end
-  local overage, corrected =
-    ledger_book_resolution(keys, id, rec, actual_dims, actual, kind, now, maxlen)
-  return { 'settled', 0, overage, corrected }
+  return rec, nil
+end
+
+-- The bucket of each actual dimension the reservation did not name: the bucket the dimension
+-- had when the reservation was admitted. Registers dimensions never seen before.
+local function ledger_extra_buckets(keys, rec, req)
+  local extra = {}
+  for _, d in ipairs(req.dims) do
+    if rec.amount[d] == nil then
+      extra[#extra + 1] = d
+    end
+  end
+  local buckets = {}
+  if #extra == 0 then
+    return extra, buckets
+  end
+  local raw = redis.call('HMGET', keys[1], unpack(extra))
+  for i, d in ipairs(extra) do
+    local _, _, period = ledger_parse_limit(raw[i])
+    buckets[d] = ledger_bucket(period, rec.created)
+    if not raw[i] then
+      redis.call('HSET', keys[1], d, LEDGER_UNLIMITED)
+    end
+  end
+  return extra, buckets
+end
+
+-- Book the resolution of a pending or expired reservation.
+local function ledger_book_resolution(keys, req, rec, kind, now)
+  local extra, extra_bucket = ledger_extra_buckets(keys, rec, req)
+  local pending = rec.state == 'P'
+  local fields, delta, changes, actual_parts = {}, {}, {}, {}
+  for _, d in ipairs(rec.dims) do
+    local b, held, spent = rec.bucket[d], rec.amount[d], req.actual[d] or 0
+    local c = 'c:' .. d .. ':' .. b
+    fields[#fields + 1] = c
+    if pending then
+      local r = 'r:' .. d .. ':' .. b
+      fields[#fields + 1] = r
+      delta[c], delta[r] = spent, -held
+      changes[#changes + 1] = d .. '@' .. b .. ':' .. ledger_fmt(spent) .. ':' .. ledger_fmt(-held)
+    else
+      delta[c] = spent - held
+      changes[#changes + 1] = d .. '@' .. b .. ':' .. ledger_fmt(spent - held) .. ':0'
+    end
+    if spent > 0 then
+      actual_parts[#actual_parts + 1] = d .. ':' .. b .. ':' .. ledger_fmt(spent)
+    end
+  end
+  for _, d in ipairs(extra) do
+    local b, spent = extra_bucket[d], req.actual[d]
+    local c = 'c:' .. d .. ':' .. b
+    fields[#fields + 1] = c
+    delta[c] = spent
+    changes[#changes + 1] = d .. '@' .. b .. ':' .. ledger_fmt(spent) .. ':0'
+    actual_parts[#actual_parts + 1] = d .. ':' .. b .. ':' .. ledger_fmt(spent)
+  end
+  ledger_adjust(keys[2], fields, delta)
+
+  local overage = ledger_overage(rec, req)
+  local extras = {}
+  if #overage > 0 then
+    local parts = {}
+    for i = 1, #overage, 2 do
+      parts[#parts + 1] = overage[i] .. ':' .. ledger_fmt(overage[i + 1])
+    end
+    extras[#extras + 1] = 'overage'
+    extras[#extras + 1] = table.concat(parts, ',')
+  end
+  if pending then
+    redis.call('ZREM', keys[4], req.id)
+  else
+    extras[#extras + 1] = 'corrects'
+    extras[#extras + 1] = 'expire'
+  end
+  local state = kind == 'release' and 'R' or 'S'
+  redis.call('HSET', keys[3], 'r:' .. req.id, state .. '|' .. ledger_fmt(rec.deadline)
+    .. '|' .. ledger_fmt(rec.created) .. '|' .. rec.soft_text .. '|'
+    .. rec.amounts_text .. '|' .. table.concat(actual_parts, ','))
+  redis.call('ZADD', keys[5], now, 'r:' .. req.id)
+  ledger_journal(keys, req.maxlen, now, kind, req.id, table.concat(changes, ';'),
+    #extras > 0 and extras or nil)
+  return { 'settled', 0, overage, pending and 0 or 1 }
+end
+
+-- Settle (kind 'settle') or release (kind 'release', no pairs) at time `now`.
+-- argv as for ledger_settle; the reply is documented at the top of this file.
+local function ledger_resolve_at(keys, argv, now, kind)
+  local req, refusal = ledger_parse_resolve(argv, kind)
+  if not req then
+    return refusal
+  end
+  ledger_expire_due(keys, now, LEDGER_EXPIRE_BATCH, req.maxlen)
+  local rec, answer = ledger_lookup(keys, req)
+  if answer then
+    return answer
+  end
+  return ledger_book_resolution(keys, req, rec, kind, now)
 end
 
 local function ledger_settle_at(keys, argv, now)
@@ -424,7 +409,19 @@ local function ledger_release_at(keys, argv, now)
   return ledger_resolve_at(keys, argv, now, 'release')
 end
 
--- The embedding entry point documented at the top of this file.
+-- The embedding entry points documented at the top of this file.
 local function ledger_settle(keys, argv)
   return ledger_settle_at(keys, argv, ledger_now())
+end
+
+local function ledger_settle_check(keys, argv)
+  local req, refusal = ledger_parse_resolve(argv, 'settle')
+  if not req then
+    return refusal
+  end
+  local _, answer = ledger_lookup(keys, req)
+  if answer and answer[1] ~= 'settled' then
+    return answer
+  end
+  return nil
 end

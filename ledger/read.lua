@@ -16,7 +16,7 @@ if maxlen == nil or maxlen < 1 then
 end
 ledger_expire_due(KEYS, now, LEDGER_EXPIRE_BATCH, maxlen)
 
-local limits = redis.call('HGETALL', KEYS[LEDGER_K_LIMITS])
+local limits = redis.call('HGETALL', KEYS[1])
 local out, fields = {}, {}
 for i = 1, #limits, 2 do
   local d = limits[i]
@@ -29,7 +29,7 @@ end
 if #fields == 0 then
   return {}
 end
-local values = redis.call('HMGET', KEYS[LEDGER_K_USAGE], unpack(fields))
+local values = redis.call('HMGET', KEYS[2], unpack(fields))
 for i, row in ipairs(out) do
   row[6] = tonumber(values[2 * i - 1]) or 0
   row[7] = tonumber(values[2 * i]) or 0

@@ -22,14 +22,14 @@ if maxlen == nil or maxlen < 1 then
 end
 
 local expired = ledger_expire_due(KEYS, now, batch, maxlen)
-local old = redis.call('ZRANGEBYSCORE', KEYS[LEDGER_K_RESOLVED], '-inf',
+local old = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf',
   '(' .. ledger_fmt(now - retention_ms), 'LIMIT', 0, batch)
 if #old > 0 then
-  redis.call('HDEL', KEYS[LEDGER_K_RECORDS], unpack(old))
-  redis.call('ZREM', KEYS[LEDGER_K_RESOLVED], unpack(old))
+  redis.call('HDEL', KEYS[3], unpack(old))
+  redis.call('ZREM', KEYS[5], unpack(old))
 end
-local pending = redis.call('ZCARD', KEYS[LEDGER_K_DEADLINES])
+local pending = redis.call('ZCARD', KEYS[4])
 if pending == 0 then
-  redis.call('HDEL', KEYS[LEDGER_K_USAGE], 'indexed')
+  redis.call('HDEL', KEYS[2], 'indexed')
 end
 return { expired, #old, pending }

@@ -19,46 +19,41 @@ end
 while ledger_expire_due(KEYS, now, 1000, maxlen) == 1000 do
 end
 
-local want, fields = {}, {}
-local usage = redis.call('HGETALL', KEYS[LEDGER_K_USAGE])
+local want, have, fields = {}, {}, {}
+local usage = redis.call('HGETALL', KEYS[2])
 for i = 1, #usage, 2 do
-  if string.sub(usage[i], 1, 2) == 'r:' then
-    fields[#fields + 1] = usage[i]
-    want[usage[i]] = 0
+  local f = usage[i]
+  if string.sub(f, 1, 2) == 'r:' then
+    fields[#fields + 1] = f
+    want[f], have[f] = 0, tonumber(usage[i + 1]) or 0
   end
 end
-local ids = redis.call('ZRANGE', KEYS[LEDGER_K_DEADLINES], 0, -1)
+local ids = redis.call('ZRANGE', KEYS[4], 0, -1)
 for _, id in ipairs(ids) do
-  local raw = redis.call('HGET', KEYS[LEDGER_K_RECORDS], 'r:' .. id)
+  local raw = redis.call('HGET', KEYS[3], 'r:' .. id)
   if raw then
     local rec = ledger_decode(raw)
     for _, d in ipairs(rec.dims) do
       local f = 'r:' .. d .. ':' .. rec.bucket[d]
       if want[f] == nil then
         fields[#fields + 1] = f
-        want[f] = 0
+        want[f], have[f] = 0, 0
       end
       want[f] = want[f] + rec.amount[d]
     end
   end
 end
-
-local have = {}
-if #fields > 0 then
-  local values = redis.call('HMGET', KEYS[LEDGER_K_USAGE], unpack(fields))
-  for i, f in ipairs(fields) do
-    have[f] = tonumber(values[i]) or 0
-  end
-end
-local changes = {}
+local writes, changes = {}, {}
 for _, f in ipairs(fields) do
   if have[f] ~= want[f] then
     local d, b = string.match(f, '^r:([%w_]+):([%w-]+)$')
-    changes[#changes + 1] = { d, b, 0, want[f] - have[f] }
+    writes[#writes + 1] = f
+    writes[#writes + 1] = ledger_fmt(want[f])
+    changes[#changes + 1] = d .. '@' .. b .. ':0:' .. ledger_fmt(want[f] - have[f])
   end
 end
-if #changes > 0 then
-  local journal = ledger_book(KEYS, changes, have)
-  ledger_journal(KEYS, maxlen, now, 'rebuild', '-', journal)
+if #writes > 0 then
+  redis.call('HSET', KEYS[2], unpack(writes))
+  ledger_journal(KEYS, maxlen, now, 'rebuild', '-', table.concat(changes, ';'))
 end
 return { #ids, #changes }

@@ -160,34 +160,33 @@ def rebuild(reply: object) -> RebuildResult:
     return RebuildResult(pending=integer(items[0]), corrected_fields=integer(items[1]))
 
 
-_ENTRY_HEAD = ("op", "id", "at_ms")
+_ENTRY_HEAD = ("op", "id", "at_ms", "changes")
+
+
+def _changes(text_: str) -> tuple[Change, ...]:
+    """Parse a journal entry's changes: "<dim>@<bucket>:<committed delta>:<reserved delta>;..."."""
+    changes = []
+    for part in filter(None, text_.split(";")):
+        where, committed, reserved = part.rsplit(":", 2)
+        dimension, bucket = where.split("@", 1)
+        changes.append(
+            Change(
+                dimension=dimension,
+                bucket=bucket,
+                committed_delta=int(committed),
+                reserved_delta=int(reserved),
+            )
+        )
+    return tuple(changes)
 
 
 def journal_entry(entry_id: object, raw: Mapping[Any, object]) -> JournalEntry:
     fields = {text(k): text(v) for k, v in raw.items()}
-    changes = []
-    rest = {}
-    for key, value in fields.items():
-        if key in _ENTRY_HEAD:
-            continue
-        if "@" in key:
-            dimension, bucket = key.split("@", 1)
-            committed, reserved = value.split(",")
-            changes.append(
-                Change(
-                    dimension=dimension,
-                    bucket=bucket,
-                    committed_delta=int(committed),
-                    reserved_delta=int(reserved),
-                )
-            )
-        else:
-            rest[key] = value
     return JournalEntry(
         entry_id=text(entry_id),
         op=fields["op"],
         id=fields["id"],
         at_ms=int(fields["at_ms"]),
-        changes=tuple(changes),
-        fields=rest,
+        changes=_changes(fields.get("changes", "")),
+        fields={k: v for k, v in fields.items() if k not in _ENTRY_HEAD},
     )

@@ -42,7 +42,8 @@ end
 
 ledger_expire_due(KEYS, now, LEDGER_EXPIRE_BATCH, maxlen)
 
-local existing = redis.call('HGET', KEYS[LEDGER_K_RECORDS], 'r:' .. id)
+local record_field = 'r:' .. id
+local existing = redis.call('HGET', KEYS[3], record_field)
 if existing then
   local rec = ledger_decode(existing)
   local same = #rec.dims == #dims
@@ -52,27 +53,27 @@ if existing then
   if not same then
     return { 'conflict' }
   end
-  return { 'admitted', rec.deadline, 1, rec.soft, 0 }
+  return { 'admitted', rec.deadline, 1, ledger_soft_list(rec.soft_text), 0 }
 end
 
-local limits = redis.call('HMGET', KEYS[LEDGER_K_LIMITS], unpack(dims))
+-- Usage fields: committed and reserved of each dimension in its current bucket, then the
+-- tenant's "indexed" mark.
+local limits = redis.call('HMGET', KEYS[1], unpack(dims))
 local bucket, ceiling, hard, fields = {}, {}, {}, {}
 for i, d in ipairs(dims) do
   local c, h, p = ledger_parse_limit(limits[i])
   ceiling[d], hard[d] = c, h
   bucket[d] = ledger_bucket(p, now)
-  fields[#fields + 1] = 'c:' .. d .. ':' .. bucket[d]
-  fields[#fields + 1] = 'r:' .. d .. ':' .. bucket[d]
+  fields[2 * i - 1] = 'c:' .. d .. ':' .. bucket[d]
+  fields[2 * i] = 'r:' .. d .. ':' .. bucket[d]
 end
-local values = redis.call('HMGET', KEYS[LEDGER_K_USAGE], unpack(fields))
-local current = {}
-for i, f in ipairs(fields) do
-  current[f] = tonumber(values[i]) or 0
-end
+fields[#fields + 1] = 'indexed'
+local values = redis.call('HMGET', KEYS[2], unpack(fields))
 
 local rejected, soft = {}, {}
 for i, d in ipairs(dims) do
-  local used = current[fields[2 * i - 1]] + current[fields[2 * i]]
+  local reserved = tonumber(values[2 * i]) or 0
+  local used = (tonumber(values[2 * i - 1]) or 0) + reserved
   -- Subtract rather than add: used + amount would round to 2^53 where it passes it by one.
   if used > LEDGER_MAX_AMOUNT or amounts[d] > LEDGER_MAX_AMOUNT - used then
     return { 'invalid', 'total of ' .. d .. ' would pass 2^53' }
@@ -93,22 +94,26 @@ if #rejected > 0 then
 end
 
 local deadline = now + timeout_ms + grace_ms
-local changes = {}
+local writes, parts, changes = {}, {}, {}
 for i, d in ipairs(dims) do
-  changes[i] = { d, bucket[d], 0, amounts[d] }
+  local amount = ledger_fmt(amounts[d])
+  writes[2 * i - 1] = fields[2 * i]
+  writes[2 * i] = ledger_fmt((tonumber(values[2 * i]) or 0) + amounts[d])
+  parts[i] = d .. ':' .. bucket[d] .. ':' .. amount
+  changes[i] = d .. '@' .. bucket[d] .. ':0:' .. amount
   if not limits[i] then
-    redis.call('HSET', KEYS[LEDGER_K_LIMITS], d, LEDGER_UNLIMITED)
+    redis.call('HSET', KEYS[1], d, LEDGER_UNLIMITED)
   end
 end
-local journal = ledger_book(KEYS, changes, current)
-local rec = {
-  state = 'P', deadline = deadline, created = now, dims = dims, amount = amounts,
-  bucket = bucket, soft = soft, actual_dims = {}, actual = {}, actual_bucket = {},
-}
-redis.call('HSET', KEYS[LEDGER_K_RECORDS], 'r:' .. id, ledger_encode(rec))
-redis.call('ZADD', KEYS[LEDGER_K_DEADLINES], deadline, id)
-journal[#journal + 1] = 'deadline_ms'
-journal[#journal + 1] = ledger_fmt(deadline)
-ledger_journal(KEYS, maxlen, now, 'reserve', id, journal)
-local indexed = redis.call('HSETNX', KEYS[LEDGER_K_USAGE], 'indexed', '1')
-return { 'admitted', deadline, 0, soft, indexed }
+local newly_indexed = values[#fields] and 0 or 1
+if newly_indexed == 1 then
+  writes[#writes + 1] = 'indexed'
+  writes[#writes + 1] = '1'
+end
+redis.call('HSET', KEYS[2], unpack(writes))
+redis.call('HSET', KEYS[3], record_field, 'P|' .. ledger_fmt(deadline) .. '|' .. ledger_fmt(now)
+  .. '|' .. table.concat(soft, ',') .. '|' .. table.concat(parts, ',') .. '|')
+redis.call('ZADD', KEYS[4], deadline, id)
+ledger_journal(KEYS, maxlen, now, 'reserve', id, table.concat(changes, ';'),
+  { 'deadline_ms', ledger_fmt(deadline) })
+return { 'admitted', deadline, 0, soft, newly_indexed }

@@ -23,7 +23,7 @@ local ceiling, maxlen = ledger_int(ARGV[3]), ledger_int(ARGV[6])
 if not ledger_valid_id(op) then
   return { 'invalid', 'operation id must be 1..256 characters with no spaces' }
 end
-if not ledger_valid_dim(dim) then
+if type(dim) ~= 'string' or #dim > 64 or not string.find(dim, '^[a-z][a-z0-9_]*$') then
   return { 'invalid', 'bad dimension name: ' .. tostring(dim) }
 end
 if ceiling == nil then
@@ -32,7 +32,7 @@ end
 if hard ~= '0' and hard ~= '1' then
   return { 'invalid', 'hard must be 0 or 1' }
 end
-if not ledger_valid_period(period) then
+if period ~= 'none' and period ~= 'day' and period ~= 'month' then
   return { 'invalid', 'period must be none, day or month' }
 end
 if maxlen == nil or maxlen < 1 then
@@ -43,17 +43,17 @@ ledger_expire_due(KEYS, now, LEDGER_EXPIRE_BATCH, maxlen)
 
 local entry = ledger_fmt(ceiling) .. '|' .. hard .. '|' .. period
 local fingerprint = dim .. '=' .. entry
-local seen = redis.call('HGET', KEYS[LEDGER_K_RECORDS], 'o:' .. op)
+local seen = redis.call('HGET', KEYS[3], 'o:' .. op)
 if seen then
   if seen == fingerprint then
     return { 'set', 1 }
   end
   return { 'conflict' }
 end
-redis.call('HSET', KEYS[LEDGER_K_LIMITS], dim, entry)
-redis.call('HSET', KEYS[LEDGER_K_RECORDS], 'o:' .. op, fingerprint)
-redis.call('ZADD', KEYS[LEDGER_K_RESOLVED], now, 'o:' .. op)
-ledger_journal(KEYS, maxlen, now, 'set_ceiling', op, {
+redis.call('HSET', KEYS[1], dim, entry)
+redis.call('HSET', KEYS[3], 'o:' .. op, fingerprint)
+redis.call('ZADD', KEYS[5], now, 'o:' .. op)
+ledger_journal(KEYS, maxlen, now, 'set_ceiling', op, '', {
   'dimension', dim, 'ceiling', ledger_fmt(ceiling), 'hard', hard, 'period', period,
 })
 return { 'set', 0 }

@@ -61,6 +61,38 @@ def test_a_composed_script_settles_and_writes_in_one_step(ledger: Ledger, unique
     assert commit(keys=[*keys, run_key], args=["version-5", *unknown]) == ["unknown"]
 
 
+# Two settlements, all or nothing: check both, then settle both.
+SETTLE_BOTH = """
+local keys = { KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6] }
+local first, second = { ARGV[1], ARGV[2], ARGV[3], ARGV[4] }, { ARGV[5], ARGV[6], ARGV[7], ARGV[8] }
+for _, argv in ipairs({ first, second }) do
+  local refusal = ledger_settle_check(keys, argv)
+  if refusal then
+    return refusal
+  end
+end
+ledger_settle(keys, first)
+ledger_settle(keys, second)
+return { 'ok' }
+"""
+
+
+def test_several_settlements_are_checked_before_any_is_written(ledger: Ledger, unique: str) -> None:
+    """ledger_settle_check finds the refusal of a later settlement before the first one writes."""
+    both = ledger.client.register_script(library_source() + SETTLE_BOTH)
+    ledger.reserve(unique, "a", {"tokens": 10}, timeout_s=60)
+    ledger.reserve(unique, "b", {"tokens": 10}, timeout_s=60)
+    ledger.settle(unique, "b", {"tokens": 3})
+    keys, first = ledger.settle_script_args(unique, "a", {"tokens": 4})
+    _, clash = ledger.settle_script_args(unique, "b", {"tokens": 5})
+    assert both(keys=keys, args=[*first, *clash]) == ["conflict"]
+    assert ledger.read(unique)["tokens"].reserved == 10  # "a" untouched
+    _, same = ledger.settle_script_args(unique, "b", {"tokens": 3})
+    assert both(keys=keys, args=[*first, *same]) == ["ok"]
+    row = ledger.read(unique)["tokens"]
+    assert (row.committed, row.reserved) == (7, 0)
+
+
 def test_the_library_defines_no_globals(ledger: Ledger) -> None:
     """The library loads in a script on its own: everything in it is local."""
     assert ledger.client.eval(library_source() + "\nreturn 1", 0) == 1
