@@ -66,17 +66,18 @@ app = make_app(settings())
 
 
 @functools.lru_cache(maxsize=8)
-def _producer(broker_url: str) -> Celery:
+def producer(broker_url: str) -> Celery:
+    """A producer-only app for this broker (no tasks of its own; it sends by task name)."""
     return make_app(settings(), broker_url=broker_url, main=False)
 
 
 def sender(broker_url: str) -> Callable[[StepMessage, float, float], None]:
     """A function that sends step messages to this broker: for a client (a service, the CLI,
     a test) that picks its server at run time rather than from the environment."""
-    producer = _producer(broker_url)
+    app_for_broker = producer(broker_url)
 
     def send(msg: StepMessage, soft_s: float, hard_s: float) -> None:
-        producer.send_task(STEP_TASK, **_options(msg, soft_s, hard_s))
+        app_for_broker.send_task(STEP_TASK, **_options(msg, soft_s, hard_s))
 
     return send
 

@@ -25,7 +25,7 @@ from tests.integration.workers import (
 )
 from worker import keys
 from worker.api import Client, SubmissionError
-from worker.app import STEP_TASK, app
+from worker.app import STEP_TASK, producer
 from worker.embedded import EmbeddedServer
 from worker.shop import RedisShop
 from worker.store import SubmissionConflictError
@@ -192,7 +192,7 @@ def test_the_tenant_cap_holds_across_workers(client: Client, queue: str, unique:
 
 
 def test_malformed_messages_are_logged_acked_and_fail_only_their_run(
-    client: Client, queue: str, pool: list[WorkerProcess], unique: str
+    client: Client, queue: str, pool: list[WorkerProcess], unique: str, redis_url: str
 ) -> None:
     """A message with bad arguments ends its run `error`; one for an unknown run and one whose
     body is not even JSON are logged and dropped; a run alongside finishes normally."""
@@ -202,17 +202,19 @@ def test_malformed_messages_are_logged_acked_and_fail_only_their_run(
         USER,
         "support",
         GOAL,
-        {"model": "same_call"},
-        budget=Budget(max_steps=50, max_repeat=50, max_stalls=50),
+        {"model": "same_call", "sleep_s": {"get_order": 0.3}},  # alive for ~15 s
+        budget=Budget(
+            max_steps=50, max_repeat=50, max_stalls=50, max_tool_calls=50, deadline_ms=600_000
+        ),
         queue=queue,
     )
     healthy = client.submit(tenant, USER, "support", GOAL, {}, queue=queue)
-    app.send_task(
+    producer(redis_url).send_task(
         STEP_TASK,
         kwargs={"tenant": tenant, "run_id": victim, "version": "seven", "queue": queue},
         queue=queue,
     )
-    app.send_task(
+    producer(redis_url).send_task(
         STEP_TASK,
         kwargs={"tenant": tenant, "run_id": "run_nobody", "version": 1, "queue": queue},
         queue=queue,
@@ -227,17 +229,22 @@ def test_malformed_messages_are_logged_acked_and_fail_only_their_run(
 
 
 def test_a_state_that_does_not_parse_ends_the_run_error(
-    client: Client, queue: str, unique: str
+    client: Client, queue: str, unique: str, redis_url: str
 ) -> None:
+    """A delivery that finds a state it cannot read (here: an unknown schema version) ends the
+    run `error` with the reason, and nothing else."""
     tenant = f"t-{unique}"
-    run_id = client.submit(
-        tenant, USER, "support", GOAL, {"sleep_s": {"get_order": 1.0}}, queue=queue
-    )
-    wait_until(lambda: client.run_hash(run_id)[1]["version"] == "3", what="the run is under way")
-    raw = msgspec.json.decode(client.run_hash(run_id)[1]["state"])
+    run_id = client.submit(tenant, USER, "support", GOAL, BY_LETTER["G"].params, queue=queue)
+    wait_until(lambda: settled(client, [run_id]), what="G suspends, its state at rest")
+    stored = client.run_hash(run_id)[1]
+    raw = msgspec.json.decode(stored["state"])
     raw["schema_version"] = 42
-    client.client.hset(keys.run(tenant, run_id), "state", msgspec.json.encode(raw))
-    wait_until(lambda: settled(client, [run_id]), what="the run ends")
+    run_key = keys.run(tenant, run_id)
+    client.client.hset(run_key, mapping={"state": msgspec.json.encode(raw), "status": "running"})
+    producer(redis_url).send_task(STEP_TASK, queue=queue, kwargs={
+        "tenant": tenant, "run_id": run_id, "version": int(stored["version"]), "queue": queue,
+    })  # fmt: skip
+    wait_until(lambda: client.run_hash(run_id)[1]["status"] == "stopped", what="the run ends")
     stored = client.run_hash(run_id)[1]
     assert stored["outcome"] == "error" and "schema version 42" in stored["reason"]
 
