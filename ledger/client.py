@@ -124,7 +124,7 @@ class Ledger:
         if isinstance(journal_maxlen, bool) or not isinstance(journal_maxlen, int):
             raise LedgerInputError("journal_maxlen must be an integer")
         if not 1 <= journal_maxlen <= MAX_AMOUNT:
-            raise LedgerInputError("journal_maxlen must be at least 1")
+            raise LedgerInputError("journal_maxlen must be between 1 and 2^53")
         self.dimensions = tuple(check_dimension_name(d) for d in dimensions)
         self._maxlen = str(journal_maxlen)
         self._client = client

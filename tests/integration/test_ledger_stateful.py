@@ -317,8 +317,8 @@ def test_ledger_state_machine(redis_url: str) -> None:
         run_state_machine_as_test(
             OnThisServer,
             settings=settings(
-                max_examples=40,
-                stateful_step_count=30,
+                max_examples=75,
+                stateful_step_count=40,
                 deadline=None,
                 suppress_health_check=[HealthCheck.too_slow],
             ),
