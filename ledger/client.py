@@ -234,6 +234,22 @@ class Ledger:
             self._index(tenant)
         return result
 
+    def reserve_script_args(
+        self, tenant: str, reservation_id: str, amounts: Mapping[str, int], *, timeout_s: float
+    ) -> tuple[list[str], list[str]]:
+        """KEYS and ARGV for `ledger_reserve(keys, argv)` inside another script (see lib.lua),
+        checked as `reserve` checks them."""
+        check_tenant(tenant)
+        check_id(reservation_id)
+        pairs = check_amounts(amounts, self.dimensions, allow_empty=False)
+        timeout_ms = seconds_to_ms("timeout_s", timeout_s)
+        args = [reservation_id, str(timeout_ms), str(self._grace_ms), self._maxlen]
+        return self._keys(tenant), args + flat_pairs(pairs)
+
+    def index_tenant(self, tenant: str) -> None:
+        """Add the tenant to the reaper's set: after an embedded reserve that asked for it."""
+        self._index(tenant)
+
     def _index(self, tenant: str) -> None:
         try:
             self._client.sadd(PENDING_TENANTS, tenant)

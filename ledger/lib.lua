@@ -27,6 +27,16 @@ of each dimension at the moment it was admitted; its settlement and expiry are b
 Every function validates its whole input before its first write; a refusal writes nothing.
 (Processing of due expiries happens after validation and is a complete change of its own.)
 
+EMBEDDING RESERVE (the worker's load script)
+--------------------------------------------
+  local res = ledger_reserve(keys, argv)
+
+  keys  the six ledger keys, as below
+  argv  exactly as `Ledger.reserve_script_args` returns it: { reservation_id, timeout_ms,
+        grace_ms, journal_maxlen, dim_1, amount_1, ... }
+  res   reserve.lua's reply (see the top of reserve.lua); a refusal writes nothing, and
+        'admitted' with newly_indexed 1 asks the caller to add the tenant to the reaper's set
+
 EMBEDDING SETTLE (the worker's commit script)
 ---------------------------------------------
 Compose the script as `ledger.scripts.library_source()` followed by your own code, and call
@@ -229,6 +239,112 @@ local function ledger_expire_due(keys, now, limit, maxlen)
     redis.call('ZREM', keys[4], id)
   end
   return #due
+end
+
+-- Reserve at time `now`: the body of reserve.lua, so that another script can take a hold in
+-- the same atomic step as its own reads (the worker's load script does). keys and argv as in
+-- reserve.lua; the reply is reserve.lua's.
+local function ledger_reserve_at(keys, argv, now)
+  local id = argv[1]
+  if not ledger_valid_id(id) then
+    return { 'invalid', 'reservation id must be 1..256 characters with no spaces' }
+  end
+  local timeout_ms, grace_ms, maxlen = ledger_int(argv[2]), ledger_int(argv[3]), ledger_int(argv[4])
+  if timeout_ms == nil or grace_ms == nil then
+    return { 'invalid', 'timeout and grace must be integers of milliseconds' }
+  end
+  if maxlen == nil or maxlen < 1 then
+    return { 'invalid', 'journal length must be a positive integer' }
+  end
+  local dims, amounts, err = ledger_parse_pairs(argv, 5)
+  if err then
+    return { 'invalid', err }
+  end
+  if #dims == 0 then
+    return { 'invalid', 'nothing to reserve' }
+  end
+
+  ledger_expire_due(keys, now, LEDGER_EXPIRE_BATCH, maxlen)
+
+  local record_field = 'r:' .. id
+  local existing = redis.call('HGET', keys[3], record_field)
+  if existing then
+    local rec = ledger_decode(existing)
+    local same = #rec.dims == #dims
+    for _, d in ipairs(dims) do
+      same = same and rec.amount[d] == amounts[d]
+    end
+    if not same then
+      return { 'conflict' }
+    end
+    return { 'admitted', rec.deadline, 1, ledger_soft_list(rec.soft_text), 0 }
+  end
+
+  -- Usage fields: committed and reserved of each dimension in its current bucket, then the
+  -- tenant's "indexed" mark.
+  local limits = redis.call('HMGET', keys[1], unpack(dims))
+  local bucket, ceiling, hard, fields = {}, {}, {}, {}
+  for i, d in ipairs(dims) do
+    local c, h, p = ledger_parse_limit(limits[i])
+    ceiling[d], hard[d] = c, h
+    bucket[d] = ledger_bucket(p, now)
+    fields[2 * i - 1] = 'c:' .. d .. ':' .. bucket[d]
+    fields[2 * i] = 'r:' .. d .. ':' .. bucket[d]
+  end
+  fields[#fields + 1] = 'indexed'
+  local values = redis.call('HMGET', keys[2], unpack(fields))
+
+  local rejected, soft = {}, {}
+  for i, d in ipairs(dims) do
+    local reserved = tonumber(values[2 * i]) or 0
+    local used = (tonumber(values[2 * i - 1]) or 0) + reserved
+    -- Subtract rather than add: used + amount would round to 2^53 where it passes it by one.
+    if used > LEDGER_MAX_AMOUNT or amounts[d] > LEDGER_MAX_AMOUNT - used then
+      return { 'invalid', 'total of ' .. d .. ' would pass 2^53' }
+    end
+    local cap = ceiling[d]
+    if cap ~= nil and used + amounts[d] > cap then
+      if hard[d] then
+        rejected[#rejected + 1] = d
+        rejected[#rejected + 1] = amounts[d]
+        rejected[#rejected + 1] = math.max(0, cap - used)
+      else
+        soft[#soft + 1] = d
+      end
+    end
+  end
+  if #rejected > 0 then
+    return { 'rejected', rejected, soft }
+  end
+
+  local deadline = now + timeout_ms + grace_ms
+  local writes, parts, changes = {}, {}, {}
+  for i, d in ipairs(dims) do
+    local amount = ledger_fmt(amounts[d])
+    writes[2 * i - 1] = fields[2 * i]
+    writes[2 * i] = ledger_fmt((tonumber(values[2 * i]) or 0) + amounts[d])
+    parts[i] = d .. ':' .. bucket[d] .. ':' .. amount
+    changes[i] = d .. '@' .. bucket[d] .. ':0:' .. amount
+    if not limits[i] then
+      redis.call('HSET', keys[1], d, LEDGER_UNLIMITED)
+    end
+  end
+  local newly_indexed = values[#fields] and 0 or 1
+  if newly_indexed == 1 then
+    writes[#writes + 1] = 'indexed'
+    writes[#writes + 1] = '1'
+  end
+  redis.call('HSET', keys[2], unpack(writes))
+  redis.call('HSET', keys[3], record_field, 'P|' .. ledger_fmt(deadline) .. '|' .. ledger_fmt(now)
+    .. '|' .. table.concat(soft, ',') .. '|' .. table.concat(parts, ',') .. '|')
+  redis.call('ZADD', keys[4], deadline, id)
+  ledger_journal(keys, maxlen, now, 'reserve', id, table.concat(changes, ';'),
+    { 'deadline_ms', ledger_fmt(deadline) })
+  return { 'admitted', deadline, 0, soft, newly_indexed }
+end
+
+local function ledger_reserve(keys, argv)
+  return ledger_reserve_at(keys, argv, ledger_now())
 end
 
 -- Parse a settle or release argv: id, maxlen, actual dims (zeros dropped, given order) and

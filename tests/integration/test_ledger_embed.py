@@ -93,6 +93,37 @@ def test_several_settlements_are_checked_before_any_is_written(ledger: Ledger, u
     assert (row.committed, row.reserved) == (7, 0)
 
 
+# A miniature of the worker's load: read the run, and reserve in the same step only when the
+# run is live. KEYS: the six ledger keys, then the run key; ARGV: ledger_reserve's argv.
+LOAD = """
+if redis.call('GET', KEYS[7]) ~= 'live' then
+  return { 'idle' }
+end
+return ledger_reserve({ KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6] }, ARGV)
+"""
+
+
+def test_a_composed_script_reserves_as_reserve_does(ledger: Ledger, unique: str) -> None:
+    """An embedded reserve admits, replays, refuses and rejects exactly like Ledger.reserve,
+    and writes nothing when the embedding script decides not to call it."""
+    load = ledger.client.register_script(library_source() + LOAD)
+    run_key = tenant_key(unique, "run:r1")
+    ledger.set_ceiling(unique, "tokens", 100)
+    keys, argv = ledger.reserve_script_args(unique, "r1:1", {"tokens": 60}, timeout_s=30)
+    assert load(keys=[*keys, run_key], args=argv) == ["idle"]
+    assert ledger.read(unique)["tokens"].reserved == 0
+    ledger.client.set(run_key, "live")
+    admitted = load(keys=[*keys, run_key], args=argv)
+    assert admitted[0] == "admitted" and admitted[2] == 0
+    assert load(keys=[*keys, run_key], args=argv)[:3] == ["admitted", admitted[1], 1]
+    _, more = ledger.reserve_script_args(unique, "r1:1", {"tokens": 61}, timeout_s=30)
+    assert load(keys=[*keys, run_key], args=more) == ["conflict"]
+    _, other = ledger.reserve_script_args(unique, "r1:2", {"tokens": 41}, timeout_s=30)
+    assert load(keys=[*keys, run_key], args=other) == ["rejected", ["tokens", 41, 40], []]
+    assert ledger.read(unique)["tokens"].reserved == 60
+    assert ledger.settle(unique, "r1:1", {"tokens": 10}).overage == {}
+
+
 def test_the_library_defines_no_globals(ledger: Ledger) -> None:
     """The library loads in a script on its own: everything in it is local."""
     assert ledger.client.eval(library_source() + "\nreturn 1", 0) == 1
