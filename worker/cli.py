@@ -11,6 +11,7 @@ from rich.table import Table
 
 from ledger.cli import ledger_app
 from worker.cli_common import BrokerUrl, JsonFlag, RedisUrl, client, fail
+from worker.cli_ops import register as register_ops
 
 app = typer.Typer(
     name="turnstile",
@@ -19,6 +20,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(ledger_app, name="ledger")
+register_ops(app)
 
 
 @app.callback()

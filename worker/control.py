@@ -1,0 +1,576 @@
+"""Operator controls that live in Redis: pause, resume and drain queues and tenants, and the
+views an operator reads (runs, one run, its events and trace, queues).
+
+The flags are read by every step at its gate, in the same round trip as the run, so they are
+honoured at every turn boundary by every worker, running now or started later; a step that
+finds its queue or tenant paused (or its queue draining) parks the run and acks. Resuming
+clears the flag and re-enqueues each parked run exactly once: the run moves parked -> running
+through the store's version compare-and-set, and only the caller whose commit won sends the
+step, so two resumes racing each other cannot both send it.
+
+Flag hashes: a tenant's `control` hash and a queue's `turnstile:queue:<Q>` hash hold `paused`
+(and, for a queue, `draining`) as the ISO time the flag was set, `paused_by` / `draining_by`
+as who set it, and `resumed_at` / `resumed_by` for the last resume.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import redis
+
+from jobs.errors import StateFormatError
+from jobs.outcomes import Outcome, Status
+from jobs.state import RunState
+from jobs.trace import Span
+from worker import keys
+from worker.api import Client, DecisionRefusedError, RunNotFoundError
+from worker.errors import TurnstileError
+from worker.step import StepMessage, now_iso, time_limits
+from worker.store import Change
+from worker.sweeper import time_limits_default
+
+# A step that read a flag just before it was cleared still parks its run, a few milliseconds
+# later; resume looks at the parked set again once such steps are done, waiting at most this.
+PARK_SETTLE_S = 2.0
+DRAIN_POLL_S = 0.2
+# The Redis transport keeps a queue's messages in one list per priority step; step 0 is the
+# bare queue name. kombu's defaults, which Turnstile's Celery app does not change.
+PRIORITY_STEPS = (0, 3, 6, 9)
+PRIORITY_SEP = "\x06\x16"
+
+
+class ControlError(TurnstileError):
+    """An operator command that does not apply: an unknown queue or tenant, resuming what is
+    not paused, a filter that names no status. Nothing was changed."""
+
+
+class DrainTimeoutError(ControlError):
+    """`drain --wait` ran out of time with turns of the queue still in flight."""
+
+
+# -- scope ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What a control applies to: one queue (across tenants) or one tenant (across queues)."""
+
+    queue: str | None = None
+    tenant: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.queue is None) == (self.tenant is None):
+            raise ControlError("give exactly one of a queue or a tenant")
+
+    @property
+    def label(self) -> str:
+        return f"queue {self.queue!r}" if self.queue is not None else f"tenant {self.tenant!r}"
+
+    @property
+    def flag_key(self) -> str:
+        if self.queue is not None:
+            return keys.queue_control(self.queue)
+        assert self.tenant is not None
+        return keys.control(self.tenant)
+
+
+def _s(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode()
+    return "" if value is None else str(value)
+
+
+def tenants(c: Client) -> list[str]:
+    return sorted(_s(t) for t in c.client.smembers(keys.TENANTS))
+
+
+def check_known(c: Client, scope: Scope) -> None:
+    if scope.queue is not None and not c.client.sismember(keys.QUEUES, scope.queue):
+        raise ControlError(f"unknown queue {scope.queue!r}")
+    if scope.tenant is not None and not c.client.sismember(keys.TENANTS, scope.tenant):
+        raise ControlError(f"unknown tenant {scope.tenant!r}")
+
+
+def _now_ms(c: Client) -> int:
+    seconds, micros = c.client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+# -- pause, drain -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Flagged:
+    """A pause or a drain as it stands after the command: `already` when it was set before."""
+
+    target: str  # "queue" | "tenant"
+    name: str
+    flag: str  # "paused" | "draining"
+    by: str
+    at: str
+    already: bool
+
+
+def _set_flag(c: Client, scope: Scope, flag: str, by: str) -> Flagged:
+    check_known(c, scope)
+    at = now_iso()
+    key = scope.flag_key
+    if c.client.hsetnx(key, flag, at):
+        c.client.hset(key, f"{flag}_by", by)
+        already = False
+    else:
+        at, by = (_s(v) for v in c.client.hmget(key, flag, f"{flag}_by"))
+        already = True
+    target, name = ("queue", scope.queue) if scope.queue is not None else ("tenant", scope.tenant)
+    assert name is not None
+    return Flagged(target, name, flag, by, at, already)
+
+
+def pause(c: Client, scope: Scope, *, by: str) -> Flagged:
+    """Pause a queue or a tenant: from the next turn boundary on, every step of it parks its
+    run instead of reserving anything. Pausing what is paused changes nothing."""
+    return _set_flag(c, scope, "paused", by)
+
+
+def drain(c: Client, queue: str, *, by: str) -> Flagged:
+    """Drain a queue: new submissions to it are refused, turns in flight finish, and their
+    runs park at the next boundary. Draining what is draining changes nothing."""
+    return _set_flag(c, Scope(queue=queue), "draining", by)
+
+
+# -- resume ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Resumed:
+    target: str
+    name: str
+    by: str
+    at: str
+    cleared: list[str]  # the flags this resume cleared
+    resumed: list[str] = field(default_factory=list)  # run ids re-enqueued, each once
+    deferred: list[str] = field(default_factory=list)  # of those, left to the sweeper to send
+    still_parked: int = 0  # parked runs in scope held back by another flag
+
+
+def _clear_flags(c: Client, scope: Scope) -> list[str]:
+    flags = ["paused"] if scope.queue is None else ["paused", "draining"]
+    pipe = c.client.pipeline(transaction=True)
+    pipe.hmget(scope.flag_key, *flags)
+    pipe.hdel(scope.flag_key, *flags, *(f"{f}_by" for f in flags))
+    values, _ = pipe.execute()
+    return [f for f, v in zip(flags, values, strict=True) if v]
+
+
+def _gates_clear(c: Client, tenant: str, queue: str, cache: dict[str, bool]) -> bool:
+    """Would a step of this tenant on this queue run its turn now?"""
+    if tenant not in cache:
+        cache[tenant] = not c.client.hget(keys.control(tenant), "paused")
+    qkey = f"queue:{queue}"
+    if qkey not in cache:
+        paused, draining = c.client.hmget(keys.queue_control(queue), "paused", "draining")
+        cache[qkey] = not paused and not draining
+    return cache[tenant] and cache[qkey]
+
+
+def parked_runs(c: Client, scope: Scope) -> list[tuple[str, str, str]]:
+    """(tenant, run id, queue) of every parked run in scope; a queue's look across tenants."""
+    out = []
+    for tenant in [scope.tenant] if scope.tenant is not None else tenants(c):
+        ids = sorted(_s(r) for r in c.client.smembers(keys.by_status(tenant, "parked")))
+        pipe = c.client.pipeline(transaction=False)
+        for run_id in ids:
+            pipe.hget(keys.run(tenant, run_id), "queue")
+        for run_id, queue in zip(ids, pipe.execute(), strict=True):
+            if scope.queue is None or _s(queue) == scope.queue:
+                out.append((tenant, run_id, _s(queue)))
+    return out
+
+
+def requeue(c: Client, tenant: str, run_id: str, *, by: str, at: str) -> str:
+    """Move one parked run back to running and send its step, exactly once: the version
+    compare-and-set lets one caller win; a loser (another resume, a cancel) sends nothing.
+    Returns "sent", "deferred" (committed, but the broker did not take the step: the pickup
+    lease the commit set has the sweeper send it) or "skipped"."""
+    stored = c.store.hash(tenant, run_id)
+    if stored.get("status") != Status.PARKED.value:
+        return "skipped"
+    try:
+        state: RunState | None = RunState.from_json(stored["state"])
+    except StateFormatError:
+        state = None  # the step will end the run `error`, saying why
+    if state is not None:
+        state.status = Status.RUNNING
+    steps = state.usage.steps if state is not None else None
+    committed = c.store.commit(
+        Change(
+            tenant=tenant, run_id=run_id, version=int(stored["version"]),
+            old_status=Status.PARKED.value, status=Status.RUNNING.value,
+            state_json=state.to_json().decode() if state is not None else "",
+            lease_ms=int(c.config.pickup_lease_s * 1000),
+            events=[{"type": "resumed", "by": by, "at": at, "step": steps}],
+        )
+    )  # fmt: skip
+    if committed.kind != "ok":
+        return "skipped"
+    soft_s, hard_s = (
+        time_limits(state, c.config) if state is not None else time_limits_default(c.config)
+    )
+    try:
+        c.send(StepMessage(tenant, run_id, committed.version, stored["queue"]), soft_s, hard_s)
+    except Exception:  # any failure of the broker client: the sweeper covers it
+        return "deferred"
+    return "sent"
+
+
+def _requeue_pass(c: Client, scope: Scope, by: str, at: str, done: Resumed) -> None:
+    cache: dict[str, bool] = {}
+    held_back = 0
+    for tenant, run_id, queue in parked_runs(c, scope):
+        if not _gates_clear(c, tenant, queue, cache):
+            held_back += 1
+            continue
+        sent = requeue(c, tenant, run_id, by=by, at=at)
+        if sent != "skipped":
+            done.resumed.append(run_id)
+        if sent == "deferred":
+            done.deferred.append(run_id)
+    done.still_parked = held_back
+
+
+def resume(c: Client, scope: Scope, *, by: str, settle_s: float = PARK_SETTLE_S) -> Resumed:
+    """Clear the pause (and, for a queue, the drain) and re-enqueue each parked run in scope
+    whose other gates are clear, once. Resuming what is not paused is refused."""
+    check_known(c, scope)
+    cleared = _clear_flags(c, scope)
+    if not cleared:
+        what = "paused" if scope.queue is None else "paused or draining"
+        raise ControlError(f"{scope.label} is not {what}")
+    at = now_iso()
+    c.client.hset(scope.flag_key, mapping={"resumed_at": at, "resumed_by": by})
+    target, name = ("queue", scope.queue) if scope.queue is not None else ("tenant", scope.tenant)
+    assert name is not None
+    done = Resumed(target, name, by, at, cleared)
+    # A step that loaded its run before the flag was cleared is in flight until it parks;
+    # wait for those (never longer than settle_s: a real turn does not park) and look again.
+    pending = {run_id for _, run_id, _ in live_inflight(c, scope)}
+    _requeue_pass(c, scope, by, at, done)
+    deadline = time.monotonic() + settle_s
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.05)
+        pending &= {run_id for _, run_id, _ in live_inflight(c, scope)}
+    _requeue_pass(c, scope, by, at, done)
+    return done
+
+
+# -- in flight, queues, drain --wait ----------------------------------------------------------
+
+
+def live_inflight(c: Client, scope: Scope) -> list[tuple[str, str, str]]:
+    """(tenant, run id, queue) of the turns in flight in scope. An entry counts only while its
+    run's lease is in the future: a worker that died mid-turn leaves one behind."""
+    now = _now_ms(c)
+    out = []
+    for tenant in [scope.tenant] if scope.tenant is not None else tenants(c):
+        entries = {_s(k): _s(v) for k, v in c.client.hgetall(keys.inflight(tenant)).items()}
+        if not entries:
+            continue
+        ids = sorted(entries)
+        scores = c.client.zmscore(keys.leases(tenant), ids)
+        for run_id, score in zip(ids, scores, strict=True):
+            queue = entries[run_id].split("|", 1)[0]
+            if score is not None and score > now and scope.queue in (None, queue):
+                out.append((tenant, run_id, queue))
+    return out
+
+
+def broker_depth(broker_url: str, queue: str) -> int | None:
+    """Messages waiting in the queue on a Redis broker; None for another kind of broker."""
+    if not broker_url.startswith(("redis://", "rediss://", "unix://")):
+        return None
+    broker = redis.Redis.from_url(broker_url, socket_timeout=5)
+    try:
+        pipe = broker.pipeline(transaction=False)
+        for pri in PRIORITY_STEPS:
+            pipe.llen(f"{queue}{PRIORITY_SEP}{pri}" if pri else queue)
+        return sum(int(n) for n in pipe.execute())
+    finally:
+        broker.close()
+
+
+@dataclass(frozen=True)
+class QueueView:
+    name: str
+    depth: int | None  # messages waiting on the broker
+    in_flight: int  # turns running now
+    running: int  # live runs on the queue that are not parked (queued or in flight)
+    parked: int
+    paused: str  # when it was paused, "" when it is not
+    paused_by: str
+    draining: str
+    draining_by: str
+
+
+def _running_on(c: Client, queue: str) -> int:
+    count = 0
+    for tenant in tenants(c):
+        ids = list(c.client.smembers(keys.by_status(tenant, "running")))
+        pipe = c.client.pipeline(transaction=False)
+        for run_id in ids:
+            pipe.hget(keys.run(tenant, _s(run_id)), "queue")
+        count += sum(_s(q) == queue for q in pipe.execute())
+    return count
+
+
+def queue_view(c: Client, queue: str) -> QueueView:
+    check_known(c, Scope(queue=queue))
+    flags = [
+        _s(v)
+        for v in c.client.hmget(
+            keys.queue_control(queue), "paused", "paused_by", "draining", "draining_by"
+        )
+    ]
+    scope = Scope(queue=queue)
+    return QueueView(
+        queue,
+        broker_depth(c.config.broker, queue),
+        len(live_inflight(c, scope)),
+        _running_on(c, queue),
+        len(parked_runs(c, scope)),
+        *flags,
+    )
+
+
+def queues(c: Client) -> list[QueueView]:
+    return [queue_view(c, _s(q)) for q in sorted(c.client.smembers(keys.QUEUES))]
+
+
+def wait_drained(
+    c: Client, queue: str, *, timeout_s: float | None = None, poll_s: float = DRAIN_POLL_S
+) -> QueueView:
+    """Return when no turn of the queue is in flight; raise DrainTimeoutError after
+    `timeout_s` (None: no limit)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    scope = Scope(queue=queue)
+    check_known(c, scope)
+    while True:
+        left = len(live_inflight(c, scope))
+        if left == 0:
+            return queue_view(c, queue)
+        if deadline is not None and time.monotonic() >= deadline:
+            raise DrainTimeoutError(
+                f"queue {queue!r} still has {left} turn(s) in flight after {timeout_s:g} s; "
+                "it stays draining"
+            )
+        time.sleep(poll_s)
+
+
+# -- decisions ------------------------------------------------------------------------------
+
+
+def _decidable(run_id: str, stored: dict[str, str], verb: str) -> None:
+    status = stored.get("status", "")
+    if status == Status.STOPPED.value:
+        raise DecisionRefusedError(
+            f"run {run_id} already ended {stored.get('outcome') or 'stopped'}: "
+            f"there is nothing to {verb}"
+        )
+    if verb != "cancel" and status != Status.SUSPENDED.value:
+        raise DecisionRefusedError(
+            f"run {run_id} is {status}, not suspended: it holds no call to {verb}"
+        )
+
+
+def approve(
+    c: Client, run_id: str, *, by: str, digest: str | None = None, tenant: str | None = None
+) -> RunState:
+    """Approve exactly the held call: the one with `digest`, or the one held now."""
+    tenant, stored = resolve(c, run_id, tenant)
+    _decidable(run_id, stored, "approve")
+    held = RunState.from_json(stored["state"]).pending
+    return c.approve(run_id, by=by, digest=digest or (held.digest if held else None))
+
+
+def deny(c: Client, run_id: str, *, by: str, reason: str, tenant: str | None = None) -> RunState:
+    tenant, stored = resolve(c, run_id, tenant)
+    _decidable(run_id, stored, "deny")
+    return c.deny(run_id, by=by, reason=reason)
+
+
+def cancel(c: Client, run_id: str, *, by: str, reason: str, tenant: str | None = None) -> str:
+    """ "cancelled" (suspended or parked: at once) or "requested" (running: at its next turn
+    boundary)."""
+    tenant, stored = resolve(c, run_id, tenant)
+    _decidable(run_id, stored, "cancel")
+    return c.cancel(run_id, by=by, reason=reason)
+
+
+# -- reading runs ---------------------------------------------------------------------------
+
+
+def resolve(c: Client, run_id: str, tenant: str | None = None) -> tuple[str, dict[str, str]]:
+    """The run's tenant and hash. Scoped to a tenant, a run of another tenant is not found."""
+    if tenant is not None:
+        stored = c.store.hash(tenant, run_id)
+        if not stored:
+            raise RunNotFoundError(f"no run {run_id!r} for tenant {tenant!r}")
+        return tenant, stored
+    return c.run_hash(run_id)
+
+
+@dataclass(frozen=True)
+class RunRow:
+    run_id: str
+    tenant: str
+    status: str
+    outcome: str
+    detail: str
+    queue: str
+    job: str
+    user: str
+    created_ms: int
+    updated_ms: int
+    steps: int | None
+    tokens: int | None
+    cost_microusd: int | None
+
+
+def _row(tenant: str, run_id: str, stored: dict[str, str]) -> RunRow:
+    usage: dict[str, Any] = {}
+    with contextlib.suppress(StateFormatError, KeyError):
+        usage = msgspec.to_builtins(RunState.from_json(stored["state"]).usage)
+    return RunRow(
+        run_id, tenant, stored.get("status", ""), stored.get("outcome", ""),
+        stored.get("detail", ""), stored.get("queue", ""), stored.get("job", ""),
+        stored.get("user", ""), int(stored.get("created_ms") or 0),
+        int(stored.get("updated_ms") or 0), usage.get("steps"), usage.get("tokens"),
+        usage.get("cost_microusd"),
+    )  # fmt: skip
+
+
+def _check_filter(status: str | None, outcome: str | None) -> None:
+    if status is not None and status not in {s.value for s in Status}:
+        raise ControlError(
+            f"unknown status {status!r}; one of {', '.join(s.value for s in Status)}"
+        )
+    if outcome is not None and outcome not in {o.value for o in Outcome}:
+        raise ControlError(
+            f"unknown outcome {outcome!r}; one of {', '.join(o.value for o in Outcome)}"
+        )
+
+
+def list_runs(
+    c: Client,
+    *,
+    tenant: str | None = None,
+    status: str | None = None,
+    outcome: str | None = None,
+    limit: int = 100,
+) -> list[RunRow]:
+    """Runs, newest first. With a tenant, only that tenant's runs; without one, every
+    tenant's (an operator's view)."""
+    _check_filter(status, outcome)
+    if tenant is not None:
+        check_known(c, Scope(tenant=tenant))
+    rows: list[RunRow] = []
+    for t in [tenant] if tenant is not None else tenants(c):
+        sets = [keys.by_status(t, status)] if status else []
+        sets += [keys.by_outcome(t, outcome)] if outcome else []
+        if sets:
+            ids = [_s(r) for r in c.client.sinter(sets)]
+        else:
+            ids = [_s(r) for r in c.client.zrevrange(keys.runs(t), 0, limit - 1)]
+        pipe = c.client.pipeline(transaction=False)
+        for run_id in ids:
+            pipe.hgetall(keys.run(t, run_id))
+        for run_id, raw in zip(ids, pipe.execute(), strict=True):
+            if raw:
+                rows.append(_row(t, run_id, {_s(k): _s(v) for k, v in raw.items()}))
+    rows.sort(key=lambda r: (-r.created_ms, r.tenant, r.run_id))
+    return rows[:limit]
+
+
+def events(c: Client, tenant: str, run_id: str) -> list[tuple[str, dict[str, Any]]]:
+    return c.store.events(tenant, run_id)
+
+
+def run_view(c: Client, run_id: str, tenant: str | None = None) -> dict[str, Any]:
+    """Everything `turnstile status` shows about one run."""
+    tenant, stored = resolve(c, run_id, tenant)
+    state = RunState.from_json(stored["state"])
+    stream = events(c, tenant, run_id)
+    finished = next((e for _, e in reversed(stream) if e["type"] == "finished"), None)
+    pending = None
+    if state.pending is not None and stored.get("status") == Status.SUSPENDED.value:
+        held = state.pending
+        pending = {"tool": held.call.name, "args": held.call.args, "digest": held.digest,
+                   "reason": held.reason}  # fmt: skip
+    return {
+        "run_id": run_id, "tenant": tenant, "status": stored.get("status", ""),
+        "outcome": stored.get("outcome", ""), "detail": stored.get("detail", ""),
+        "reason": stored.get("reason", ""), "queue": stored.get("queue", ""),
+        "job": stored.get("job", ""), "user": stored.get("user", ""),
+        "version": int(stored.get("version") or 0),
+        "created_ms": int(stored.get("created_ms") or 0),
+        "updated_ms": int(stored.get("updated_ms") or 0),
+        "cancel_requested_by": stored.get("cancel_by", ""),
+        "usage": msgspec.to_builtins(state.usage), "budget": msgspec.to_builtins(state.budget),
+        "plan": [{"id": s.id, "tool": s.tool, "status": s.status} for s in state.plan],
+        "pending": pending, "decisions": msgspec.to_builtins(state.decisions),
+        "answer": state.answer, "message": finished.get("message") if finished else None,
+        "events": len(stream), "last_event": stream[-1][1]["type"] if stream else None,
+    }  # fmt: skip
+
+
+def follow(
+    c: Client,
+    tenant: str,
+    run_id: str,
+    *,
+    block_ms: int = 1000,
+    timeout_s: float | None = None,
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The run's events from the first, then live as they are appended, until the run stops
+    (its `finished` event) or `timeout_s` passes. What is yielded was read from the stream,
+    so it has been persisted before anyone is shown it."""
+    key = keys.events(tenant, run_id)
+    last = "0-0"
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    stopped = False
+    while True:
+        reply: Any = c.client.xread({key: last}, count=200, block=None if stopped else block_ms)
+        entries = reply[0][1] if reply else []
+        for eid, fields in entries:
+            last = _s(eid)
+            event: dict[str, Any] = msgspec.json.decode(_s(fields["event"]))
+            yield last, event
+            if event.get("type") == "finished":
+                return
+        if entries:
+            continue
+        if stopped:
+            return
+        # The commit writes the status and the events in one script: a run seen stopped has
+        # its `finished` event in the stream already, so one more read gets it.
+        stopped = c.client.hget(keys.run(tenant, run_id), "status") == Status.STOPPED.value
+        if deadline is not None and time.monotonic() >= deadline:
+            return
+
+
+# -- trace ----------------------------------------------------------------------------------
+
+
+def spans(c: Client, run_id: str, tenant: str | None = None) -> tuple[str, list[Span]]:
+    """The run's spans, turn by turn, as its turn events recorded them."""
+    tenant, _ = resolve(c, run_id, tenant)
+    out: list[Span] = []
+    for _, event in events(c, tenant, run_id):
+        if event["type"] == "turn":
+            out += msgspec.convert(event.get("spans") or [], list[Span])
+    return tenant, out
