@@ -32,7 +32,7 @@ from worker.errors import TurnstileError
 from worker.memory import RedisMemory
 from worker.registry import Jobs
 from worker.settings import Settings
-from worker.step import StepMessage, now_iso, time_limits
+from worker.step import StepMessage, next_hold, now_iso, time_limits
 from worker.store import Change, RunStore, SubmissionConflictError, fingerprint
 
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -108,6 +108,7 @@ class Client:
                 "type": "submitted", "state": msgspec.to_builtins(state), "queue": queue,
                 "at": now_iso(),
             },
+            hold=next_hold(self.ledger, self.config, state, self.jobs.get(job), version=1),
         )  # fmt: skip
         if not created and stored != digest:
             raise SubmissionConflictError(f"run {run_id!r} exists with a different submission")
@@ -231,6 +232,10 @@ class Client:
                 detail=state.detail or "", reason=state.reason or "",
                 lease_ms=int(self.config.pickup_lease_s * 1000) if live else None,
                 events=events,
+                hold=next_hold(
+                    self.ledger, self.config, state, self.jobs.get(state.job),
+                    version=int(stored["version"]) + 1,
+                ) if live else "-",
             )
         )  # fmt: skip
         if committed.kind != "ok":

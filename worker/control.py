@@ -31,7 +31,7 @@ from jobs.trace import Span
 from worker import keys
 from worker.api import Client, DecisionRefusedError, RunNotFoundError
 from worker.errors import TurnstileError
-from worker.step import StepMessage, now_iso, time_limits
+from worker.step import StepMessage, next_hold, now_iso, time_limits
 from worker.store import Change
 from worker.sweeper import time_limits_default
 
@@ -193,6 +193,13 @@ def parked_runs(c: Client, scope: Scope) -> list[tuple[str, str, str]]:
     return out
 
 
+def _resumed_hold(c: Client, state: RunState | None, version: int) -> str:
+    """The hold a resumed run's next step takes (a park gave the old one back)."""
+    if state is None:
+        return "-"
+    return next_hold(c.ledger, c.config, state, c.jobs.get(state.job), version=version)
+
+
 def requeue(c: Client, tenant: str, run_id: str, *, by: str, at: str) -> str:
     """Move one parked run back to running and send its step, exactly once: the version
     compare-and-set lets one caller win; a loser (another resume, a cancel) sends nothing.
@@ -215,6 +222,7 @@ def requeue(c: Client, tenant: str, run_id: str, *, by: str, at: str) -> str:
             state_json=state.to_json().decode() if state is not None else "",
             lease_ms=int(c.config.pickup_lease_s * 1000),
             events=[{"type": "resumed", "by": by, "at": at, "step": steps}],
+            hold=_resumed_hold(c, state, int(stored["version"]) + 1),
         )
     )  # fmt: skip
     if committed.kind != "ok":

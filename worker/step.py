@@ -26,7 +26,9 @@ from jobs.kernel import Continue, Finished, Move, Runtime, Suspended, exposure, 
 from jobs.outcomes import Outcome, Resource, Status
 from jobs.state import RunState
 from jobs.trace import Trace
+from ledger import replies as ledger_replies
 from ledger.client import Ledger
+from ledger.results import ReserveResult
 from worker import keys, metrics
 from worker.errors import TurnstileError
 from worker.registry import Jobs
@@ -87,6 +89,31 @@ def ledger_amounts(usage: Usage) -> dict[str, int]:
         "tokens": usage.tokens,
         "cost_microusd": usage.cost_microusd,
     }
+
+
+def hold_id(run_id: str, step: int, version: int) -> str:
+    """The reservation id of a turn: "<run>:<step>", qualified by the version of the step
+    message that takes it. A redelivered message takes the same hold again (the ledger
+    replays it); after a park released a hold, the resumed run takes a new one."""
+    return f"{run_id}:{step}:v{version}"
+
+
+def next_hold(
+    ledger: Ledger, settings: Settings, state: RunState, job: Job, *, version: int
+) -> str:
+    """The ledger hold the run's next turn will take, as the load script reads it: computed
+    whenever the run is committed live, for the step message of `version`, so that step
+    reserves inside its one read. It is the worst case of the next turn (the kernel's
+    exposure), held until the step's hard time limit has passed."""
+    unfit, worst = exposure(state, job)
+    if unfit is not None:
+        return msgspec.json.encode({"unfit": unfit.value}).decode()
+    _, hard_s = time_limits(state, settings)
+    reservation_id = hold_id(state.run_id, state.usage.steps + 1, version)
+    _, argv = ledger.reserve_script_args(
+        state.tenant, reservation_id, ledger_amounts(worst), timeout_s=hard_s
+    )
+    return msgspec.json.encode({"argv": argv}).decode()
 
 
 def now_iso() -> str:
@@ -202,9 +229,16 @@ class Step:
         return self.services.store.commit(
             self._change(
                 state, loaded, status=Status.STOPPED.value, outcome=Outcome.ERROR.value,
-                reason=reason, events=[event],
+                reason=reason, events=[event], settlements=self._release(loaded), hold="-",
             )
         )  # fmt: skip
+
+    def _release(self, loaded: Loaded) -> list[list[str]]:
+        """Give back the hold the load took, for a step that ends without a turn."""
+        if loaded.hold != "admitted" or not loaded.hold_id:
+            return []
+        _, argv = self.services.ledger.settle_script_args(self.msg.tenant, loaded.hold_id, {})
+        return [argv]
 
     def park(self, loaded: Loaded, state: RunState) -> Committed:
         why = (
@@ -218,8 +252,11 @@ class Step:
         log.info("run_parked", why=why)
         event = {"type": "parked", "why": why, "step": state.usage.steps, "at": now_iso()}
         return self.services.store.commit(
-            self._change(state, loaded, status=Status.PARKED.value, reason=why, events=[event])
-        )
+            self._change(
+                state, loaded, status=Status.PARKED.value, reason=why, events=[event],
+                settlements=self._release(loaded), hold="-",
+            )
+        )  # fmt: skip
 
     def finish_now(
         self,
@@ -240,10 +277,16 @@ class Step:
                 {"type": "suspended", "tool": held.call.name, "args": held.call.args,
                  "digest": held.digest, "reason": held.reason, "at": now_iso()}
             )  # fmt: skip
-        lease = int(self.settings.pickup_lease_s * 1000) if state.status is Status.RUNNING else None
+        live = state.status is Status.RUNNING
+        lease = int(self.settings.pickup_lease_s * 1000) if live else None
+        hold = (
+            next_hold(self.services.ledger, self.settings, state, job, version=self.msg.version + 1)
+            if live
+            else "-"
+        )
         return self.services.store.commit(
             self._change(
-                state, loaded, lease_ms=lease, events=events,
+                state, loaded, lease_ms=lease, events=events, hold=hold,
                 settlements=settlements or [], clear=clear or [], **self._summary(state),
             )
         )  # fmt: skip
@@ -300,10 +343,11 @@ class Step:
 
     def _gate_and_turn(self, loaded: Loaded, state: RunState, job: Job) -> str:
         if loaded.cancel_by:
-            cancel(
-                state, by=loaded.cancel_by, at=now_iso(), reason=loaded.cancel_reason or "cancelled"
-            )
-            self.finish_now(loaded, state, job, [], clear=["cancel_by", "cancel_reason"])
+            at, reason = now_iso(), loaded.cancel_reason or "cancelled"
+            cancel(state, by=loaded.cancel_by, at=at, reason=reason)
+            decision = {"type": "decision", "kind": "cancelled", "by": loaded.cancel_by, "at": at,
+                        "reason": reason}  # fmt: skip
+            self.finish_now(loaded, state, job, [decision], clear=["cancel_by", "cancel_reason"])
             return "cancelled"
         if loaded.tenant_paused or loaded.queue_paused or loaded.queue_draining:
             self.park(loaded, state)
@@ -316,10 +360,8 @@ class Step:
         unfit, worst = exposure(state, job)
         holds: list[tuple[str, Usage]] = []
         if unfit is None:
-            reservation_id = f"{state.run_id}:{step_no}"
-            result = self.services.ledger.reserve(
-                state.tenant, reservation_id, ledger_amounts(worst), timeout_s=hard_s
-            )
+            reservation_id = hold_id(state.run_id, step_no, self.msg.version)
+            result = self._hold(loaded, reservation_id, worst, hard_s)
             if result.status == "unavailable":
                 raise LedgerDown(result.detail)
             if not result.admitted:
@@ -333,6 +375,20 @@ class Step:
             holds.append((reservation_id, worst))
         return self._turn(loaded, state, job, holds, hard_s)
 
+    def _hold(
+        self, loaded: Loaded, reservation_id: str, worst: Usage, hard_s: float
+    ) -> ReserveResult:
+        """The ledger's answer for this turn's hold: the one the load took, or, for a run that
+        carries no hold (one written before holds were), a reservation taken now."""
+        ledger = self.services.ledger
+        if loaded.hold in ("admitted", "rejected", "conflict") and loaded.hold_id == reservation_id:
+            if ledger_replies.needs_index(loaded.hold_reply):
+                ledger.index_tenant(self.msg.tenant)
+            return ledger_replies.reserve(loaded.hold_reply)
+        return ledger.reserve(
+            self.msg.tenant, reservation_id, ledger_amounts(worst), timeout_s=hard_s
+        )
+
     def _turn(
         self,
         loaded: Loaded,
@@ -345,7 +401,10 @@ class Step:
         clock = ActiveClock(state.usage.elapsed_ms / 1000)
         trace = Trace(clock)
         gate = LedgerGate(
-            self.services.ledger, state.tenant, f"{state.run_id}:{before.steps + 1}:x", hard_s
+            self.services.ledger,
+            state.tenant,
+            hold_id(state.run_id, before.steps + 1, self.msg.version) + ":x",
+            hard_s,
         )
         runtime = Runtime(
             job=job, model=job.model(state.params), clock=clock, trace=trace, gate=gate

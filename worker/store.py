@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -63,6 +64,9 @@ class Loaded:
     cancel_reason: str = ""
     queue_paused: bool = False
     queue_draining: bool = False
+    hold: str = "none"  # what became of the next turn's ledger hold; see run_load.lua
+    hold_reply: Any = ""  # ledger_reserve's reply, or the unfit dimension
+    hold_id: str = ""  # the reservation id, when the load took a hold
 
 
 @dataclass
@@ -82,6 +86,7 @@ class Change:
     events: list[dict[str, Any]] = field(default_factory=list)
     settlements: list[list[str]] = field(default_factory=list)  # ledger_settle ARGV each
     clear: list[str] = field(default_factory=list)  # run-hash fields to delete
+    hold: str = ""  # the next turn's ledger hold: "" keeps the stored one, "-" drops it
 
 
 @dataclass(frozen=True)
@@ -102,10 +107,27 @@ class RunStore:
         self.client = client
         self.ledger = ledger
         self._create = client.register_script(_script("run_create"))
-        self._load = client.register_script(_script("run_load"))
+        self._load = client.register_script(library_source() + "\n" + _script("run_load"))
         self._commit = client.register_script(library_source() + "\n" + _script("run_commit"))
 
     # -- writing ---------------------------------------------------------------------------
+
+    def _pipeline(self, build: Callable[[Any], None]) -> list[Any]:
+        """Run a pipeline that calls scripts by their sha. redis-py's own script support in
+        pipelines asks SCRIPT EXISTS first, every time: an extra round trip per step. Here a
+        script the server lost (a restart, a failover) is loaded once and the pipeline run
+        again; its other commands are reads and idempotent adds."""
+        for attempt in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            build(pipe)
+            try:
+                return self._execute(pipe)
+            except redis.exceptions.NoScriptError:
+                if attempt:
+                    raise
+                for script in (self._create, self._load):
+                    script.sha = str(self.client.script_load(script.script))
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def create(
         self,
@@ -119,47 +141,50 @@ class RunStore:
         user_id: str,
         pickup_lease_ms: int,
         event: dict[str, Any],
+        hold: str,
     ) -> tuple[bool, str]:
         """Create the run once. Returns (created, stored fingerprint)."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.sadd(keys.TENANTS, tenant)
-        pipe.sadd(keys.QUEUES, queue)
-        self._create(
-            keys=[
-                keys.run(tenant, run_id),
-                keys.events(tenant, run_id),
-                keys.runs(tenant),
-                keys.by_status(tenant, "running"),
-                keys.leases(tenant),
-            ],
-            args=[
-                run_id, state_json, fingerprint, queue, job, user_id,
-                pickup_lease_ms, encode_event(event), EVENTS_MAXLEN,
-            ],
-            client=pipe,
-        )  # fmt: skip
-        reply = self._execute(pipe)[-1]
-        return _s(reply[0]) == "created", fingerprint if _s(reply[0]) == "created" else _s(reply[1])
+        run_keys = [
+            keys.run(tenant, run_id),
+            keys.events(tenant, run_id),
+            keys.runs(tenant),
+            keys.by_status(tenant, "running"),
+            keys.leases(tenant),
+        ]
+        args = [
+            run_id, state_json, fingerprint, queue, job, user_id,
+            pickup_lease_ms, encode_event(event), EVENTS_MAXLEN, hold,
+        ]  # fmt: skip
+
+        def build(pipe: Any) -> None:
+            pipe.sadd(keys.TENANTS, tenant)
+            pipe.sadd(keys.QUEUES, queue)
+            pipe.evalsha(self._create.sha, len(run_keys), *run_keys, *args)
+
+        reply = self._pipeline(build)[-1]
+        created = _s(reply[0]) == "created"
+        return created, fingerprint if created else _s(reply[1])
 
     def load(
         self, *, tenant: str, run_id: str, version: int, queue: str, inflight_lease_ms: int
     ) -> Loaded:
-        """The step's one read: the run (if current and live) and the queue's flags."""
-        pipe = self.client.pipeline(transaction=False)
-        self._load(
-            keys=[
-                keys.run(tenant, run_id),
-                keys.leases(tenant),
-                keys.control(tenant),
-                keys.inflight(tenant),
-            ],
-            args=[run_id, version, inflight_lease_ms, f"{queue}|{os.getpid()}|{HOST}"],
-            client=pipe,
-        )
-        pipe.hmget(keys.queue_control(queue), "paused", "draining")
-        reply, flags = self._execute(pipe)
+        """The step's one read: gate, state and the next turn's ledger hold, in one script,
+        pipelined with the queue's flags."""
+        script_keys = [
+            keys.run(tenant, run_id),
+            keys.leases(tenant),
+            keys.control(tenant),
+            keys.inflight(tenant),
+            *keys.ledger(tenant),
+        ]
+        args = [run_id, version, inflight_lease_ms, f"{queue}|{os.getpid()}|{HOST}"]
+
+        def build(pipe: Any) -> None:
+            pipe.evalsha(self._load.sha, len(script_keys), *script_keys, *args)
+            pipe.hmget(keys.queue_control(queue), "paused", "draining")
+
+        reply, flags = self._pipeline(build)
         kind = _s(reply[0])
-        queue_paused, queue_draining = bool(_s(flags[0])), bool(_s(flags[1]))
         if kind == "missing":
             return Loaded("missing")
         if kind in ("stale", "idle"):
@@ -173,8 +198,11 @@ class RunStore:
             tenant_paused=bool(_s(reply[3])),
             cancel_by=_s(reply[4]),
             cancel_reason=_s(reply[5]),
-            queue_paused=queue_paused,
-            queue_draining=queue_draining,
+            queue_paused=bool(_s(flags[0])),
+            queue_draining=bool(_s(flags[1])),
+            hold=_s(reply[7]),
+            hold_reply=reply[8],
+            hold_id=_s(reply[9]),
         )
 
     def commit(self, change: Change) -> Committed:
@@ -207,7 +235,7 @@ class RunStore:
             args += [len(settlement), *settlement]
         if change.settlements:
             script_keys += keys.ledger(tenant)
-        args += [len(change.clear), *change.clear]
+        args += [len(change.clear), *change.clear, change.hold]
         try:
             reply = self._commit(keys=script_keys, args=args)
         except (redis.ConnectionError, redis.TimeoutError) as exc:

@@ -27,6 +27,7 @@ ARGV
   10 n: the number of events, then n event JSON strings
   then m: the number of settlements, then for each: k, then its k ledger_settle arguments
   then h: the number of run-hash fields to delete, then their names
+  then the next turn's ledger hold (see run_load.lua): "" keeps it, "-" drops it, else its JSON
 Returns
   {"ok", new_version} | {"stale", version} | {"missing"} | {"ledger", outcome, detail}
 ]]
@@ -61,6 +62,12 @@ end
 local n_hdel = tonumber(ARGV[i])
 for j = 1, n_hdel do
   redis.call('HDEL', KEYS[1], ARGV[i + j])
+end
+local hold = ARGV[i + n_hdel + 1] or ''
+if hold == '-' then
+  redis.call('HDEL', KEYS[1], 'hold')
+elseif hold ~= '' then
+  redis.call('HSET', KEYS[1], 'hold', hold)
 end
 
 local t = redis.call('TIME')
