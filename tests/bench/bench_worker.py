@@ -1,0 +1,169 @@
+"""Benchmark: turns per second of the support job on two worker processes, against a no-op
+Celery task that re-enqueues itself as often, on the same broker with the same settings; and
+the client round trips to the store per turn, beyond the broker's own.
+
+    uv run python -m tests.bench.bench_worker [--runs 200] [--rounds 3]
+
+Broker and store are two servers, both with AOF (appendfsync everysec) as in production; the
+round trips are counted on the client for the store's port only. The two workloads alternate
+round by round and the ratio is taken per round, so a noisy machine skews both alike.
+Goals: a ratio of at least 0.7 and at most 4 round trips per turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import redis
+
+from jobs.support.scenarios import GOAL, USER
+from tests.bench.noop_app import app as noop_app
+from worker import keys
+from worker.api import Client
+from worker.app import connect, sender
+from worker.embedded import EmbeddedServer
+from worker.settings import Settings
+
+ZERO_LATENCY = {
+    "model_latency_s": 0,
+    "tool_latency_s": {
+        "get_order": 0,
+        "search_policy": 0,
+        "issue_refund": 0,
+        "send_status_email": 0,
+    },
+}
+
+
+def _workers(
+    app: str, queue: str, env: dict[str, str], count: int, log: Path
+) -> list[subprocess.Popen[bytes]]:
+    procs = []
+    with log.open("ab") as out:
+        for i in range(count):
+            args = [
+                sys.executable, "-m", "tests.bench.counted_worker", "-A", app, "worker",
+                "-Q", queue, "-c", "1", "-n", f"bench{i}-{uuid.uuid4().hex[:6]}@%h",
+                "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING",
+            ]  # fmt: skip
+            procs.append(subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + 60
+    while log.read_text(errors="replace").count('"worker_ready"') < count:
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            raise RuntimeError(log.read_text(errors="replace")[-2000:])
+        time.sleep(0.05)
+    return procs
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        p.wait(60)
+
+
+def _env(broker: str, store: str | None, count_dir: Path, count_port: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    env.update(
+        TURNSTILE_BROKER_URL=broker, TURNSTILE_LOG_FORMAT="json",
+        BENCH_COUNT_DIR=str(count_dir), BENCH_COUNT_PORT=str(count_port),
+    )  # fmt: skip
+    if store:
+        env["TURNSTILE_REDIS_URL"] = store
+    return env
+
+
+def support_round(
+    broker: EmbeddedServer, store: EmbeddedServer, runs: int, work: Path
+) -> tuple[float, int, int, int]:
+    """(seconds, turns, round trips, tasks) for `runs` support runs on two workers."""
+    queue, tenant = f"s-{uuid.uuid4().hex[:6]}", f"bench-{uuid.uuid4().hex[:6]}"
+    counts = Path(tempfile.mkdtemp(dir=work))
+    procs = _workers(
+        "worker.app:app",
+        queue,
+        _env(broker.url, store.url, counts, store.port),
+        2,
+        work / f"{queue}.log",
+    )
+    config = Settings(redis_url=store.url, broker_url=broker.url)
+    client = Client(connect(store.url, config), config, sender(broker.url))
+    try:
+        started = time.perf_counter()
+        for _ in range(runs):
+            client.submit(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue)
+        stopped = keys.by_status(tenant, "stopped")
+        while int(client.client.scard(stopped)) < runs:
+            time.sleep(0.01)
+        seconds = time.perf_counter() - started
+    finally:
+        _stop(procs)
+    turns = 0
+    for run_id in client.client.zrange(keys.runs(tenant), 0, -1):
+        turns += json.loads(str(client.client.hget(keys.run(tenant, str(run_id)), "state")))[
+            "usage"
+        ]["steps"]
+    totals = [json.loads(p.read_text()) for p in counts.glob("*.json")]
+    return seconds, turns, sum(t["round_trips"] for t in totals), sum(t["tasks"] for t in totals)
+
+
+def noop_round(broker: EmbeddedServer, chains: int, length: int, work: Path) -> float:
+    queue = f"n-{uuid.uuid4().hex[:6]}"
+    counts = Path(tempfile.mkdtemp(dir=work))
+    procs = _workers(
+        "tests.bench.noop_app:app",
+        queue,
+        _env(broker.url, None, counts, 0),
+        2,
+        work / f"{queue}.log",
+    )
+    noop_app.conf.update(broker_url=broker.url)
+    done = redis.Redis.from_url(broker.url)
+    try:
+        started = time.perf_counter()
+        for _ in range(chains):
+            noop_app.send_task(
+                "bench.noop", kwargs={"remaining": length, "queue": queue}, queue=queue, priority=9
+            )
+        while int(done.get(f"bench:done:{queue}") or 0) < chains:
+            time.sleep(0.01)
+        return time.perf_counter() - started
+    finally:
+        _stop(procs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="turnstile-bench-"))
+    ratios, rts = [], []
+    with EmbeddedServer(appendonly=True) as broker, EmbeddedServer(appendonly=True) as store:
+        print(f"{'round':>5} {'support turns/s':>16} {'no-op tasks/s':>14} {'ratio':>6} "
+              f"{'store round trips/turn':>23}")  # fmt: skip
+        for i in range(args.rounds):
+            seconds, turns, round_trips, tasks = support_round(broker, store, args.runs, work)
+            length = round(turns / args.runs)
+            noop_seconds = noop_round(broker, args.runs, length, work)
+            support_rate, noop_rate = turns / seconds, args.runs * length / noop_seconds
+            ratios.append(support_rate / noop_rate)
+            rts.append(round_trips / max(1, tasks))
+            print(f"{i + 1:>5} {support_rate:>16.1f} {noop_rate:>14.1f} {ratios[-1]:>6.2f} "
+                  f"{rts[-1]:>23.2f}")  # fmt: skip
+    print(f"median ratio {statistics.median(ratios):.2f} (goal >= 0.7); "
+          f"median round trips per turn {statistics.median(rts):.2f} (goal <= 4)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
