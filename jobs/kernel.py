@@ -69,12 +69,21 @@ class Runtime:
     clock: Clock
     trace: Trace
     gate: Gate = field(default_factory=Unlimited)
-    pool: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(READ_POOL_SIZE, "turnstile-tool")
-    )
+    pool: ThreadPoolExecutor | None = None  # a process can share one across turns
+    _own_pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
+
+    @property
+    def executor(self) -> ThreadPoolExecutor:
+        if self.pool is not None:
+            return self.pool
+        if self._own_pool is None:
+            self._own_pool = ThreadPoolExecutor(READ_POOL_SIZE, "turnstile-tool")
+        return self._own_pool
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        """Shut down the pool this runtime made for itself; a shared one is left alone."""
+        if self._own_pool is not None:
+            self._own_pool.shutdown(wait=False, cancel_futures=True)
 
 
 def finish(state: RunState, outcome: Outcome, reason: str, detail: str | None = None) -> Move:
@@ -135,7 +144,7 @@ def _run_reads(state: RunState, rt: Runtime, batch: Batch, reads: list[Planned])
     longest of them, since their times overlap."""
     if not reads:
         return
-    invoker = Invoker(rt.trace, rt.clock, rt.pool)
+    invoker = Invoker(rt.trace, rt.clock, rt.executor)
     t0 = rt.clock.now()
     pending = []
     for planned in reads:
@@ -156,7 +165,7 @@ def _run_reads(state: RunState, rt: Runtime, batch: Batch, reads: list[Planned])
 def _run_write(
     state: RunState, rt: Runtime, planned: Planned, span_id: str, *, approved: bool = False
 ) -> dict[str, Any]:
-    invoker = Invoker(rt.trace, rt.clock, rt.pool)
+    invoker = Invoker(rt.trace, rt.clock, rt.executor)
     ctx = _context(state, planned, approved=approved)
     t0 = rt.clock.now()
     done = invoker.collect(planned, ctx, span_id, invoker.submit(planned, ctx, span_id), 0.0)

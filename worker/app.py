@@ -24,7 +24,15 @@ from worker import metrics
 from worker.logs import configure as configure_logging
 from worker.registry import Jobs
 from worker.settings import Settings, settings
-from worker.step import LedgerDown, Services, Step, StepMessage, parse_message, time_limits
+from worker.step import (
+    Heartbeat,
+    LedgerDown,
+    Services,
+    Step,
+    StepMessage,
+    parse_message,
+    time_limits,
+)
 from worker.store import RunStore, StoreUnavailable
 from worker.sweeper import Sweeper
 
@@ -130,7 +138,14 @@ def build_services(config: Settings) -> Services:
         except Exception as exc:  # the lease the commit set makes the sweeper send it later
             log.warning("enqueue_failed", error=str(exc), version=msg.version)
 
-    return Services(settings=config, store=store, ledger=ledger, jobs=Jobs(client), send=send)
+    return Services(
+        settings=config,
+        store=store,
+        ledger=ledger,
+        jobs=Jobs(client),
+        send=send,
+        heartbeat=Heartbeat(config.inflight_lease_s / 3),
+    )
 
 
 def services() -> Services:

@@ -282,18 +282,15 @@ def resume(c: Client, scope: Scope, *, by: str, settle_s: float = PARK_SETTLE_S)
 
 def live_inflight(c: Client, scope: Scope) -> list[tuple[str, str, str]]:
     """(tenant, run id, queue) of the turns in flight in scope. An entry counts only while its
-    run's lease is in the future: a worker that died mid-turn leaves one behind."""
+    own lease is in the future: a worker that died mid-turn leaves one behind."""
     now = _now_ms(c)
     out = []
     for tenant in [scope.tenant] if scope.tenant is not None else tenants(c):
         entries = {_s(k): _s(v) for k, v in c.client.hgetall(keys.inflight(tenant)).items()}
-        if not entries:
-            continue
-        ids = sorted(entries)
-        scores = c.client.zmscore(keys.leases(tenant), ids)
-        for run_id, score in zip(ids, scores, strict=True):
-            queue = entries[run_id].split("|", 1)[0]
-            if score is not None and score > now and scope.queue in (None, queue):
+        for run_id in sorted(entries):
+            fields = entries[run_id].split("|")
+            queue, lease = fields[0], fields[-1]
+            if lease.isdigit() and int(lease) > now and scope.queue in (None, queue):
                 out.append((tenant, run_id, queue))
     return out
 

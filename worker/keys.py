@@ -52,8 +52,8 @@ def control(tenant: str) -> str:
 
 
 def inflight(tenant: str) -> str:
-    """Hash: run id -> "<queue>|<pid>|<host>" for turns running now; a drain waits for its
-    queue's turns to end."""
+    """Hash: run id -> "<queue>|<pid>|<host>|<lease ms>" for turns running now, with the time
+    their in-flight lease lapses; a drain waits for its queue's live turns to end."""
     return _t(tenant, "inflight")
 
 

@@ -7,8 +7,11 @@ over the store, the ledger and the kernel, so the order is readable in one place
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,14 +25,24 @@ from jobs.closing import closing_message
 from jobs.decisions import cancel
 from jobs.errors import StateFormatError, UnknownJobError
 from jobs.job import Job
-from jobs.kernel import Continue, Finished, Move, Runtime, Suspended, exposure, finish, turn
+from jobs.kernel import (
+    READ_POOL_SIZE,
+    Continue,
+    Finished,
+    Move,
+    Runtime,
+    Suspended,
+    exposure,
+    finish,
+    turn,
+)
 from jobs.outcomes import Outcome, Resource, Status
 from jobs.state import RunState
 from jobs.trace import Trace
 from ledger import replies as ledger_replies
 from ledger.client import Ledger
 from ledger.results import ReserveResult
-from worker import keys, metrics
+from worker import metrics
 from worker.errors import TurnstileError
 from worker.registry import Jobs
 from worker.settings import Settings
@@ -129,6 +142,10 @@ class Services:
     ledger: Ledger
     jobs: Jobs
     send: Callable[[StepMessage, RunState], None]  # enqueue the next step
+    pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(READ_POOL_SIZE, "turnstile-tool")
+    )  # the process's tool-call threads, shared by its turns
+    heartbeat: Heartbeat = field(default_factory=lambda: Heartbeat(5.0))
 
 
 class LedgerGate:
@@ -167,26 +184,41 @@ def split_actual(actual: Usage, holds: list[tuple[str, Usage]]) -> list[tuple[st
 
 
 class Heartbeat:
-    """Renews the in-flight lease while a long turn runs, so the sweeper leaves it alone."""
+    """Renews the in-flight lease while a long turn runs, so the sweeper leaves it alone.
+    One thread per process, started on first use, serves every turn the process runs."""
 
-    def __init__(self, renew: Callable[[], None], every_s: float) -> None:
-        self._renew, self._every_s = renew, every_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="turnstile-heartbeat", daemon=True)
+    def __init__(self, every_s: float) -> None:
+        self._every_s = every_s
+        self._renew: Callable[[], None] | None = None
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def beating(self, renew: Callable[[], None]) -> Iterator[None]:
+        with self._lock:
+            self._renew = renew
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="turnstile-heartbeat", daemon=True
+                )
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._renew = None
 
     def _loop(self) -> None:
-        while not self._stop.wait(self._every_s):
+        while True:
+            time.sleep(self._every_s)
+            with self._lock:
+                renew = self._renew
+            if renew is None:
+                continue
             try:
-                self._renew()
+                renew()
             except Exception as exc:  # a missed heartbeat only risks a harmless duplicate
                 log.warning("heartbeat_failed", error=str(exc))
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
 
 
 @dataclass
@@ -407,11 +439,11 @@ class Step:
             hard_s,
         )
         runtime = Runtime(
-            job=job, model=job.model(state.params), clock=clock, trace=trace, gate=gate
-        )
-        renew_every = self.settings.inflight_lease_s / 3
+            job=job, model=job.model(state.params), clock=clock, trace=trace, gate=gate,
+            pool=self.services.pool,
+        )  # fmt: skip
         try:
-            with Heartbeat(self._renew_lease, renew_every):
+            with self.services.heartbeat.beating(self._renew_lease):
                 move = turn(state, runtime)
         except SoftTimeLimitExceeded:
             state, move = self._out_of_time(loaded)
@@ -436,15 +468,10 @@ class Step:
         return self._next(committed, state, move)
 
     def _renew_lease(self) -> None:
-        client = self.services.store.client
-        client.zadd(
-            keys.leases(self.msg.tenant),
-            {
-                self.msg.run_id: int(client.time()[0]) * 1000
-                + int(self.settings.inflight_lease_s * 1000)
-            },
-            xx=True,
-        )
+        self.services.store.renew(
+            tenant=self.msg.tenant, run_id=self.msg.run_id, queue=self.msg.queue,
+            lease_ms=int(self.settings.inflight_lease_s * 1000),
+        )  # fmt: skip
 
     def _out_of_time(self, loaded: Loaded) -> tuple[RunState, Move]:
         """The soft limit fired inside the turn: something ignored its timeout. Start again

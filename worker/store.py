@@ -40,6 +40,11 @@ class SubmissionConflictError(TurnstileError):
     """A run id that exists already, submitted with different contents."""
 
 
+def inflight_tag(queue: str) -> str:
+    """Where a turn runs, as its in-flight entry says: "<queue>|<pid>|<host>"."""
+    return f"{queue}|{os.getpid()}|{HOST}"
+
+
 def _script(name: str) -> str:
     return (LUA / f"{name}.lua").read_text()
 
@@ -54,7 +59,7 @@ def encode_event(event: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Loaded:
-    kind: Literal["missing", "stale", "idle", "go"]
+    kind: Literal["missing", "stale", "idle", "busy", "go"]
     version: int = 0
     status: str = ""
     state: str = ""
@@ -108,6 +113,7 @@ class RunStore:
         self.ledger = ledger
         self._create = client.register_script(_script("run_create"))
         self._load = client.register_script(library_source() + "\n" + _script("run_load"))
+        self._renew = client.register_script(_script("run_renew"))
         self._commit = client.register_script(library_source() + "\n" + _script("run_commit"))
 
     # -- writing ---------------------------------------------------------------------------
@@ -177,7 +183,7 @@ class RunStore:
             keys.inflight(tenant),
             *keys.ledger(tenant),
         ]
-        args = [run_id, version, inflight_lease_ms, f"{queue}|{os.getpid()}|{HOST}"]
+        args = [run_id, version, inflight_lease_ms, inflight_tag(queue)]
 
         def build(pipe: Any) -> None:
             pipe.evalsha(self._load.sha, len(script_keys), *script_keys, *args)
@@ -187,7 +193,7 @@ class RunStore:
         kind = _s(reply[0])
         if kind == "missing":
             return Loaded("missing")
-        if kind in ("stale", "idle"):
+        if kind in ("stale", "idle", "busy"):
             return Loaded(kind, version=int(reply[1]), status=_s(reply[2]))  # type: ignore[arg-type]
         return Loaded(
             "go",
@@ -204,6 +210,14 @@ class RunStore:
             hold_reply=reply[8],
             hold_id=_s(reply[9]),
         )
+
+    def renew(self, *, tenant: str, run_id: str, queue: str, lease_ms: int) -> bool:
+        """Extend a running turn's in-flight lease; False once it is not in flight here."""
+        reply = self._renew(
+            keys=[keys.leases(tenant), keys.inflight(tenant)],
+            args=[run_id, inflight_tag(queue), lease_ms],
+        )
+        return bool(reply)
 
     def commit(self, change: Change) -> Committed:
         tenant = change.tenant

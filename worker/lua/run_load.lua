@@ -15,7 +15,7 @@ KEYS
   1 run hash        turnstile:{T}:run:<id>
   2 leases zset     turnstile:{T}:leases
   3 control hash    turnstile:{T}:control       tenant flags
-  4 inflight hash   turnstile:{T}:inflight      run id -> "<queue>|<pid>|<host>"
+  4 inflight hash   turnstile:{T}:inflight      run id -> "<queue>|<pid>|<host>|<lease ms>"
   5-10              the tenant's six ledger keys, in the library's order
 ARGV
   1 run id
@@ -26,6 +26,9 @@ Returns
   {"missing"}
   {"stale", version, status}                  another step already moved the run on
   {"idle", version, status}                   suspended, parked or stopped: nothing to run
+  {"busy", version, status}                   another delivery of this step is running it
+                                              (its in-flight lease is live): one turn per
+                                              version, so a duplicate never forks the run
   {"go", state, attempts, tenant_paused, cancel_by, cancel_reason, status, hold, reply, hold_id}
       hold   "admitted" | "rejected" | "conflict" | "unfit" | "none" (no hold stored) |
              "skipped" (paused or cancelled: nothing reserved)
@@ -44,15 +47,23 @@ end
 if status ~= 'running' then
   return {'idle', version, status or ''}
 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local running = redis.call('HGET', KEYS[4], ARGV[1])
+if running then
+  local lease = tonumber(string.match(running, '|(%d+)$') or '0')
+  if lease > now then
+    return {'busy', version, status}
+  end
+end
 local attempts = 1
 if fields[4] == version then
   attempts = tonumber(fields[5] or '0') + 1
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[1], 'attempt_version', version, 'attempts', attempts)
-redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
-redis.call('HSET', KEYS[4], ARGV[1], ARGV[4])
+local lease_until = now + tonumber(ARGV[3])
+redis.call('ZADD', KEYS[2], lease_until, ARGV[1])
+redis.call('HSET', KEYS[4], ARGV[1], ARGV[4] .. '|' .. string.format('%d', lease_until))
 local paused = redis.call('HGET', KEYS[3], 'paused') or ''
 local cancel_by = fields[6] or ''
 
