@@ -5,7 +5,9 @@ the client round trips to the store per turn, beyond the broker's own.
     uv run python -m tests.bench.bench_worker [--runs 200] [--rounds 3]
 
 Broker and store are two servers, both with AOF (appendfsync everysec) as in production; the
-round trips are counted on the client for the store's port only. The two workloads alternate
+round trips are counted on the client for the store's port only. Work is enqueued first and
+the clock runs from the workers being ready to the last run ending, for both workloads; the
+no-op messages carry the same time limits a step's do. The two workloads alternate
 round by round and the ratio is taken per round, so a noisy machine skews both alike.
 Goals: a ratio of at least 0.7 and at most 4 round trips per turn.
 """
@@ -27,6 +29,7 @@ from pathlib import Path
 import redis
 
 from jobs.support.scenarios import GOAL, USER
+from tests.bench.noop_app import HARD_LIMIT_S, SOFT_LIMIT_S
 from tests.bench.noop_app import app as noop_app
 from worker import keys
 from worker.api import Client
@@ -86,22 +89,18 @@ def _env(broker: str, store: str | None, count_dir: Path, count_port: int) -> di
 def support_round(
     broker: EmbeddedServer, store: EmbeddedServer, runs: int, work: Path
 ) -> tuple[float, int, int, int]:
-    """(seconds, turns, round trips, tasks) for `runs` support runs on two workers."""
+    """(seconds, turns, round trips, tasks) for `runs` support runs on two workers. The runs
+    are submitted first; the clock runs from the workers being ready to the last run ending."""
     queue, tenant = f"s-{uuid.uuid4().hex[:6]}", f"bench-{uuid.uuid4().hex[:6]}"
     counts = Path(tempfile.mkdtemp(dir=work))
-    procs = _workers(
-        "worker.app:app",
-        queue,
-        _env(broker.url, store.url, counts, store.port),
-        2,
-        work / f"{queue}.log",
-    )
     config = Settings(redis_url=store.url, broker_url=broker.url)
     client = Client(connect(store.url, config), config, sender(broker.url))
+    for _ in range(runs):
+        client.submit(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue)
+    env = _env(broker.url, store.url, counts, store.port)
+    procs = _workers("worker.app:app", queue, env, 2, work / f"{queue}.log")
     try:
         started = time.perf_counter()
-        for _ in range(runs):
-            client.submit(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue)
         stopped = keys.by_status(tenant, "stopped")
         while int(client.client.scard(stopped)) < runs:
             time.sleep(0.01)
@@ -110,31 +109,28 @@ def support_round(
         _stop(procs)
     turns = 0
     for run_id in client.client.zrange(keys.runs(tenant), 0, -1):
-        turns += json.loads(str(client.client.hget(keys.run(tenant, str(run_id)), "state")))[
-            "usage"
-        ]["steps"]
+        state = json.loads(str(client.client.hget(keys.run(tenant, str(run_id)), "state")))
+        turns += state["usage"]["steps"]
     totals = [json.loads(p.read_text()) for p in counts.glob("*.json")]
     return seconds, turns, sum(t["round_trips"] for t in totals), sum(t["tasks"] for t in totals)
 
 
 def noop_round(broker: EmbeddedServer, chains: int, length: int, work: Path) -> float:
+    """Seconds for `chains` chains of `length` no-op tasks, sent with a step's time limits,
+    timed the same way as the support runs."""
     queue = f"n-{uuid.uuid4().hex[:6]}"
     counts = Path(tempfile.mkdtemp(dir=work))
-    procs = _workers(
-        "tests.bench.noop_app:app",
-        queue,
-        _env(broker.url, None, counts, 0),
-        2,
-        work / f"{queue}.log",
-    )
     noop_app.conf.update(broker_url=broker.url)
     done = redis.Redis.from_url(broker.url)
+    for _ in range(chains):
+        noop_app.send_task(
+            "bench.noop", kwargs={"remaining": length, "queue": queue},
+            queue=queue, priority=9, soft_time_limit=SOFT_LIMIT_S, time_limit=HARD_LIMIT_S,
+        )  # fmt: skip
+    env = _env(broker.url, None, counts, 0)
+    procs = _workers("tests.bench.noop_app:app", queue, env, 2, work / f"{queue}.log")
     try:
         started = time.perf_counter()
-        for _ in range(chains):
-            noop_app.send_task(
-                "bench.noop", kwargs={"remaining": length, "queue": queue}, queue=queue, priority=9
-            )
         while int(done.get(f"bench:done:{queue}") or 0) < chains:
             time.sleep(0.01)
         return time.perf_counter() - started

@@ -6,6 +6,8 @@ lost, events on), so the ratio measures what a turn adds over the queue itself.
 
 from __future__ import annotations
 
+import functools
+
 import redis
 from celery import Task
 
@@ -13,16 +15,28 @@ from worker.app import make_app
 from worker.settings import settings
 
 app = make_app(settings())
+SOFT_LIMIT_S, HARD_LIMIT_S = 38, 40  # what a step of a 30 s run is sent with
 
 
 @app.task(name="bench.noop", bind=True, acks_late=True, reject_on_worker_lost=True)
 def noop(self: Task, remaining: int, queue: str) -> str:  # type: ignore[type-arg]
-    """Do nothing, then send the next link of the chain, as a step sends the next step."""
+    """Do nothing, then send the next link of the chain, as a step sends the next step, with
+    the time limits a step is sent with."""
     if remaining > 1:
         self.apply_async(
-            kwargs={"remaining": remaining - 1, "queue": queue}, queue=queue, priority=0
+            kwargs={"remaining": remaining - 1, "queue": queue},
+            queue=queue,
+            priority=0,
+            soft_time_limit=SOFT_LIMIT_S,
+            time_limit=HARD_LIMIT_S,
         )
         return "continued"
-    # No result backend, as in Turnstile: the end of a chain is counted on the broker's server.
-    redis.Redis.from_url(str(self.app.conf.broker_url)).incr(f"bench:done:{queue}")
+    # No result backend, as in Turnstile: the end of a chain is counted on the broker's server,
+    # over one connection per process (a step, too, reuses its connections).
+    _counter(str(self.app.conf.broker_url)).incr(f"bench:done:{queue}")
     return "finished"
+
+
+@functools.cache
+def _counter(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url)
