@@ -7,6 +7,7 @@ on a free port and removes it afterwards; with one, it uses that server under na
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -212,7 +213,12 @@ def ledger_figures(client: Client, tenants: list[str]) -> dict[str, Any]:
     }
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds the ExitStack: workers and server are stopped
+
+
 def run_demo(*, extra_runs: int, as_json: bool, redis_url: str | None) -> dict[str, Any]:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     console = Console(stderr=as_json)
     suffix = uuid.uuid4().hex[:6]
     queue = f"demo-{suffix}"

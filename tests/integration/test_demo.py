@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -55,3 +56,23 @@ def test_demo_runs_on_a_bare_machine() -> None:
         assert ceiling is None or dims["cost_microusd"]["committed"] <= ceiling, tenant
     assert set(runs[0]) == {"run_id", "tenant", "outcome", "detail", "steps", "tool_calls",
                             "tokens", "cost_microusd", "effects"}  # fmt: skip
+
+
+def test_a_terminated_demo_stops_what_it_started() -> None:
+    """SIGTERM in the middle of the demo stops its workers and its server before it exits."""
+    started = time.time()
+    bindir = Path(sys.executable).parent
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    demo = subprocess.Popen(
+        [str(bindir / "turnstile"), "demo", "--runs", "200", "--json"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert demo.stderr is not None
+    for line in demo.stderr:
+        if "worker processes ready" in line:
+            break
+    demo.send_signal(signal.SIGTERM)
+    assert demo.wait(60) == 128 + signal.SIGTERM
+    demo.stderr.close()
+    time.sleep(0.5)
+    assert _orphans_since(started) == []
