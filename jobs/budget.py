@@ -98,6 +98,16 @@ def turn_exposure(*, input_tokens: int, budget: Budget, tool_cost_bound_microusd
     )
 
 
+# (dimension, the Usage field it counts, the Budget field that caps it), in checking order.
+DIMENSIONS = (
+    (Resource.STEPS, "steps", "max_steps"),
+    (Resource.TOOL_CALLS, "tool_calls", "max_tool_calls"),
+    (Resource.DEADLINE, "elapsed_ms", "deadline_ms"),
+    (Resource.TOKENS, "tokens", "max_tokens"),
+    (Resource.COST, "cost_microusd", "max_cost_microusd"),
+)
+
+
 def admission_rows(
     *, consumed: Usage, reserve: Usage, budget: Budget
 ) -> Iterator[tuple[Resource, int, int, int, bool]]:
@@ -106,42 +116,12 @@ def admission_rows(
     Time fits only while some of it is left: a turn always takes time, even with nothing
     reserved for it, so a run at its deadline is not admitted.
     """
-    yield (
-        Resource.STEPS,
-        consumed.steps,
-        reserve.steps,
-        budget.max_steps,
-        consumed.steps + reserve.steps <= budget.max_steps,
-    )
-    yield (
-        Resource.TOOL_CALLS,
-        consumed.tool_calls,
-        reserve.tool_calls,
-        budget.max_tool_calls,
-        consumed.tool_calls + reserve.tool_calls <= budget.max_tool_calls,
-    )
-    yield (
-        Resource.DEADLINE,
-        consumed.elapsed_ms,
-        reserve.elapsed_ms,
-        budget.deadline_ms,
-        consumed.elapsed_ms < budget.deadline_ms
-        and consumed.elapsed_ms + reserve.elapsed_ms <= budget.deadline_ms,
-    )
-    yield (
-        Resource.TOKENS,
-        consumed.tokens,
-        reserve.tokens,
-        budget.max_tokens,
-        consumed.tokens + reserve.tokens <= budget.max_tokens,
-    )
-    yield (
-        Resource.COST,
-        consumed.cost_microusd,
-        reserve.cost_microusd,
-        budget.max_cost_microusd,
-        consumed.cost_microusd + reserve.cost_microusd <= budget.max_cost_microusd,
-    )
+    for resource, used, cap in DIMENSIONS:
+        spent, held, ceiling = getattr(consumed, used), getattr(reserve, used), getattr(budget, cap)
+        fits = spent + held <= ceiling
+        if resource is Resource.DEADLINE:
+            fits = fits and spent < ceiling
+        yield resource, spent, held, ceiling, fits
 
 
 def first_unfit(*, consumed: Usage, reserve: Usage, budget: Budget) -> Resource | None:

@@ -14,11 +14,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from jobs.support.scenarios import BY_LETTER, GOAL, USER, table
+from jobs.support.scenarios import BY_LETTER, GOAL, USER
 from tests.integration.workers import (
     WorkerProcess,
     client_for,
+    expected_rows,
     settled,
+    stored_row,
     wait_until,
 )
 from worker import control, keys
@@ -51,23 +53,6 @@ def workers(redis_url: str, queue: str, count: int, concurrency: int) -> Iterato
     finally:
         for worker in started:
             worker.stop(timeout_s=15)
-
-
-def _expected() -> dict[str, dict[str, Any]]:
-    return {r["scenario"]: {k: v for k, v in r.items() if k != "scenario"} for r in table()}
-
-
-def _row(client: Client, run_id: str) -> dict[str, Any]:
-    state = client.state(run_id)
-    return {
-        "outcome": state.outcome.value if state.outcome else None,
-        "detail": state.detail,
-        "steps": state.usage.steps,
-        "tool_calls": state.usage.tool_calls,
-        "tokens": state.usage.tokens,
-        "elapsed_s": state.usage.elapsed_ms / 1000,
-        "effects": RedisShop(client.client).effects(run_id),
-    }
 
 
 def _kinds(client: Client, tenant: str, run_id: str) -> list[str]:
@@ -137,9 +122,9 @@ def test_a_paused_tenant_stops_at_the_next_boundary_and_resumes_exactly_once(
         done = control.resume(client, Scope(tenant=paused), by="ops@example.com")
         assert sorted(done.resumed) == sorted(parked) and done.still_parked == 0
         wait_until(lambda: settled(client, ids), timeout_s=90, what="the 50 runs end")
-    expected = _expected()
+    expected = expected_rows()
     for letter, run_id in zip(letters, ids, strict=True):
-        assert _row(client, run_id) == expected[letter], (letter, run_id)
+        assert stored_row(client, run_id) == expected[letter], (letter, run_id)
         _once(client, paused, run_id)
         kinds = _kinds(client, paused, run_id)
         assert kinds.count("resumed") == (1 if run_id in parked else 0)

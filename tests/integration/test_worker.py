@@ -15,12 +15,14 @@ import pytest
 import redis
 
 from jobs.budget import Budget
-from jobs.support.scenarios import BY_LETTER, GOAL, SCENARIOS, USER, table
+from jobs.support.scenarios import BY_LETTER, GOAL, SCENARIOS, USER
 from tests.integration.workers import (
     WorkerProcess,
     client_for,
+    expected_rows,
     running_workers,
     settled,
+    stored_row,
     wait_until,
 )
 from worker import keys
@@ -49,20 +51,6 @@ def client(redis_url: str, pool: list[WorkerProcess]) -> Client:
     return client_for(redis_url)
 
 
-def _row(client: Client, run_id: str) -> dict[str, Any]:
-    state = client.state(run_id)
-    shop = RedisShop(client.client)
-    return {
-        "outcome": state.outcome.value if state.outcome else None,
-        "detail": state.detail,
-        "steps": state.usage.steps,
-        "tool_calls": state.usage.tool_calls,
-        "tokens": state.usage.tokens,
-        "elapsed_s": state.usage.elapsed_ms / 1000,
-        "effects": shop.effects(run_id),
-    }
-
-
 def _submit_all(client: Client, tenant: str, queue: str, **params: Any) -> dict[str, str]:
     return {
         s.letter: client.submit(
@@ -79,11 +67,9 @@ def test_scenarios_through_the_queue_match_in_process(
     effects as in process."""
     ids = _submit_all(client, f"t-{unique}", queue)
     wait_until(lambda: settled(client, list(ids.values())), timeout_s=60, what="scenarios settle")
-    expected = {
-        row["scenario"]: {k: v for k, v in row.items() if k != "scenario"} for row in table()
-    }
+    expected = expected_rows()
     for letter, run_id in ids.items():
-        assert _row(client, run_id) == expected[letter], letter
+        assert stored_row(client, run_id) == expected[letter], letter
 
 
 def test_approving_a_suspended_run_resumes_it(client: Client, queue: str, unique: str) -> None:
@@ -249,23 +235,31 @@ def test_a_state_that_does_not_parse_ends_the_run_error(
     assert stored["outcome"] == "error" and "schema version 42" in stored["reason"]
 
 
-def test_every_message_delivered_twice_gives_the_same_results(redis_url: str, unique: str) -> None:
-    """With every step message sent twice, two workers race each step; the version compare-
-    and-set keeps one, so final states and effects are those of a single delivery."""
-    queue = f"dup-{unique}"
-    with running_workers(redis_url, [queue], 2, env={"TURNSTILE_CHAOS_SEND_COPIES": "2"}):
+def _scenarios_end_as_in_process(
+    redis_url: str, queue: str, tenant: str, env: dict[str, str]
+) -> list[WorkerProcess]:
+    """Run A-H through workers started with `env`; every run must end as it does in process,
+    with one committed turn per version. Returns the workers, stopped, for their logs."""
+    with running_workers(redis_url, [queue], 2, env=env) as workers:
         client = client_for(redis_url)
-        ids = _submit_all(client, f"t-{unique}", queue)
+        ids = _submit_all(client, tenant, queue)
         wait_until(
-            lambda: settled(client, list(ids.values())), timeout_s=90, what="scenarios settle"
+            lambda: settled(client, list(ids.values())), timeout_s=120, what="scenarios settle"
         )
-        expected = {
-            row["scenario"]: {k: v for k, v in row.items() if k != "scenario"} for row in table()
-        }
+        expected = expected_rows()
         for letter, run_id in ids.items():
-            assert _row(client, run_id) == expected[letter], letter
-            versions = _versions(client, f"t-{unique}", run_id)
+            assert stored_row(client, run_id) == expected[letter], letter
+            versions = _versions(client, tenant, run_id)
             assert versions == list(range(2, 2 + len(versions)))
+    return workers
+
+
+def test_every_message_delivered_twice_gives_the_same_results(redis_url: str, unique: str) -> None:
+    """With every step message sent twice, two workers get each step; one turn runs per
+    version, so final states and effects are those of a single delivery."""
+    _scenarios_end_as_in_process(
+        redis_url, f"dup-{unique}", f"t-{unique}", {"TURNSTILE_CHAOS_SEND_COPIES": "2"}
+    )
 
 
 def test_a_crash_after_commit_before_enqueue_is_finished_by_the_sweeper(
@@ -273,22 +267,11 @@ def test_a_crash_after_commit_before_enqueue_is_finished_by_the_sweeper(
 ) -> None:
     """Every second send is dropped, as if the worker died between its commit and its
     enqueue: the sweeper finds the lapsed leases and every run still ends as in process."""
-    queue = f"drop-{unique}"
     env = {"TURNSTILE_CHAOS_DROP_EVERY": "2", "TURNSTILE_PICKUP_LEASE_S": "1"}
-    with running_workers(redis_url, [queue], 2, env=env) as workers:
-        client = client_for(redis_url)
-        ids = _submit_all(client, f"t-{unique}", queue)
-        wait_until(
-            lambda: settled(client, list(ids.values())), timeout_s=120, what="scenarios settle"
-        )
-        expected = {
-            row["scenario"]: {k: v for k, v in row.items() if k != "scenario"} for row in table()
-        }
-        for letter, run_id in ids.items():
-            assert _row(client, run_id) == expected[letter], letter
-        # Sends were dropped, and only a sweeper (any worker's: one holds the lock at a time)
-        # could have sent those steps again.
-        assert sum(len(w.events("chaos_send_dropped")) for w in workers) > 0
+    workers = _scenarios_end_as_in_process(redis_url, f"drop-{unique}", f"t-{unique}", env)
+    # Sends were dropped, and only a sweeper (any worker's: one holds the lock at a time)
+    # could have sent those steps again.
+    assert sum(len(w.events("chaos_send_dropped")) for w in workers) > 0
 
 
 def test_store_and_ledger_down_no_turn_runs_and_runs_continue_after(unique: str) -> None:

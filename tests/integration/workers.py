@@ -16,8 +16,10 @@ from typing import Any
 
 import psutil
 
+from jobs.support.scenarios import row, table
 from worker.api import Client, connect_client
 from worker.settings import Settings
+from worker.shop import RedisShop
 
 READY_TIMEOUT_S = 30.0
 
@@ -163,6 +165,19 @@ def wait_until(
             return
         time.sleep(every_s)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what or predicate}")
+
+
+def expected_rows() -> dict[str, dict[str, Any]]:
+    """Spec 000's scenario table as the kernel gives it in process, by letter."""
+    return {r["scenario"]: {k: v for k, v in r.items() if k != "scenario"} for r in table()}
+
+
+def stored_row(client: Client, run_id: str) -> dict[str, Any]:
+    """The same row for a run that went through the queue: its stored state, its shop's effects."""
+    state = client.state(run_id)
+    got = row("", state, RedisShop(client.client).effects(run_id))
+    del got["scenario"]
+    return got
 
 
 def settled(client: Client, run_ids: list[str]) -> bool:
