@@ -74,11 +74,15 @@ local LEDGER_MAX_AMOUNT = 9007199254740992
 -- Due expiries charged per operation; the reaper charges any backlog.
 local LEDGER_EXPIRE_BATCH = 16
 local LEDGER_UNLIMITED = '-|1|none'
+-- One "dim:bucket:n" item of a record's amounts or actual (see ledger_decode).
+local LEDGER_ITEM = '([%w_]+):([%w-]+):(%d+)'
 
--- Numbers go into strings through "%d" only: concatenation would print 2^53 as 9.007e+15.
-local function ledger_fmt(n)
-  return string.format('%d', n)
-end
+-- Numbers go into strings through string.format('%d', n) only: concatenation would print
+-- 2^53 as 9.007e+15.
+--
+-- The hot paths (reserve, settle) allocate little: every table and string a script makes is
+-- garbage the server's allocator and Lua's collector pay for on each call, so lists are
+-- joined as they are built and no record is decoded into tables.
 
 local function ledger_now()
   local t = redis.call('TIME')
@@ -104,11 +108,11 @@ end
 -- argv[first], argv[first + 1], ... as dimension/amount pairs.
 -- Returns dims (in the given order), amounts (dim -> number); or nil, nil, message.
 local function ledger_parse_pairs(argv, first)
-  local dims, amounts = {}, {}
   local n = #argv
   if (n - first + 1) % 2 ~= 0 then
     return nil, nil, 'dimension and amount arguments must come in pairs'
   end
+  local dims, amounts, count = {}, {}, 0
   for i = first, n, 2 do
     local d = argv[i]
     if type(d) ~= 'string' or #d > 64 or not string.find(d, '^[a-z][a-z0-9_]*$') then
@@ -121,7 +125,8 @@ local function ledger_parse_pairs(argv, first)
     if amount == nil then
       return nil, nil, 'amount of ' .. d .. ' must be an integer in 0..2^53'
     end
-    dims[#dims + 1] = d
+    count = count + 1
+    dims[count] = d
     amounts[d] = amount
   end
   return dims, amounts
@@ -149,14 +154,14 @@ local function ledger_bucket(period, ms)
   return string.format('%04d-%02d', year, month)
 end
 
--- A limits entry as ceiling (nil: unlimited), hard (boolean), period.
--- A dimension never configured is unlimited and counted under period "none".
+-- A limits entry as its three parts, as text: ceiling ('-': unlimited; tonumber gives nil),
+-- hard ('1') or soft ('0'), period. A dimension never configured is unlimited, hard, and
+-- counted under period "none".
 local function ledger_parse_limit(raw)
   if not raw then
-    return nil, true, 'none'
+    return '-', '1', 'none'
   end
-  local c, h, p = string.match(raw, '^([^|]*)|([01])|(%a+)$')
-  return tonumber(c), h == '1', p
+  return string.match(raw, '^([^|]*)|([01])|(%a+)$')
 end
 
 -- A reservation record: "<state>|<deadline>|<created>|<soft>|<amounts>|<actual>"
@@ -164,77 +169,48 @@ end
 --   soft     "dim,..." soft dimensions the reservation took past their ceiling
 --   amounts  "dim:bucket:n,..." in the order reserved
 --   actual   "dim:bucket:n,..." the settled actual usage, zeros left out
+-- Returns the six parts as strings; walk amounts and actual with gmatch(text, LEDGER_ITEM).
 local function ledger_decode(raw)
-  local state, deadline, created, soft, amounts, actual =
-    string.match(raw, '^(%u)|(%d+)|(%d+)|([^|]*)|([^|]*)|([^|]*)$')
-  local rec = {
-    state = state, deadline = tonumber(deadline), created = tonumber(created),
-    soft_text = soft, amounts_text = amounts,
-    dims = {}, amount = {}, bucket = {}, actual = {},
-  }
-  for d, b, n in string.gmatch(amounts, '([%w_]+):([%w-]+):(%d+)') do
-    rec.dims[#rec.dims + 1] = d
-    rec.amount[d] = tonumber(n)
-    rec.bucket[d] = b
-  end
-  for d, _, n in string.gmatch(actual, '([%w_]+):([%w-]+):(%d+)') do
-    rec.actual[d] = tonumber(n)
-  end
-  return rec
+  return string.match(raw, '^(%u)|(%d+)|(%d+)|([^|]*)|([^|]*)|([^|]*)$')
 end
 
-local function ledger_soft_list(soft_text)
-  local soft = {}
-  for d in string.gmatch(soft_text, '[%w_]+') do
-    soft[#soft + 1] = d
-  end
-  return soft
-end
-
--- Read, adjust and write back usage fields in two calls. `fields` lists field names, `delta`
--- maps each to the change to make.
-local function ledger_adjust(usage_key, fields, delta)
+-- Add deltas[i] to usage field fields[i]: one read, one write. `fields` becomes the HSET
+-- arguments, field and new value in turn, filled from the end so that each field is read
+-- before its slot is written.
+local function ledger_adjust(usage_key, fields, deltas)
   local values = redis.call('HMGET', usage_key, unpack(fields))
-  local args = {}
-  for i, f in ipairs(fields) do
-    args[2 * i - 1] = f
-    args[2 * i] = ledger_fmt((tonumber(values[i]) or 0) + delta[f])
+  for i = #fields, 1, -1 do
+    fields[2 * i - 1] = fields[i]
+    fields[2 * i] = string.format('%d', (tonumber(values[i]) or 0) + deltas[i])
   end
-  redis.call('HSET', usage_key, unpack(args))
-end
-
-local function ledger_journal(keys, maxlen, now, op, id, changes, extra)
-  if extra then
-    redis.call('XADD', keys[6], 'MAXLEN', '~', maxlen, '*', 'op', op, 'id', id,
-      'at_ms', ledger_fmt(now), 'changes', changes, unpack(extra))
-  else
-    redis.call('XADD', keys[6], 'MAXLEN', '~', maxlen, '*', 'op', op, 'id', id,
-      'at_ms', ledger_fmt(now), 'changes', changes)
-  end
+  redis.call('HSET', usage_key, unpack(fields))
 end
 
 -- Charge in full every pending reservation whose deadline is before `now`, oldest deadline
 -- first, at most `limit` of them. Returns how many were charged.
 local function ledger_expire_due(keys, now, limit, maxlen)
-  local due = redis.call('ZRANGEBYSCORE', keys[4], '-inf', '(' .. ledger_fmt(now),
+  local due = redis.call('ZRANGEBYSCORE', keys[4], '-inf', '(' .. string.format('%d', now),
     'LIMIT', 0, limit)
   for _, id in ipairs(due) do
-    local raw = redis.call('HGET', keys[3], 'r:' .. id)
+    local field = 'r:' .. id
+    local raw = redis.call('HGET', keys[3], field)
     if raw and string.sub(raw, 1, 1) == 'P' then
-      local rec = ledger_decode(raw)
-      local fields, delta, changes = {}, {}, {}
-      for i, d in ipairs(rec.dims) do
-        local b, amount = rec.bucket[d], rec.amount[d]
-        local c, r = 'c:' .. d .. ':' .. b, 'r:' .. d .. ':' .. b
-        fields[2 * i - 1], fields[2 * i] = c, r
-        delta[c], delta[r] = amount, -amount
-        changes[i] = d .. '@' .. b .. ':' .. ledger_fmt(amount) .. ':' .. ledger_fmt(-amount)
+      local _, deadline, _, _, amounts = ledger_decode(raw)
+      local fields, deltas, changes = {}, {}, {}
+      for d, b, held in string.gmatch(amounts, LEDGER_ITEM) do
+        local i = #changes + 1
+        held = tonumber(held)
+        fields[2 * i - 1], fields[2 * i] = 'c:' .. d .. ':' .. b, 'r:' .. d .. ':' .. b
+        deltas[2 * i - 1], deltas[2 * i] = held, -held
+        changes[i] = d .. '@' .. b .. ':' .. string.format('%d', held) .. ':'
+          .. string.format('%d', -held)
       end
-      ledger_adjust(keys[2], fields, delta)
-      redis.call('HSET', keys[3], 'r:' .. id, 'X' .. string.sub(raw, 2))
-      redis.call('ZADD', keys[5], now, 'r:' .. id)
-      ledger_journal(keys, maxlen, now, 'expire', id, table.concat(changes, ';'),
-        { 'deadline_ms', ledger_fmt(rec.deadline) })
+      ledger_adjust(keys[2], fields, deltas)
+      redis.call('HSET', keys[3], field, 'X' .. string.sub(raw, 2))
+      redis.call('ZADD', keys[5], now, field)
+      redis.call('XADD', keys[6], 'MAXLEN', '~', maxlen, '*', 'op', 'expire', 'id', id,
+        'at_ms', string.format('%d', now), 'changes', table.concat(changes, ';'),
+        'deadline_ms', deadline)
     end
     redis.call('ZREM', keys[4], id)
   end
@@ -260,7 +236,8 @@ local function ledger_reserve_at(keys, argv, now)
   if err then
     return { 'invalid', err }
   end
-  if #dims == 0 then
+  local n = #dims
+  if n == 0 then
     return { 'invalid', 'nothing to reserve' }
   end
 
@@ -269,77 +246,95 @@ local function ledger_reserve_at(keys, argv, now)
   local record_field = 'r:' .. id
   local existing = redis.call('HGET', keys[3], record_field)
   if existing then
-    local rec = ledger_decode(existing)
-    local same = #rec.dims == #dims
-    for _, d in ipairs(dims) do
-      same = same and rec.amount[d] == amounts[d]
+    -- A replay when the record holds exactly these amounts.
+    local _, deadline, _, soft_text, held = ledger_decode(existing)
+    local count, same = 0, true
+    for d, _, amount in string.gmatch(held, LEDGER_ITEM) do
+      count = count + 1
+      same = same and amounts[d] == tonumber(amount)
     end
-    if not same then
+    if not same or count ~= n then
       return { 'conflict' }
     end
-    return { 'admitted', rec.deadline, 1, ledger_soft_list(rec.soft_text), 0 }
+    local soft = {}
+    for d in string.gmatch(soft_text, '[%w_]+') do
+      soft[#soft + 1] = d
+    end
+    return { 'admitted', tonumber(deadline), 1, soft, 0 }
   end
 
   -- Usage fields: committed and reserved of each dimension in its current bucket, then the
   -- tenant's "indexed" mark.
   local limits = redis.call('HMGET', keys[1], unpack(dims))
-  local bucket, ceiling, hard, fields = {}, {}, {}, {}
-  for i, d in ipairs(dims) do
-    local c, h, p = ledger_parse_limit(limits[i])
-    ceiling[d], hard[d] = c, h
-    bucket[d] = ledger_bucket(p, now)
-    fields[2 * i - 1] = 'c:' .. d .. ':' .. bucket[d]
-    fields[2 * i] = 'r:' .. d .. ':' .. bucket[d]
+  local fields = {}
+  for i = 1, n do
+    local d = dims[i]
+    local _, _, period = ledger_parse_limit(limits[i])
+    local b = ledger_bucket(period, now)
+    fields[2 * i - 1] = 'c:' .. d .. ':' .. b
+    fields[2 * i] = 'r:' .. d .. ':' .. b
   end
-  fields[#fields + 1] = 'indexed'
+  fields[2 * n + 1] = 'indexed'
   local values = redis.call('HMGET', keys[2], unpack(fields))
 
-  local rejected, soft = {}, {}
-  for i, d in ipairs(dims) do
+  -- Check every dimension. On the way, turn `fields` into the HSET arguments of the new
+  -- reserved figures and write the record's amounts and the journal's changes: all of it is
+  -- used only if every dimension fits.
+  local rejected, soft, parts, changes = nil, {}, '', ''
+  for i = 1, n do
+    local d = dims[i]
+    local amount = amounts[d]
+    local ceiling, hard, period = ledger_parse_limit(limits[i])
+    local cap = tonumber(ceiling)
     local reserved = tonumber(values[2 * i]) or 0
     local used = (tonumber(values[2 * i - 1]) or 0) + reserved
     -- Subtract rather than add: used + amount would round to 2^53 where it passes it by one.
-    if used > LEDGER_MAX_AMOUNT or amounts[d] > LEDGER_MAX_AMOUNT - used then
+    if used > LEDGER_MAX_AMOUNT or amount > LEDGER_MAX_AMOUNT - used then
       return { 'invalid', 'total of ' .. d .. ' would pass 2^53' }
     end
-    local cap = ceiling[d]
-    if cap ~= nil and used + amounts[d] > cap then
-      if hard[d] then
+    if cap ~= nil and used + amount > cap then
+      if hard == '1' then
+        rejected = rejected or {}
         rejected[#rejected + 1] = d
-        rejected[#rejected + 1] = amounts[d]
+        rejected[#rejected + 1] = amount
         rejected[#rejected + 1] = math.max(0, cap - used)
       else
         soft[#soft + 1] = d
       end
     end
+    local b, text = ledger_bucket(period, now), string.format('%d', amount)
+    fields[2 * i - 1] = fields[2 * i]
+    fields[2 * i] = string.format('%d', reserved + amount)
+    if i == 1 then
+      parts = d .. ':' .. b .. ':' .. text
+      changes = d .. '@' .. b .. ':0:' .. text
+    else
+      parts = parts .. ',' .. d .. ':' .. b .. ':' .. text
+      changes = changes .. ';' .. d .. '@' .. b .. ':0:' .. text
+    end
   end
-  if #rejected > 0 then
+  if rejected then
     return { 'rejected', rejected, soft }
   end
 
-  local deadline = now + timeout_ms + grace_ms
-  local writes, parts, changes = {}, {}, {}
-  for i, d in ipairs(dims) do
-    local amount = ledger_fmt(amounts[d])
-    writes[2 * i - 1] = fields[2 * i]
-    writes[2 * i] = ledger_fmt((tonumber(values[2 * i]) or 0) + amounts[d])
-    parts[i] = d .. ':' .. bucket[d] .. ':' .. amount
-    changes[i] = d .. '@' .. bucket[d] .. ':0:' .. amount
+  for i = 1, n do
     if not limits[i] then
-      redis.call('HSET', keys[1], d, LEDGER_UNLIMITED)
+      redis.call('HSET', keys[1], dims[i], LEDGER_UNLIMITED)
     end
   end
-  local newly_indexed = values[#fields] and 0 or 1
-  if newly_indexed == 1 then
-    writes[#writes + 1] = 'indexed'
-    writes[#writes + 1] = '1'
+  local newly_indexed = 0
+  if not values[2 * n + 1] then
+    newly_indexed = 1
+    fields[2 * n + 2] = '1' -- after 'indexed'
   end
-  redis.call('HSET', keys[2], unpack(writes))
-  redis.call('HSET', keys[3], record_field, 'P|' .. ledger_fmt(deadline) .. '|' .. ledger_fmt(now)
-    .. '|' .. table.concat(soft, ',') .. '|' .. table.concat(parts, ',') .. '|')
+  redis.call('HSET', keys[2], unpack(fields, 1, 2 * (n + newly_indexed)))
+  local deadline = now + timeout_ms + grace_ms
+  local deadline_text, now_text = string.format('%d', deadline), string.format('%d', now)
+  redis.call('HSET', keys[3], record_field, 'P|' .. deadline_text .. '|' .. now_text .. '|'
+    .. table.concat(soft, ',') .. '|' .. parts .. '|')
   redis.call('ZADD', keys[4], deadline, id)
-  ledger_journal(keys, maxlen, now, 'reserve', id, table.concat(changes, ';'),
-    { 'deadline_ms', ledger_fmt(deadline) })
+  redis.call('XADD', keys[6], 'MAXLEN', '~', maxlen, '*', 'op', 'reserve', 'id', id,
+    'at_ms', now_text, 'changes', changes, 'deadline_ms', deadline_text)
   return { 'admitted', deadline, 0, soft, newly_indexed }
 end
 
@@ -347,55 +342,46 @@ local function ledger_reserve(keys, argv)
   return ledger_reserve_at(keys, argv, ledger_now())
 end
 
--- Parse a settle or release argv: id, maxlen, actual dims (zeros dropped, given order) and
--- actual amounts; or nil and a refusal.
+-- Parse a settle or release argv. Returns nil, id, maxlen, dims (the actual dimensions with
+-- a non-zero amount, in the given order) and actual (dim -> amount, zeros included: go
+-- through dims); or the refusal.
 local function ledger_parse_resolve(argv, kind)
   local id = argv[1]
   if not ledger_valid_id(id) then
-    return nil, { 'invalid', 'reservation id must be 1..256 characters with no spaces' }
+    return { 'invalid', 'reservation id must be 1..256 characters with no spaces' }
   end
   local maxlen = ledger_int(argv[2])
   if maxlen == nil or maxlen < 1 then
-    return nil, { 'invalid', 'journal length must be a positive integer' }
+    return { 'invalid', 'journal length must be a positive integer' }
   end
-  local dims, amounts, err = ledger_parse_pairs(argv, 3)
+  local dims, actual, err = ledger_parse_pairs(argv, 3)
   if err then
-    return nil, { 'invalid', err }
+    return { 'invalid', err }
   end
-  if kind == 'release' and #dims > 0 then
-    return nil, { 'invalid', 'release takes no amounts' }
+  local n = #dims
+  if kind == 'release' and n > 0 then
+    return { 'invalid', 'release takes no amounts' }
   end
-  local actual_dims, actual = {}, {}
-  for _, d in ipairs(dims) do
-    if amounts[d] > 0 then
-      actual_dims[#actual_dims + 1] = d
-      actual[d] = amounts[d]
+  for i = 1, n do
+    if actual[dims[i]] == 0 then
+      local kept = {}
+      for j = 1, n do
+        if actual[dims[j]] > 0 then
+          kept[#kept + 1] = dims[j]
+        end
+      end
+      return nil, id, maxlen, kept, actual
     end
   end
-  return { id = id, maxlen = maxlen, dims = actual_dims, actual = actual }
+  return nil, id, maxlen, dims, actual
 end
 
-local function ledger_same_actual(rec, req)
-  local stored = 0
-  for _ in pairs(rec.actual) do
-    stored = stored + 1
-  end
-  if stored ~= #req.dims then
-    return false
-  end
-  for _, d in ipairs(req.dims) do
-    if rec.actual[d] ~= req.actual[d] then
-      return false
-    end
-  end
-  return true
-end
-
--- Flat { dim, amount, ... } of actual above the reserved amount.
-local function ledger_overage(rec, req)
+-- Flat { dim, amount, ... } of actual above the held amount (dim -> number), in dims order.
+local function ledger_overage(held, dims, actual)
   local out = {}
-  for _, d in ipairs(req.dims) do
-    local over = req.actual[d] - (rec.amount[d] or 0)
+  for i = 1, #dims do
+    local d = dims[i]
+    local over = actual[d] - (held[d] or 0)
     if over > 0 then
       out[#out + 1] = d
       out[#out + 1] = over
@@ -404,125 +390,133 @@ local function ledger_overage(rec, req)
   return out
 end
 
--- The record of a resolve request and, when it is refused or a replay, the reply.
-local function ledger_lookup(keys, req)
-  local raw = redis.call('HGET', keys[3], 'r:' .. req.id)
+-- The record a settlement books. Returns nil and the record's parts (see ledger_decode) when
+-- there is something to book; else the reply: 'unknown', a replay, or 'conflict'.
+local function ledger_lookup(keys, id, dims, actual)
+  local raw = redis.call('HGET', keys[3], 'r:' .. id)
   if not raw then
-    return nil, { 'unknown' }
+    return { 'unknown' }
   end
-  local rec = ledger_decode(raw)
-  if rec.state == 'S' or rec.state == 'R' then
-    if ledger_same_actual(rec, req) then
-      return rec, { 'settled', 1, ledger_overage(rec, req), 0 }
-    end
-    return rec, { 'conflict' }
+  local state, deadline, created, soft, amounts, spent = ledger_decode(raw)
+  if state ~= 'S' and state ~= 'R' then
+    return nil, state, deadline, created, soft, amounts
   end
-  return rec, nil
+  -- Already resolved: a replay only when the stored actual is exactly this one.
+  local stored, same = 0, true
+  for d, _, n in string.gmatch(spent, LEDGER_ITEM) do
+    stored = stored + 1
+    same = same and actual[d] == tonumber(n)
+  end
+  if not same or stored ~= #dims then
+    return { 'conflict' }
+  end
+  local held = {}
+  for d, _, n in string.gmatch(amounts, LEDGER_ITEM) do
+    held[d] = tonumber(n)
+  end
+  return { 'settled', 1, ledger_overage(held, dims, actual), 0 }
 end
 
--- The bucket of each actual dimension the reservation did not name: the bucket the dimension
--- had when the reservation was admitted. Registers dimensions never seen before.
-local function ledger_extra_buckets(keys, rec, req)
-  local extra = {}
-  for _, d in ipairs(req.dims) do
-    if rec.amount[d] == nil then
-      extra[#extra + 1] = d
-    end
-  end
-  local buckets = {}
-  if #extra == 0 then
-    return extra, buckets
-  end
-  local raw = redis.call('HMGET', keys[1], unpack(extra))
-  for i, d in ipairs(extra) do
-    local _, _, period = ledger_parse_limit(raw[i])
-    buckets[d] = ledger_bucket(period, rec.created)
-    if not raw[i] then
-      redis.call('HSET', keys[1], d, LEDGER_UNLIMITED)
-    end
-  end
-  return extra, buckets
-end
-
--- Book the resolution of a pending or expired reservation.
-local function ledger_book_resolution(keys, req, rec, kind, now)
-  local extra, extra_bucket = ledger_extra_buckets(keys, rec, req)
-  local pending = rec.state == 'P'
-  local fields, delta, changes, actual_parts = {}, {}, {}, {}
-  for _, d in ipairs(rec.dims) do
-    local b, held, spent = rec.bucket[d], rec.amount[d], req.actual[d] or 0
-    local c = 'c:' .. d .. ':' .. b
-    fields[#fields + 1] = c
-    if pending then
-      local r = 'r:' .. d .. ':' .. b
-      fields[#fields + 1] = r
-      delta[c], delta[r] = spent, -held
-      changes[#changes + 1] = d .. '@' .. b .. ':' .. ledger_fmt(spent) .. ':' .. ledger_fmt(-held)
-    else
-      delta[c] = spent - held
-      changes[#changes + 1] = d .. '@' .. b .. ':' .. ledger_fmt(spent - held) .. ':0'
-    end
-    if spent > 0 then
-      actual_parts[#actual_parts + 1] = d .. ':' .. b .. ':' .. ledger_fmt(spent)
-    end
-  end
-  for _, d in ipairs(extra) do
-    local b, spent = extra_bucket[d], req.actual[d]
-    local c = 'c:' .. d .. ':' .. b
-    fields[#fields + 1] = c
-    delta[c] = spent
-    changes[#changes + 1] = d .. '@' .. b .. ':' .. ledger_fmt(spent) .. ':0'
-    actual_parts[#actual_parts + 1] = d .. ':' .. b .. ':' .. ledger_fmt(spent)
-  end
-  ledger_adjust(keys[2], fields, delta)
-
-  local overage = ledger_overage(rec, req)
-  local extras = {}
-  if #overage > 0 then
-    local parts = {}
-    for i = 1, #overage, 2 do
-      parts[#parts + 1] = overage[i] .. ':' .. ledger_fmt(overage[i + 1])
-    end
-    extras[#extras + 1] = 'overage'
-    extras[#extras + 1] = table.concat(parts, ',')
-  end
-  if pending then
-    redis.call('ZREM', keys[4], req.id)
-  else
-    extras[#extras + 1] = 'corrects'
-    extras[#extras + 1] = 'expire'
-  end
-  local state = kind == 'release' and 'R' or 'S'
-  redis.call('HSET', keys[3], 'r:' .. req.id, state .. '|' .. ledger_fmt(rec.deadline)
-    .. '|' .. ledger_fmt(rec.created) .. '|' .. rec.soft_text .. '|'
-    .. rec.amounts_text .. '|' .. table.concat(actual_parts, ','))
-  redis.call('ZADD', keys[5], now, 'r:' .. req.id)
-  ledger_journal(keys, req.maxlen, now, kind, req.id, table.concat(changes, ';'),
-    #extras > 0 and extras or nil)
-  return { 'settled', 0, overage, pending and 0 or 1 }
-end
-
--- Settle (kind 'settle') or release (kind 'release', no pairs) at time `now`.
--- argv as for ledger_settle; the reply is documented at the top of this file.
-local function ledger_resolve_at(keys, argv, now, kind)
-  local req, refusal = ledger_parse_resolve(argv, kind)
-  if not req then
+-- Settle at time `now`: book the actual usage of a pending or expired reservation (kind
+-- 'settle', the default), or release it (kind 'release', no pairs). argv as for
+-- ledger_settle; the reply is documented at the top of this file.
+local function ledger_settle_at(keys, argv, now, kind)
+  kind = kind or 'settle'
+  local refusal, id, maxlen, dims, actual = ledger_parse_resolve(argv, kind)
+  if refusal then
     return refusal
   end
-  ledger_expire_due(keys, now, LEDGER_EXPIRE_BATCH, req.maxlen)
-  local rec, answer = ledger_lookup(keys, req)
-  if answer then
-    return answer
+  ledger_expire_due(keys, now, LEDGER_EXPIRE_BATCH, maxlen)
+  local reply, state, deadline, created, soft, amounts = ledger_lookup(keys, id, dims, actual)
+  if reply then
+    return reply
   end
-  return ledger_book_resolution(keys, req, rec, kind, now)
-end
 
-local function ledger_settle_at(keys, argv, now)
-  return ledger_resolve_at(keys, argv, now, 'settle')
-end
+  -- Each reserved dimension, in its reservation's bucket: pending, the hold moves to
+  -- committed as the actual and the rest is released; expired (charged in full), committed
+  -- is corrected from the hold to the actual.
+  local pending = state == 'P'
+  local held, fields, deltas, changes, booked, named = {}, {}, {}, '', '', 0
+  for d, b, amount in string.gmatch(amounts, LEDGER_ITEM) do
+    amount = tonumber(amount)
+    held[d] = amount
+    local spent = actual[d] or 0
+    local spent_text = string.format('%d', spent)
+    local sep = changes == '' and '' or ';'
+    fields[#fields + 1] = 'c:' .. d .. ':' .. b
+    if pending then
+      fields[#fields + 1] = 'r:' .. d .. ':' .. b
+      deltas[#deltas + 1] = spent
+      deltas[#deltas + 1] = -amount
+      changes = changes .. sep .. d .. '@' .. b .. ':' .. spent_text .. ':'
+        .. string.format('%d', -amount)
+    else
+      deltas[#deltas + 1] = spent - amount
+      changes = changes .. sep .. d .. '@' .. b .. ':' .. string.format('%d', spent - amount)
+        .. ':0'
+    end
+    if spent > 0 then
+      named = named + 1
+      booked = booked .. (booked == '' and '' or ',') .. d .. ':' .. b .. ':' .. spent_text
+    end
+  end
+  -- Actual dimensions the reservation did not name are booked in the bucket each had when
+  -- the reservation was admitted; dimensions never seen before are registered.
+  if named < #dims then
+    local extra = {}
+    for i = 1, #dims do
+      if held[dims[i]] == nil then
+        extra[#extra + 1] = dims[i]
+      end
+    end
+    local limits = redis.call('HMGET', keys[1], unpack(extra))
+    local created_ms = tonumber(created)
+    for i, d in ipairs(extra) do
+      local _, _, period = ledger_parse_limit(limits[i])
+      local b = ledger_bucket(period, created_ms)
+      if not limits[i] then
+        redis.call('HSET', keys[1], d, LEDGER_UNLIMITED)
+      end
+      local spent_text = string.format('%d', actual[d])
+      fields[#fields + 1] = 'c:' .. d .. ':' .. b
+      deltas[#deltas + 1] = actual[d]
+      changes = changes .. (changes == '' and '' or ';') .. d .. '@' .. b .. ':' .. spent_text
+        .. ':0'
+      booked = booked .. (booked == '' and '' or ',') .. d .. ':' .. b .. ':' .. spent_text
+    end
+  end
+  ledger_adjust(keys[2], fields, deltas)
 
-local function ledger_release_at(keys, argv, now)
-  return ledger_resolve_at(keys, argv, now, 'release')
+  local overage = ledger_overage(held, dims, actual)
+  local record_field = 'r:' .. id
+  if pending then
+    redis.call('ZREM', keys[4], id)
+  end
+  redis.call('HSET', keys[3], record_field, (kind == 'release' and 'R' or 'S') .. '|' .. deadline
+    .. '|' .. created .. '|' .. soft .. '|' .. amounts .. '|' .. booked)
+  redis.call('ZADD', keys[5], now, record_field)
+  if pending and #overage == 0 then
+    redis.call('XADD', keys[6], 'MAXLEN', '~', maxlen, '*', 'op', kind, 'id', id,
+      'at_ms', string.format('%d', now), 'changes', changes)
+  else
+    local entry = { 'XADD', keys[6], 'MAXLEN', '~', maxlen, '*', 'op', kind, 'id', id,
+      'at_ms', string.format('%d', now), 'changes', changes }
+    if #overage > 0 then
+      local over = ''
+      for i = 1, #overage, 2 do
+        over = over .. (i == 1 and '' or ',') .. overage[i] .. ':'
+          .. string.format('%d', overage[i + 1])
+      end
+      entry[#entry + 1] = 'overage'
+      entry[#entry + 1] = over
+    end
+    if not pending then
+      entry[#entry + 1] = 'corrects'
+      entry[#entry + 1] = 'expire'
+    end
+    redis.call(unpack(entry))
+  end
+  return { 'settled', 0, overage, pending and 0 or 1 }
 end
 
 -- The embedding entry points documented at the top of this file.
@@ -531,13 +525,13 @@ local function ledger_settle(keys, argv)
 end
 
 local function ledger_settle_check(keys, argv)
-  local req, refusal = ledger_parse_resolve(argv, 'settle')
-  if not req then
+  local refusal, id, _, dims, actual = ledger_parse_resolve(argv, 'settle')
+  if refusal then
     return refusal
   end
-  local _, answer = ledger_lookup(keys, req)
-  if answer and answer[1] ~= 'settled' then
-    return answer
+  local reply = ledger_lookup(keys, id, dims, actual)
+  if reply and reply[1] ~= 'settled' then
+    return reply
   end
   return nil
 end

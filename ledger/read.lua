@@ -20,9 +20,10 @@ local limits = redis.call('HGETALL', KEYS[1])
 local out, fields = {}, {}
 for i = 1, #limits, 2 do
   local d = limits[i]
-  local c, h, p = ledger_parse_limit(limits[i + 1])
+  local ceiling, h, p = ledger_parse_limit(limits[i + 1])
+  local c = tonumber(ceiling)
   local b = ledger_bucket(p, now)
-  out[#out + 1] = { d, c and ledger_fmt(c) or '-', h and 1 or 0, p, b }
+  out[#out + 1] = { d, c and string.format('%d', c) or '-', h == '1' and 1 or 0, p, b }
   fields[#fields + 1] = 'c:' .. d .. ':' .. b
   fields[#fields + 1] = 'r:' .. d .. ':' .. b
 end

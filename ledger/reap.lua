@@ -23,7 +23,7 @@ end
 
 local expired = ledger_expire_due(KEYS, now, batch, maxlen)
 local old = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf',
-  '(' .. ledger_fmt(now - retention_ms), 'LIMIT', 0, batch)
+  '(' .. string.format('%d', now - retention_ms), 'LIMIT', 0, batch)
 if #old > 0 then
   redis.call('HDEL', KEYS[3], unpack(old))
   redis.call('ZREM', KEYS[5], unpack(old))

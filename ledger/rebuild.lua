@@ -32,14 +32,14 @@ local ids = redis.call('ZRANGE', KEYS[4], 0, -1)
 for _, id in ipairs(ids) do
   local raw = redis.call('HGET', KEYS[3], 'r:' .. id)
   if raw then
-    local rec = ledger_decode(raw)
-    for _, d in ipairs(rec.dims) do
-      local f = 'r:' .. d .. ':' .. rec.bucket[d]
+    local _, _, _, _, amounts = ledger_decode(raw)
+    for d, b, amount in string.gmatch(amounts, LEDGER_ITEM) do
+      local f = 'r:' .. d .. ':' .. b
       if want[f] == nil then
         fields[#fields + 1] = f
         want[f], have[f] = 0, 0
       end
-      want[f] = want[f] + rec.amount[d]
+      want[f] = want[f] + tonumber(amount)
     end
   end
 end
@@ -48,12 +48,14 @@ for _, f in ipairs(fields) do
   if have[f] ~= want[f] then
     local d, b = string.match(f, '^r:([%w_]+):([%w-]+)$')
     writes[#writes + 1] = f
-    writes[#writes + 1] = ledger_fmt(want[f])
-    changes[#changes + 1] = d .. '@' .. b .. ':0:' .. ledger_fmt(want[f] - have[f])
+    writes[#writes + 1] = string.format('%d', want[f])
+    changes[#changes + 1] = d .. '@' .. b .. ':0:'
+      .. string.format('%d', want[f] - have[f])
   end
 end
 if #writes > 0 then
   redis.call('HSET', KEYS[2], unpack(writes))
-  ledger_journal(KEYS, maxlen, now, 'rebuild', '-', table.concat(changes, ';'))
+  redis.call('XADD', KEYS[6], 'MAXLEN', '~', maxlen, '*', 'op', 'rebuild', 'id', '-',
+    'at_ms', string.format('%d', now), 'changes', table.concat(changes, ';'))
 end
 return { #ids, #changes }

@@ -10,4 +10,4 @@ replay, after any other settle a conflict.
 ]]
 
 local now = ledger_now()
-return ledger_release_at(KEYS, ARGV, now)
+return ledger_settle_at(KEYS, ARGV, now, 'release')

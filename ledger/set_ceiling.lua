@@ -41,7 +41,7 @@ end
 
 ledger_expire_due(KEYS, now, LEDGER_EXPIRE_BATCH, maxlen)
 
-local entry = ledger_fmt(ceiling) .. '|' .. hard .. '|' .. period
+local entry = string.format('%d', ceiling) .. '|' .. hard .. '|' .. period
 local fingerprint = dim .. '=' .. entry
 local seen = redis.call('HGET', KEYS[3], 'o:' .. op)
 if seen then
@@ -53,7 +53,7 @@ end
 redis.call('HSET', KEYS[1], dim, entry)
 redis.call('HSET', KEYS[3], 'o:' .. op, fingerprint)
 redis.call('ZADD', KEYS[5], now, 'o:' .. op)
-ledger_journal(KEYS, maxlen, now, 'set_ceiling', op, '', {
-  'dimension', dim, 'ceiling', ledger_fmt(ceiling), 'hard', hard, 'period', period,
-})
+redis.call('XADD', KEYS[6], 'MAXLEN', '~', maxlen, '*', 'op', 'set_ceiling', 'id', op,
+  'at_ms', string.format('%d', now), 'changes', '', 'dimension', dim,
+  'ceiling', string.format('%d', ceiling), 'hard', hard, 'period', period)
 return { 'set', 0 }
