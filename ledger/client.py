@@ -24,6 +24,7 @@ from ledger.errors import LedgerError, LedgerInputError, LedgerUnavailable
 from ledger.inputs import (
     DEFAULT_DIMENSIONS,
     MAX_AMOUNT,
+    MAX_TIMEOUT_S,
     check_amount,
     check_amounts,
     check_dimension_name,
@@ -31,6 +32,7 @@ from ledger.inputs import (
     check_known_dimension,
     check_period,
     check_tenant,
+    dimension_rank,
     flat_pairs,
     seconds_to_ms,
 )
@@ -64,6 +66,10 @@ DEFAULT_SOCKET_TIMEOUT_S = 1.0
 rather than stalling every worker. A script here runs in well under a millisecond."""
 
 REAP_BATCH = 500  # expiries and prunings per reap call: bounds how long one call blocks Redis
+
+KNOWN_TENANTS = 4096
+"""Tenants whose name was checked and whose KEYS were built, kept per Ledger (then forgotten
+all at once): reserve and settle are called in a loop, and these are per-tenant constants."""
 
 _UNAVAILABLE: tuple[type[Exception], ...] = (
     redis.ConnectionError,
@@ -126,7 +132,10 @@ class Ledger:
         if not 1 <= journal_maxlen <= MAX_AMOUNT:
             raise LedgerInputError("journal_maxlen must be between 1 and 2^53")
         self.dimensions = tuple(check_dimension_name(d) for d in dimensions)
+        self._rank = {d: dimension_rank(d) for d in self.dimensions}
         self._maxlen = str(journal_maxlen)
+        self._grace = str(self._grace_ms)
+        self._known: dict[str, list[str]] = {}
         self._client = client
         self._scripts = {op: client.register_script(self._source(op)) for op in OPERATIONS}
 
@@ -176,9 +185,47 @@ class Ledger:
     def _keys(self, tenant: str) -> list[str]:
         return tenant_keys(tenant)
 
-    def _run(self, operation: str, tenant: str, args: list[str]) -> object:
+    def _tenant(self, tenant: str) -> list[str]:
+        """The tenant's KEYS, once `check_tenant` passed: both done once per tenant."""
+        keys = self._known.get(tenant) if type(tenant) is str else None
+        if keys is None:
+            check_tenant(tenant)
+            keys = self._keys(tenant)
+            if len(self._known) >= KNOWN_TENANTS:
+                self._known.clear()
+            self._known[tenant] = keys
+        return keys
+
+    def _pairs(self, amounts: Mapping[str, int], *, allow_empty: bool) -> list[str]:
+        """`flat_pairs(check_amounts(...))`, with a fast path for a dict of known dimensions
+        and plain integers in range; anything else takes the full check and its error."""
+        if type(amounts) is dict and (amounts or allow_empty):
+            rank = self._rank
+            try:
+                names = sorted(amounts, key=rank.__getitem__)
+            except KeyError:  # an unknown dimension
+                names = None
+            if names is not None:
+                out: list[str] = []
+                for name in names:
+                    value = amounts[name]
+                    if type(value) is not int or not 0 <= value <= MAX_AMOUNT:
+                        break
+                    out += (name, str(value))
+                else:
+                    return out
+        return flat_pairs(check_amounts(amounts, self.dimensions, allow_empty=allow_empty))
+
+    @staticmethod
+    def _timeout(timeout_s: float) -> str:
+        """`seconds_to_ms` as ARGV, without its float arithmetic for a whole number."""
+        if type(timeout_s) is int and 0 <= timeout_s <= MAX_TIMEOUT_S:
+            return str(timeout_s * 1000)
+        return str(seconds_to_ms("timeout_s", timeout_s))
+
+    def _run(self, operation: str, keys: list[str], args: list[str]) -> object:
         try:
-            return self._scripts[operation](keys=self._keys(tenant), args=args)
+            return self._scripts[operation](keys=keys, args=args)
         except redis.RedisError as exc:
             if _unavailable(exc):
                 raise LedgerUnavailable(f"ledger store unavailable: {exc}") from exc
@@ -196,14 +243,14 @@ class Ledger:
     ) -> CeilingResult:
         """Set a ceiling. Pass `op_id` to make a retried call a replay; without one, each call
         gets a fresh id. Raises LedgerConflict if `op_id` already set something else."""
-        check_tenant(tenant)
+        keys = self._tenant(tenant)
         check_known_dimension(dimension, self.dimensions)
         checked = check_amount(f"ceiling of {dimension}", value)
         if not isinstance(hard, bool):
             raise LedgerInputError(f"hard must be True or False, got {hard!r}")
         op = check_id(op_id, "operation id") if op_id is not None else uuid.uuid4().hex
         args = [op, dimension, str(checked), "1" if hard else "0", check_period(period).value]
-        reply = self._run("set_ceiling", tenant, [*args, self._maxlen])
+        reply = self._run("set_ceiling", keys, [*args, self._maxlen])
         return replies.set_ceiling(reply, op)
 
     def reserve(
@@ -220,13 +267,12 @@ class Ledger:
         raises LedgerInputError; an unreachable server never raises: it answers status
         "unavailable", and retrying later with the same id is safe.
         """
-        check_tenant(tenant)
+        keys = self._tenant(tenant)
         check_id(reservation_id)
-        pairs = check_amounts(amounts, self.dimensions, allow_empty=False)
-        timeout_ms = seconds_to_ms("timeout_s", timeout_s)
-        args = [reservation_id, str(timeout_ms), str(self._grace_ms), self._maxlen]
+        pairs = self._pairs(amounts, allow_empty=False)
+        args = [reservation_id, self._timeout(timeout_s), self._grace, self._maxlen, *pairs]
         try:
-            reply = self._run("reserve", tenant, args + flat_pairs(pairs))
+            reply = self._run("reserve", keys, args)
         except LedgerUnavailable as exc:
             return ReserveResult(status="unavailable", admitted=False, detail=str(exc))
         result = replies.reserve(reply)
@@ -239,12 +285,11 @@ class Ledger:
     ) -> tuple[list[str], list[str]]:
         """KEYS and ARGV for `ledger_reserve(keys, argv)` inside another script (see lib.lua),
         checked as `reserve` checks them."""
-        check_tenant(tenant)
+        keys = self._tenant(tenant)
         check_id(reservation_id)
-        pairs = check_amounts(amounts, self.dimensions, allow_empty=False)
-        timeout_ms = seconds_to_ms("timeout_s", timeout_s)
-        args = [reservation_id, str(timeout_ms), str(self._grace_ms), self._maxlen]
-        return self._keys(tenant), args + flat_pairs(pairs)
+        pairs = self._pairs(amounts, allow_empty=False)
+        args = [reservation_id, self._timeout(timeout_s), self._grace, self._maxlen, *pairs]
+        return list(keys), args
 
     def index_tenant(self, tenant: str) -> None:
         """Add the tenant to the reaper's set: after an embedded reserve that asked for it."""
@@ -262,10 +307,9 @@ class Ledger:
         self, tenant: str, reservation_id: str, actual: Mapping[str, int]
     ) -> tuple[list[str], list[str]]:
         """KEYS and ARGV for `ledger_settle(keys, argv)` inside another script (see lib.lua)."""
-        check_tenant(tenant)
+        keys = self._tenant(tenant)
         check_id(reservation_id)
-        pairs = check_amounts(actual, self.dimensions, allow_empty=True)
-        return self._keys(tenant), [reservation_id, self._maxlen, *flat_pairs(pairs)]
+        return list(keys), [reservation_id, self._maxlen, *self._pairs(actual, allow_empty=True)]
 
     def settle(self, tenant: str, reservation_id: str, actual: Mapping[str, int]) -> SettleResult:
         """Book the actual usage and release the rest of the hold.
@@ -274,33 +318,34 @@ class Ledger:
         reservation that expired (charged in full) is corrected to the actual. Raises
         LedgerUnavailable when the server does not answer (retry with the same arguments).
         """
-        _, args = self.settle_script_args(tenant, reservation_id, actual)
-        return replies.settle(self._run("settle", tenant, args), reservation_id)
+        keys = self._tenant(tenant)
+        check_id(reservation_id)
+        args = [reservation_id, self._maxlen, *self._pairs(actual, allow_empty=True)]
+        return replies.settle(self._run("settle", keys, args), reservation_id)
 
     def release(self, tenant: str, reservation_id: str) -> SettleResult:
         """Resolve a reservation that spent nothing (the same as settling with all zeros)."""
-        check_tenant(tenant)
+        keys = self._tenant(tenant)
         check_id(reservation_id)
-        reply = self._run("release", tenant, [reservation_id, self._maxlen])
+        reply = self._run("release", keys, [reservation_id, self._maxlen])
         return replies.settle(reply, reservation_id)
 
     def read(self, tenant: str) -> dict[str, DimensionState]:
         """Every dimension with a ceiling or any usage, in its current period, in dimension
         order. Due expiries are charged first."""
-        check_tenant(tenant)
-        return replies.read(self._run("read", tenant, [self._maxlen]))
+        return replies.read(self._run("read", self._tenant(tenant), [self._maxlen]))
 
     def rebuild(self, tenant: str) -> RebuildResult:
         """Recompute every reserved figure from the pending reservations (a repair)."""
-        check_tenant(tenant)
-        return replies.rebuild(self._run("rebuild", tenant, [self._maxlen]))
+        return replies.rebuild(self._run("rebuild", self._tenant(tenant), [self._maxlen]))
 
     def _reap_once(self, tenant: str) -> tuple[int, int]:
         """(expired, pending) after charging every due expiry and pruning old records."""
+        keys = self._keys(tenant)
         args = [str(REAP_BATCH), str(self._retention_ms), self._maxlen]
         expired_total = 0
         while True:
-            expired, pruned, pending = replies.reap(self._run("reap", tenant, args))
+            expired, pruned, pending = replies.reap(self._run("reap", keys, args))
             expired_total += expired
             if expired < REAP_BATCH and pruned < REAP_BATCH:
                 return expired_total, pending
