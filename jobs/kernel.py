@@ -442,13 +442,12 @@ def _after(state: RunState, before: str, stop: Move | None) -> Move | None:
     return None
 
 
-def exposure(state: RunState, job: Job) -> tuple[Resource | None, Usage]:
+def exposure(state: RunState, job: Job, view: str | None = None) -> tuple[Resource | None, Usage]:
     """The next turn's worst case, as a shared ledger should hold it, and the first dimension
     of the run's own budget it does not fit (None: admitted). A held call that will run first
-    is part of it."""
-    view = job.render(state)
+    is part of it. `view` is `job.render(state)`, when the caller has it already."""
     worst = turn_exposure(
-        input_tokens=est_tokens(view),
+        input_tokens=est_tokens(job.render(state) if view is None else view),
         budget=state.budget,
         tool_cost_bound_microusd=job.tool_cost_bound_microusd,
     )
@@ -469,8 +468,13 @@ def admit(state: RunState, job: Job, view: str) -> Resource | None:
     return first_unfit(consumed=state.usage, reserve=exposure, budget=state.budget)
 
 
-def turn(state: RunState, rt: Runtime) -> Move:
-    """Run one turn of the run in place and return its next move."""
+def turn(state: RunState, rt: Runtime, *, view: str | None = None) -> Move:
+    """Run one turn of the run in place and return its next move.
+
+    `view` is `rt.job.render(state)` when the caller has rendered it already (the worker does,
+    to size the turn's ledger hold), so a turn renders its view once. A held call that runs
+    first changes the state, so the view is then rendered again.
+    """
     if state.status in (Status.STOPPED, Status.SUSPENDED):
         return current_move(state)
     state.status = Status.RUNNING
@@ -478,7 +482,9 @@ def turn(state: RunState, rt: Runtime) -> Move:
         stop = _run_held(state, rt)
         if stop is not None:
             return stop
-    view = rt.job.render(state)
+        view = None
+    if view is None:
+        view = rt.job.render(state)
     unfit = admit(state, rt.job, view)
     if unfit is not None:
         return finish(

@@ -1,7 +1,7 @@
 """One step of a run, in DESIGN.md's order: gate, load, admit, turn, commit, next.
 
-The Celery task only parses its message and calls `run_step`; everything here is plain Python
-over the store, the ledger and the kernel, so the order is readable in one place.
+The Celery task only parses its message and calls `Step(...).run()`; everything here is plain
+Python over the store, the ledger and the kernel, so the order is readable in one place.
 """
 
 from __future__ import annotations
@@ -365,6 +365,7 @@ class Step:
         except (StateFormatError, UnknownJobError) as exc:
             self.fail(loaded, str(exc))
             return "broken"
+        structlog.contextvars.bind_contextvars(step=state.usage.steps + 1)
         return self._gate_and_turn(loaded, state, job)
 
     def _parse(self, loaded: Loaded) -> RunState | None:
@@ -389,7 +390,8 @@ class Step:
     def _admit_and_turn(self, loaded: Loaded, state: RunState, job: Job) -> str:
         step_no = state.usage.steps + 1
         _, hard_s = time_limits(state, self.settings)
-        unfit, worst = exposure(state, job)
+        view = job.render(state)  # rendered once: it sizes the hold and is the model's input
+        unfit, worst = exposure(state, job, view)
         holds: list[tuple[str, Usage]] = []
         if unfit is None:
             reservation_id = hold_id(state.run_id, step_no, self.msg.version)
@@ -405,7 +407,7 @@ class Step:
                 self.finish_now(loaded, state, job, [])
                 return "refused"
             holds.append((reservation_id, worst))
-        return self._turn(loaded, state, job, holds, hard_s)
+        return self._turn(loaded, state, job, holds, hard_s, view=view)
 
     def _hold(
         self, loaded: Loaded, reservation_id: str, worst: Usage, hard_s: float
@@ -428,6 +430,8 @@ class Step:
         job: Job,
         holds: list[tuple[str, Usage]],
         hard_s: float,
+        *,
+        view: str,
     ) -> str:
         before = msgspec.structs.replace(state.usage)
         clock = ActiveClock(state.usage.elapsed_ms / 1000)
@@ -444,7 +448,7 @@ class Step:
         )  # fmt: skip
         try:
             with self.services.heartbeat.beating(self._renew_lease):
-                move = turn(state, runtime)
+                move = turn(state, runtime, view=view)
         except SoftTimeLimitExceeded:
             state, move = self._out_of_time(loaded)
             actual = sum((h for _, h in holds), Usage())  # worst case: nothing more is known

@@ -61,15 +61,28 @@ def _submit_all(client: Client, tenant: str, queue: str, **params: Any) -> dict[
 
 
 def test_scenarios_through_the_queue_match_in_process(
-    client: Client, queue: str, unique: str
+    client: Client, queue: str, pool: list[WorkerProcess], unique: str
 ) -> None:
     """A-H through the queue on two worker processes end with the same outcomes, numbers and
-    effects as in process."""
-    ids = _submit_all(client, f"t-{unique}", queue)
+    effects as in process; each run's last log line carries its tenant, run id and step."""
+    tenant = f"t-{unique}"
+    ids = _submit_all(client, tenant, queue)
     wait_until(lambda: settled(client, list(ids.values())), timeout_s=60, what="scenarios settle")
     expected = expected_rows()
     for letter, run_id in ids.items():
         assert stored_row(client, run_id) == expected[letter], letter
+    finished = {
+        e["run_id"]: e for w in pool for e in w.events("run_finished") if e.get("tenant") == tenant
+    }
+    for letter, run_id in ids.items():
+        if letter == "G":  # suspended for approval: its last line is run_suspended
+            continue
+        line, steps = finished[run_id], client.state(run_id).usage.steps
+        # The step the task worked on: the last counted one, or the next when admission refused
+        # it; the version it loaded, which its commit moved on by one.
+        assert line["step"] in (steps, steps + 1), letter
+        assert line["version"] + 1 == _versions(client, tenant, run_id)[-1], letter
+        assert line["outcome"] == expected[letter]["outcome"], letter
 
 
 def test_approving_a_suspended_run_resumes_it(client: Client, queue: str, unique: str) -> None:
