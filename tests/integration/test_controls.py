@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from tests.integration.workers import (
     WorkerProcess,
     client_for,
     expected_rows,
+    running_workers,
     settled,
     stored_row,
     wait_until,
@@ -38,21 +38,13 @@ SLOW = {"sleep_s": {"get_order": 0.4, "send_status_email": 0.4}}
 MIXED = "ABCEFH"  # scenarios that end on their own (G waits for a person)
 
 
-@contextmanager
-def workers(redis_url: str, queue: str, count: int, concurrency: int) -> Iterator[list[Any]]:
-    """`count` worker processes with `concurrency` pool processes each."""
-    started = [
-        WorkerProcess(redis_url, [queue], name=f"c{i}-{queue}-{time.monotonic_ns()}",
-                      concurrency=concurrency).start()
-        for i in range(count)
-    ]  # fmt: skip
-    try:
-        for worker in started:
-            worker.wait_ready()
-        yield started
-    finally:
-        for worker in started:
-            worker.stop(timeout_s=15)
+def workers(
+    redis_url: str, queue: str, count: int, concurrency: int
+) -> AbstractContextManager[list[WorkerProcess]]:
+    """`count` worker processes with `concurrency` pool processes each, on `queue`."""
+    return running_workers(
+        redis_url, [queue], count, prefix="c", concurrency=concurrency, stop_timeout_s=15
+    )
 
 
 def _kinds(client: Client, tenant: str, run_id: str) -> list[str]:

@@ -136,10 +136,13 @@ def running_workers(
     env: Mapping[str, str] | None = None,
     broker_url: str | None = None,
     prefix: str = "w",
+    concurrency: int = 1,
+    stop_timeout_s: float = 10.0,
 ) -> Iterator[list[WorkerProcess]]:
+    """`count` worker processes of `concurrency` pool processes each, ready when yielded."""
     workers = [
         WorkerProcess(redis_url, queues, name=f"{prefix}{i}-{os.getpid()}-{time.monotonic_ns()}",
-                      env=env, broker_url=broker_url).start()
+                      env=env, broker_url=broker_url, concurrency=concurrency).start()
         for i in range(count)
     ]  # fmt: skip
     try:
@@ -148,7 +151,7 @@ def running_workers(
         yield workers
     finally:
         for worker in workers:
-            worker.stop(timeout_s=10)
+            worker.stop(timeout_s=stop_timeout_s)
 
 
 def client_for(redis_url: str, broker_url: str | None = None, **overrides: Any) -> Client:
