@@ -24,7 +24,6 @@ from ledger.errors import LedgerError, LedgerInputError, LedgerUnavailable
 from ledger.inputs import (
     DEFAULT_DIMENSIONS,
     MAX_AMOUNT,
-    MAX_TIMEOUT_S,
     check_amount,
     check_amounts,
     check_dimension_name,
@@ -32,7 +31,6 @@ from ledger.inputs import (
     check_known_dimension,
     check_period,
     check_tenant,
-    dimension_rank,
     flat_pairs,
     seconds_to_ms,
 )
@@ -132,7 +130,6 @@ class Ledger:
         if not 1 <= journal_maxlen <= MAX_AMOUNT:
             raise LedgerInputError("journal_maxlen must be between 1 and 2^53")
         self.dimensions = tuple(check_dimension_name(d) for d in dimensions)
-        self._rank = {d: dimension_rank(d) for d in self.dimensions}
         self._maxlen = str(journal_maxlen)
         self._grace = str(self._grace_ms)
         self._known: dict[str, list[str]] = {}
@@ -197,31 +194,8 @@ class Ledger:
         return keys
 
     def _pairs(self, amounts: Mapping[str, int], *, allow_empty: bool) -> list[str]:
-        """`flat_pairs(check_amounts(...))`, with a fast path for a dict of known dimensions
-        and plain integers in range; anything else takes the full check and its error."""
-        if type(amounts) is dict and (amounts or allow_empty):
-            rank = self._rank
-            try:
-                names = sorted(amounts, key=rank.__getitem__)
-            except KeyError:  # an unknown dimension
-                names = None
-            if names is not None:
-                out: list[str] = []
-                for name in names:
-                    value = amounts[name]
-                    if type(value) is not int or not 0 <= value <= MAX_AMOUNT:
-                        break
-                    out += (name, str(value))
-                else:
-                    return out
+        """The amounts checked, as ARGV pairs in dimension order."""
         return flat_pairs(check_amounts(amounts, self.dimensions, allow_empty=allow_empty))
-
-    @staticmethod
-    def _timeout(timeout_s: float) -> str:
-        """`seconds_to_ms` as ARGV, without its float arithmetic for a whole number."""
-        if type(timeout_s) is int and 0 <= timeout_s <= MAX_TIMEOUT_S:
-            return str(timeout_s * 1000)
-        return str(seconds_to_ms("timeout_s", timeout_s))
 
     def _run(self, operation: str, keys: list[str], args: list[str]) -> object:
         try:
@@ -267,10 +241,7 @@ class Ledger:
         raises LedgerInputError; an unreachable server never raises: it answers status
         "unavailable", and retrying later with the same id is safe.
         """
-        keys = self._tenant(tenant)
-        check_id(reservation_id)
-        pairs = self._pairs(amounts, allow_empty=False)
-        args = [reservation_id, self._timeout(timeout_s), self._grace, self._maxlen, *pairs]
+        keys, args = self.reserve_script_args(tenant, reservation_id, amounts, timeout_s=timeout_s)
         try:
             reply = self._run("reserve", keys, args)
         except LedgerUnavailable as exc:
@@ -288,8 +259,8 @@ class Ledger:
         keys = self._tenant(tenant)
         check_id(reservation_id)
         pairs = self._pairs(amounts, allow_empty=False)
-        args = [reservation_id, self._timeout(timeout_s), self._grace, self._maxlen, *pairs]
-        return list(keys), args
+        timeout_ms = seconds_to_ms("timeout_s", timeout_s)
+        return list(keys), [reservation_id, str(timeout_ms), self._grace, self._maxlen, *pairs]
 
     def index_tenant(self, tenant: str) -> None:
         """Add the tenant to the reaper's set: after an embedded reserve that asked for it."""
@@ -318,9 +289,7 @@ class Ledger:
         reservation that expired (charged in full) is corrected to the actual. Raises
         LedgerUnavailable when the server does not answer (retry with the same arguments).
         """
-        keys = self._tenant(tenant)
-        check_id(reservation_id)
-        args = [reservation_id, self._maxlen, *self._pairs(actual, allow_empty=True)]
+        keys, args = self.settle_script_args(tenant, reservation_id, actual)
         return replies.settle(self._run("settle", keys, args), reservation_id)
 
     def release(self, tenant: str, reservation_id: str) -> SettleResult:

@@ -66,13 +66,6 @@ def _status(reply: object) -> tuple[str, Sequence[object]]:
 
 
 def reserve(reply: object) -> ReserveResult:
-    # The common answer as redis-py hands it over: admitted, no soft dimension exceeded.
-    if type(reply) is list and len(reply) == 5 and reply[0] == "admitted" and reply[3] == []:
-        expires, replayed = reply[1], reply[2]
-        if type(expires) is int and type(replayed) is int:
-            return ReserveResult(
-                status="admitted", admitted=True, expires_at_ms=expires, replayed=replayed == 1
-            )
     status, items = _status(reply)
     if status == "admitted":
         return ReserveResult(
@@ -114,11 +107,6 @@ def needs_index(reply: object) -> bool:
 
 
 def settle(reply: object, reservation_id: str) -> SettleResult:
-    # The common answer as redis-py hands it over: settled, no overage.
-    if type(reply) is list and len(reply) == 4 and reply[0] == "settled" and reply[2] == []:
-        replayed, corrected = reply[1], reply[3]
-        if type(replayed) is int and type(corrected) is int:
-            return SettleResult(replayed=replayed == 1, overage={}, corrected=corrected == 1)
     status, items = _status(reply)
     if status == "settled":
         flat = _items(items[2])
