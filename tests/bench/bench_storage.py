@@ -6,7 +6,9 @@ Starts its own server and two worker processes, runs `--runs` support runs (spec
 scenario A: a refund and an e-mail, five turns) to the end with no model or tool latency, and
 sums MEMORY USAGE (SAMPLES 0: every element counted) of each run's keys: its hash and its
 event stream; then the tenant's indexes that name finished runs (runs zset, stopped and
-outcome sets) and the run-tenants map, divided by the number of runs. With 200 runs the
+outcome sets) and the run-tenants map, divided by the number of runs. Last, a retention pass
+with TURNSTILE_RETAIN_FINISHED_S=0 shows what is left of them under the tenant's tag (nothing:
+keys). With 200 runs the
 indexes are past their compact encodings (128 entries), as in production. The ledger's
 records of the runs' reservations (kept a week, for replays) are reported beside it, apart.
 """
@@ -25,8 +27,9 @@ import redis
 from jobs.support.scenarios import GOAL, USER
 from ledger.keys import tenant_keys
 from tests.integration.workers import client_for, running_workers, settled
-from worker import keys
+from worker import keys, retention
 from worker.embedded import EmbeddedServer
+from worker.settings import Settings
 
 ZERO_LATENCY: dict[str, Any] = {
     "model_latency_s": 0,
@@ -61,6 +64,9 @@ def measure(runs: int) -> dict[str, Any]:
         index_keys += [keys.by_outcome(tenant, str(o)) for o in outcomes if o]
         indexes = sum(_bytes(r, k) for k in index_keys)
         ledger = sum(_bytes(r, k) for k in tenant_keys(tenant))
+        # Then a retention pass with no time to keep: what is left of the runs.
+        removed = retention.retain(r, Settings(retain_finished_s=0), client.ledger).runs
+        left = [k for k in r.scan_iter(f"{keys.PREFIX}:{{{tenant}}}:*", count=1000)]
     per_run = {
         "hash": round(statistics.mean(hashes)),
         "events_stream": round(statistics.mean(streams)),
@@ -72,6 +78,7 @@ def measure(runs: int) -> dict[str, Any]:
         "events_per_run": statistics.mean(events),
         "bytes_per_run": {**per_run, "total": sum(per_run.values())},
         "ledger_bytes_per_run": round(ledger / runs),
+        "after_retention": {"runs_removed": removed, "run_keys_left": sorted(map(str, left))},
     }
 
 
