@@ -6,11 +6,11 @@ Starts its own server and two worker processes, runs `--runs` support runs (spec
 scenario A: a refund and an e-mail, five turns) to the end with no model or tool latency, and
 sums MEMORY USAGE (SAMPLES 0: every element counted) of each run's keys: its hash and its
 event stream; then the tenant's indexes that name finished runs (runs zset, stopped and
-outcome sets) and the run-tenants map, divided by the number of runs. Last, a retention pass
-with TURNSTILE_RETAIN_FINISHED_S=0 shows what is left of them under the tenant's tag (nothing:
-keys). With 200 runs the
+outcome sets) and the run-tenants map, divided by the number of runs. With 200 runs the
 indexes are past their compact encodings (128 entries), as in production. The ledger's
 records of the runs' reservations (kept a week, for replays) are reported beside it, apart.
+Last, a retention pass with TURNSTILE_RETAIN_FINISHED_S=0 lists what is left under the
+tenant's tag: nothing, not even an empty index.
 """
 
 from __future__ import annotations
