@@ -10,7 +10,9 @@ from __future__ import annotations
 from functools import cache
 from importlib import resources
 
-OPERATIONS = ("reserve", "settle", "release", "set_ceiling", "read", "reap", "rebuild")
+OPERATIONS = (
+    "reserve", "settle", "release", "set_ceiling", "read", "reap", "rebuild", "prune",
+)  # fmt: skip
 
 
 @cache

@@ -36,7 +36,7 @@ from worker.step import StepMessage, next_hold, now_iso, time_limits
 from worker.store import Change, RunStore, SubmissionConflictError, fingerprint
 
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-RUN_TENANTS = f"{keys.PREFIX}:run-tenants"  # run id -> tenant, so a run id alone finds its run
+RUN_TENANTS = keys.RUN_TENANTS
 
 
 class SubmissionError(TurnstileError):
