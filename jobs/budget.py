@@ -79,9 +79,13 @@ class Usage(msgspec.Struct, kw_only=True):
         )
 
     def charge(self, amounts: Mapping[str, int]) -> None:
+        """Add to the job dimensions. A new dict, never an update in place: a shallow copy of
+        a usage (the step's `before`) must not move with it."""
+        extra = dict(self.extra)
         for name, amount in amounts.items():
             if amount:
-                self.extra[name] = self.extra.get(name, 0) + amount
+                extra[name] = extra.get(name, 0) + amount
+        self.extra = extra
 
     def ledger_amounts(self) -> dict[str, int]:
         """The amounts a tenant's ledger reserves or settles: the built-in four and the
