@@ -42,6 +42,6 @@ def test_refunds_never_pass_the_tenants_refund_ceiling_across_workers(
     assert peak <= ceiling and figures.reserved == 0
     assert refunded == figures.committed <= ceiling
     assert figures.committed == sum(s.usage.extra.get("refund_cents", 0) for s in states)
-    outcomes = [(s.outcome, s.detail) for s in states]
+    outcomes = [(s.outcome and s.outcome.value, s.detail) for s in states]
     assert set(outcomes) == {("completed", None), ("budget_exhausted", "tenant.refund_cents")}
     assert outcomes.count(("completed", None)) == 20  # each admitted hold is exactly one refund

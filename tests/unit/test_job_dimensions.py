@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from jobs.budget import Usage
 from jobs.calls import call_key
 from jobs.clock import SimClock
@@ -114,8 +116,6 @@ def test_the_key_of_a_tool_with_key_args_follows_those_arguments() -> None:
 def test_a_copy_of_usage_does_not_move_with_the_original() -> None:
     """The step measures a turn as usage minus a shallow copy taken before it: charging a job
     dimension must not change that copy."""
-    import msgspec
-
     usage = Usage(extra={"refund_cents": 100})
     before = msgspec.structs.replace(usage)
     usage.charge({"refund_cents": 700})
