@@ -30,7 +30,8 @@ def main() -> None:
 
     after_import = get_current_app() is service and receivers() == before
     client = connect_client(Settings(redis_url=redis_url))
-    run_id = client.submit("probe", "u1", "support", "refund the damaged item", {},
+    run_id = client.submit("probe", "cu_ana", "support", "refund the damaged item",
+                           {"model_latency_s": 0},
                            budget=Budget(), queue=queue)  # fmt: skip
     import worker  # noqa: PLC0415 - the service's own top-level module named worker
 
