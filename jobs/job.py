@@ -170,10 +170,11 @@ class Job:
 
     def validate_params(self, params: Mapping[str, Any]) -> None:
         """Raise ParamsError naming the first bad key: unknown, mistyped or out of range."""
-        errors = sorted(
+        errors = sorted(  # an unknown key first: a typo also makes its right name missing
             self._params_validator.iter_errors(dict(params)),
-            key=lambda e: (list(map(str, e.absolute_path)), e.message),
-        )
+            key=lambda e: (e.validator != "additionalProperties", list(map(str, e.absolute_path)),
+                           e.message),
+        )  # fmt: skip
         if errors:
             raise ParamsError(_params_message(self, errors[0]))
         self.check_params(params)
@@ -195,4 +196,7 @@ def _params_message(job: Job, exc: Any) -> str:
             f"{place}{extra[0] if extra else '?'}: unknown key for job {job.name!r} "
             f"(known: {', '.join(known) or 'none'})"
         )
+    if exc.validator == "required" and isinstance(exc.instance, Mapping):
+        missing = next((k for k in exc.validator_value if k not in exc.instance), "?")
+        return f"params.{where + '.' if where else ''}{missing}: required by job {job.name!r}"
     return f"params.{where or '(all)'}: {exc.message}"[:300]
