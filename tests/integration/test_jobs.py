@@ -119,3 +119,13 @@ def test_a_job_dimension_can_be_capped_from_the_cli(redis_url: str, unique: str)
     assert "refund_cents" in json.dumps(shown) and "500000" in json.dumps(shown)
     bad = cli(redis_url, "ledger", "set", tenant, "bananas=5")
     assert bad.exit_code != 0 and "bananas" in bad.output
+
+
+def test_the_cli_refuses_runs_and_demos_of_unknown_jobs(redis_url: str) -> None:
+    """`submit --job` and `demo --job` of a job nobody registered: one line with the known
+    jobs, before anything starts or is written."""
+    args = ["submit", "--tenant", "acme", "--user", "u1", "--goal", "g", "--job", "nope"]
+    one_line_error(cli(redis_url, *args), "unknown job 'nope'; known jobs: support")
+    one_line_error(
+        cli(redis_url, "demo", "--job", "nope"), "unknown job 'nope'; known jobs: support"
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from jobs.declare import tool
@@ -93,3 +95,27 @@ def test_a_tool_schema_derives_from_type_hints_and_bad_ones_are_refused() -> Non
 
     with pytest.raises(JobDefinitionError, match="charges undeclared dimensions"):
         Job(name="x", tools={"refund": refund}, model=plugins.good().model)
+
+
+def test_a_broken_entry_point_is_named_and_a_run_of_it_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An installed distribution whose `turnstile.jobs` entry points fail to import, or give a
+    job under another name, breaks only those entries; asking for one names why and lists the
+    known jobs."""
+    dist = tmp_path / "broken_plugins-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugins\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(
+        "[turnstile.jobs]\nghost = no_such_module_abc:job\nwrongname = tests.plugins:good\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = Registry(None, spec="")
+    assert registry.names() == ["support"]
+    why = {p.name: p.error for p in registry.broken()}
+    assert str(why["ghost"]).startswith("ModuleNotFoundError: No module named 'no_such_module_abc'")
+    assert why["wrongname"] == (
+        "ValueError: registered as 'wrongname' but the job is named 'toy_good'"
+    )
+    with pytest.raises(UnknownJobError, match=r"job 'ghost' is broken \(ModuleNotFound"):
+        registry.get("ghost")
