@@ -158,9 +158,13 @@ class LedgerGate:
         self.rejected: str | None = None  # the dimension that refused, for tenant.<dimension>
 
     def extend(self, extra: Usage) -> bool:
+        """Admitted or not; an unreachable ledger is no refusal (the run would end as if its
+        tenant were out of budget): the step is retried, as when the load finds it down."""
         result = self.ledger.reserve(
             self.tenant, self.reservation_id, ledger_amounts(extra), timeout_s=self.timeout_s
         )
+        if result.status == "unavailable":
+            raise LedgerDown(result.detail)
         if result.admitted:
             self.reserved = extra
         self.rejected = result.first_rejected

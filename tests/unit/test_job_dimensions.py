@@ -3,9 +3,11 @@ actual is what the run is charged, and a refusal names tenant.<dimension>."""
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import msgspec
+import pytest
 
 from jobs.budget import Usage
 from jobs.calls import call_key
@@ -18,8 +20,10 @@ from jobs.runs import new_run
 from jobs.state import Call, HeldCall, RunState
 from jobs.tools import Tool, ToolContext, ToolOutput
 from jobs.trace import Trace
+from ledger.client import Ledger
+from ledger.inputs import DEFAULT_DIMENSIONS
 from tests.unit.kit import Listed
-from worker.step import split_actual
+from worker.step import LedgerDown, LedgerGate, split_actual
 
 REFUNDED: list[int] = []
 
@@ -120,3 +124,17 @@ def test_a_copy_of_usage_does_not_move_with_the_original() -> None:
     before = msgspec.structs.replace(usage)
     usage.charge({"refund_cents": 700})
     assert (usage - before).extra == {"refund_cents": 700}
+
+
+def test_an_unreachable_ledger_mid_turn_is_retried_not_a_refusal() -> None:
+    """The turn's gate facing a ledger that does not answer raises LedgerDown (the step is
+    retried) instead of ending the run budget_exhausted."""
+    nobody = socket.socket()
+    nobody.bind(("127.0.0.1", 0))
+    port = nobody.getsockname()[1]
+    nobody.close()  # a port where no server listens
+    known = (*DEFAULT_DIMENSIONS, "refund_cents")
+    ledger = Ledger.from_url(f"redis://127.0.0.1:{port}/0", dimensions=known)
+    gate = LedgerGate(ledger, "t", "r1:1:v1:x", timeout_s=5)
+    with pytest.raises(LedgerDown):
+        gate.extend(Usage(extra={"refund_cents": 700}))
