@@ -22,6 +22,8 @@ from typing import Any
 
 import msgspec
 
+from jobs.budget import Usage
+from jobs.calls import Gate, Unlimited
 from jobs.clock import SimClock
 from jobs.decisions import approve, cancel, deny
 from jobs.errors import KernelError, StateFormatError
@@ -122,11 +124,12 @@ class _Replaying:
     turns: int = 0
     notes: list[str] = field(default_factory=list)
 
-    def turn(self, event: dict[str, Any]) -> None:
+    def turn(self, event: dict[str, Any], after: dict[str, Any]) -> None:
         recorded = msgspec.convert(event.get("spans") or [], list[Span])
         model = Replay(responses_from_spans(recorded))
         clock = SimClock(self.state.usage.elapsed_ms / 1000)
-        runtime = Runtime(job=self.job, model=model, clock=clock, trace=Trace(clock))
+        runtime = Runtime(job=self.job, model=model, clock=clock, trace=Trace(clock),
+                          gate=_gate_as_recorded(event, after))  # fmt: skip
         self.turns += 1
         try:
             turn(self.state, runtime)
@@ -187,6 +190,28 @@ class _Replaying:
             self.notes.append(text)
 
 
+class _Refused:
+    """The tenant's ledger as the turn met it: no room in `rejected`, so the turn's calls that
+    charge it end the run as they did (budget_exhausted, tenant.<dimension>)."""
+
+    def __init__(self, rejected: str) -> None:
+        self.rejected = rejected
+
+    def extend(self, extra: Usage) -> bool:
+        return False
+
+
+def _gate_as_recorded(turn_event: dict[str, Any], after: dict[str, Any]) -> Gate:
+    detail = str(after.get("detail") or "")
+    refused = (
+        after.get("type") == "finished"
+        and turn_event.get("status") == Status.STOPPED.value
+        and after.get("outcome") == Outcome.BUDGET_EXHAUSTED.value
+        and detail.startswith("tenant.")
+    )
+    return _Refused(detail.removeprefix("tenant.")) if refused else Unlimited()
+
+
 def _initial(events: list[dict[str, Any]]) -> RunState:
     if not events or events[0].get("type") != "submitted":
         raise ReplayError("the run's first event is not its submission: it cannot be replayed")
@@ -215,7 +240,7 @@ def replay_events(
         if kind == "turn" and str(after.get("reason") or "").startswith(CUT_OFF):
             rp.cut_off(after)
         elif kind == "turn":
-            rp.turn(event)
+            rp.turn(event, after)
         elif kind == "decision":
             rp.decide(event)
         elif kind == "parked" and not state.terminal:

@@ -6,6 +6,7 @@ import pytest
 
 from jobs.support.scenarios import GOAL, USER
 from tests.integration.workers import client_for, running_workers, settled, wait_until
+from worker.replay import replay_run
 from worker.shop import RedisShop
 
 pytestmark = pytest.mark.integration
@@ -16,7 +17,8 @@ def test_refunds_never_pass_the_tenants_refund_ceiling_across_workers(
 ) -> None:
     """40 refund runs of one tenant on two worker processes against a refund_cents ceiling
     that admits half: the refunded total (in the shops and in the ledger) never passes it,
-    and every other run ends budget_exhausted naming tenant.refund_cents."""
+    and every other run ends budget_exhausted naming tenant.refund_cents. Replay reproduces
+    every one of them, the refused ones included."""
     tenant, queue = f"refunds-{unique}", f"refunds-{unique}"
     amount_cents, ceiling = 3000, 20 * 3000
     with running_workers(redis_url, [queue], 2):
@@ -45,3 +47,5 @@ def test_refunds_never_pass_the_tenants_refund_ceiling_across_workers(
     outcomes = [(s.outcome and s.outcome.value, s.detail) for s in states]
     assert set(outcomes) == {("completed", None), ("budget_exhausted", "tenant.refund_cents")}
     assert outcomes.count(("completed", None)) == 20  # each admitted hold is exactly one refund
+    replays = [replay_run(client, r) for r in runs]
+    assert [(r.matches, r.notes) for r in replays] == [(True, [])] * 40
