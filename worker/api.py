@@ -130,6 +130,8 @@ class Client:
             raise SubmissionError(
                 f"goal must be text of at most {self.config.max_goal_chars} characters"
             )
+        if params is not None and not isinstance(params, Mapping):
+            raise SubmissionError(f"params must be a JSON object, not {type(params).__name__}")
         try:
             size = len(msgspec.json.encode(params or {}))
         except (TypeError, ValueError) as exc:

@@ -109,6 +109,13 @@ def test_bad_params_are_refused_at_submit_and_nothing_is_written(
     assert client.client.llen(queue) == 0
 
 
+def test_params_that_are_not_an_object_are_refused(redis_url: str) -> None:
+    """Params given as a list (or anything but a mapping) are one clear error, not a crash."""
+    client = client_for(redis_url)
+    with pytest.raises(SubmissionError, match="params must be a JSON object, not list"):
+        client.submit("acme", "u1", "support", "refund", ["amount_cents", 1])  # type: ignore[arg-type]
+
+
 def test_a_job_dimension_can_be_capped_from_the_cli(redis_url: str, unique: str) -> None:
     """`turnstile ledger set T refund_cents=N --period day` takes the support job's own
     dimension; a dimension no job declares is refused."""
