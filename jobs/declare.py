@@ -48,7 +48,12 @@ def schema_of(hint: Any) -> dict[str, Any]:
 
 def arguments_schema(fn: Callable[..., Any]) -> dict[str, Any]:
     """The schema of a tool function's arguments: every parameter after the context."""
-    hints = typing.get_type_hints(fn)
+    try:
+        hints = typing.get_type_hints(fn)
+    except (NameError, TypeError) as exc:  # a hint imported only under TYPE_CHECKING, say
+        raise JobDefinitionError(
+            f"tool {fn.__name__}: its type hints do not resolve: {exc}"
+        ) from exc
     params = list(inspect.signature(fn).parameters.values())[1:]
     properties, required = {}, []
     for p in params:

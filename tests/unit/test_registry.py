@@ -86,6 +86,17 @@ def test_a_tool_schema_derives_from_type_hints_and_bad_ones_are_refused() -> Non
     assert plugins.echo.argument_problems({"text": 3}) == ["text: 3 is not of type 'string'"]
     with pytest.raises(JobDefinitionError, match="not valid JSON Schema"):
         tool(schema={"type": 5})(lambda ctx: {"status": "ok"})
+
+    def unresolved(ctx: ToolContext, order: Undefined) -> None:  # type: ignore[name-defined]  # noqa: F821
+        return None
+
+    def blob(ctx: ToolContext, data: bytes) -> None:
+        return None
+
+    with pytest.raises(JobDefinitionError, match="type hints do not resolve"):
+        tool(unresolved)
+    with pytest.raises(JobDefinitionError, match="no JSON Schema for the type hint"):
+        tool(blob)
     with pytest.raises(JobDefinitionError, match="params schema is not valid JSON Schema"):
         Job(name="x", tools={}, model=plugins.good().model, params_schema={"type": "obj"})
 
