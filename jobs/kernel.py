@@ -221,6 +221,11 @@ def _calls_turn(
     if batch.outcome.halt is not None:
         return finish(state, Outcome.GUARDRAIL_STOP, batch.outcome.halt.detail, "guardrail")
     fit(state, rt.job, batch, rt.gate)
+    if batch.outcome.exhausted is not None:
+        dimension = batch.outcome.exhausted
+        state.last_result = error("over_budget", f"tenant.{dimension}")
+        reason = f"the tenant's {dimension} ceiling has no room for this turn's calls"
+        return finish(state, Outcome.BUDGET_EXHAUSTED, reason, f"tenant.{dimension}")
     _run_reads(state, rt, batch, [p for p in batch.approved if not p.tool.mutates])
     _run_writes(state, rt, batch, [p for p in batch.approved if p.tool.mutates])
     observations = [o for o in batch.observations if o is not None]
@@ -455,6 +460,7 @@ def exposure(state: RunState, job: Job, view: str | None = None) -> tuple[Resour
         held = job.tools.get(state.pending.call.name)
         worst.tool_calls += 1
         worst.cost_microusd += held.cost_bound_microusd if held else 0
+        worst.charge(held.charge_bounds(state.pending.call.args) if held else {})
     return first_unfit(consumed=state.usage, reserve=worst, budget=state.budget), worst
 
 

@@ -17,7 +17,7 @@ OPERATIONS = (
 
 @cache
 def _source(name: str) -> str:
-    return resources.files("ledger").joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    return resources.files(__package__ or "").joinpath(f"{name}.lua").read_text(encoding="utf-8")
 
 
 def library_source() -> str:

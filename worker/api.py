@@ -26,11 +26,12 @@ from jobs.outcomes import Status
 from jobs.runs import new_run
 from jobs.state import RunState
 from ledger.client import Ledger
+from ledger.inputs import DEFAULT_DIMENSIONS
 from worker import keys
 from worker.app import connect, sender
 from worker.errors import TurnstileError
 from worker.memory import RedisMemory
-from worker.registry import Jobs
+from worker.registry import Registry
 from worker.settings import Settings
 from worker.step import StepMessage, next_hold, now_iso, time_limits
 from worker.store import Change, RunStore, SubmissionConflictError, fingerprint
@@ -68,9 +69,12 @@ def _budget(raw: Budget | Mapping[str, Any] | None, default: Budget) -> Budget:
 class Client:
     def __init__(self, client: redis.Redis, config: Settings, send: Send) -> None:
         self.client, self.config, self.send = client, config, send
-        self.ledger = Ledger(client, grace_s=config.ledger_grace_s)
+        self.jobs = Registry(client)  # the jobs this process can see: entry points, TURNSTILE_JOBS
+        self.ledger = Ledger(
+            client, grace_s=config.ledger_grace_s,
+            dimensions=(*DEFAULT_DIMENSIONS, *self.jobs.dimensions()),
+        )  # fmt: skip
         self.store = RunStore(client, self.ledger)
-        self.jobs = Jobs(client)
         self.memory = RedisMemory(client)
 
     # -- submitting ------------------------------------------------------------------------
@@ -126,6 +130,8 @@ class Client:
             raise SubmissionError(
                 f"goal must be text of at most {self.config.max_goal_chars} characters"
             )
+        if params is not None and not isinstance(params, Mapping):
+            raise SubmissionError(f"params must be a JSON object, not {type(params).__name__}")
         try:
             size = len(msgspec.json.encode(params or {}))
         except (TypeError, ValueError) as exc:

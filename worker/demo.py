@@ -28,6 +28,7 @@ from jobs.support.scenarios import GOAL, SCENARIOS, USER
 from worker.api import Client, connect_client
 from worker.embedded import EmbeddedServer
 from worker.errors import TurnstileError
+from worker.registry import Registry
 from worker.settings import Settings
 from worker.shop import RedisShop
 
@@ -60,7 +61,11 @@ class WorkerProcesses:
 
     def start(self) -> None:
         env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")},
+            **{
+                k: v
+                for k, v in os.environ.items()
+                if not k.startswith("TURNSTILE_") or k == "TURNSTILE_JOBS"
+            },
             "TURNSTILE_REDIS_URL": self.redis_url,
             "TURNSTILE_LOG_FORMAT": "json",
             "TURNSTILE_DEFAULT_QUEUE": self.queue,
@@ -69,9 +74,8 @@ class WorkerProcesses:
         with self.log_path.open("ab") as log:
             for i in range(self.count):
                 args = [
-                    sys.executable, "-m", "celery", "-A", "worker.app:app", "worker",
-                    "-Q", self.queue, "-c", "1", "-n", f"demo{i}-{uuid.uuid4().hex[:6]}@%h",
-                    "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING",
+                    sys.executable, "-m", "turnstile", "worker", "--queues", self.queue,
+                    "--concurrency", "1", "--name", f"demo{i}-{uuid.uuid4().hex[:6]}@%h",
                 ]  # fmt: skip
                 self.processes.append(
                     subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
@@ -125,9 +129,26 @@ def submit_runs(client: Client, *, extra_runs: int, suffix: str, queue: str) -> 
     return runs
 
 
+def submit_examples(client: Client, job: str, *, suffix: str, queue: str) -> list[DemoRun]:
+    """The example runs a job declares, for one tenant."""
+    definition = client.jobs.get(job)
+    if not definition.examples:
+        raise DemoError(f"job {job!r} declares no example runs to show")
+    tenant = f"{job}-{suffix}"
+    return [
+        DemoRun(
+            client.submit(tenant, USER, job, ex.goal, dict(ex.params), budget=ex.budget,
+                          queue=queue),
+            tenant, ex.label,
+        )
+        for ex in definition.examples
+    ]  # fmt: skip
+
+
 def _row(client: Client, run: DemoRun) -> dict[str, Any]:
     stored = client.run_hash(run.run_id, run.tenant)[1]
     state = client.state(run.run_id, run.tenant)
+    support = state.job == "support"
     return {
         "run_id": run.run_id,
         "tenant": run.tenant,
@@ -139,7 +160,8 @@ def _row(client: Client, run: DemoRun) -> dict[str, Any]:
         "tool_calls": state.usage.tool_calls,
         "tokens": state.usage.tokens,
         "cost_microusd": state.usage.cost_microusd,
-        "effects": RedisShop(client.client).effects(run.run_id),
+        "effects": RedisShop(client.client).effects(run.run_id) if support else [],
+        "answer": state.answer,
     }
 
 
@@ -217,7 +239,10 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)  # unwinds the ExitStack: workers and server are stopped
 
 
-def run_demo(*, extra_runs: int, as_json: bool, redis_url: str | None) -> dict[str, Any]:
+def run_demo(
+    *, extra_runs: int, as_json: bool, redis_url: str | None, job: str = "support"
+) -> dict[str, Any]:
+    Registry(None).get(job)  # an unknown or broken job is refused before anything starts
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     console = Console(stderr=as_json)
     suffix = uuid.uuid4().hex[:6]
@@ -231,7 +256,10 @@ def run_demo(*, extra_runs: int, as_json: bool, redis_url: str | None) -> dict[s
         workers.start()
         console.print(f"[dim]{WORKERS} worker processes ready; their log: {workers.log_path}[/dim]")
         client = connect_client(Settings(redis_url=url))
-        runs = submit_runs(client, extra_runs=extra_runs, suffix=suffix, queue=queue)
+        if job == "support":
+            runs = submit_runs(client, extra_runs=extra_runs, suffix=suffix, queue=queue)
+        else:
+            runs = submit_examples(client, job, suffix=suffix, queue=queue)
         live = None if as_json else Live(console=console, refresh_per_second=8, transient=True)
         if live is not None:
             live.start()

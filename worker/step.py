@@ -96,12 +96,8 @@ def time_limits(state: RunState, settings: Settings) -> tuple[float, float]:
 
 
 def ledger_amounts(usage: Usage) -> dict[str, int]:
-    return {
-        "steps": usage.steps,
-        "tool_calls": usage.tool_calls,
-        "tokens": usage.tokens,
-        "cost_microusd": usage.cost_microusd,
-    }
+    """The built-in four dimensions and whatever job dimensions the usage carries."""
+    return usage.ledger_amounts()
 
 
 def hold_id(run_id: str, step: int, version: int) -> str:
@@ -159,13 +155,19 @@ class LedgerGate:
             timeout_s,
         )
         self.reserved: Usage | None = None
+        self.rejected: str | None = None  # the dimension that refused, for tenant.<dimension>
 
     def extend(self, extra: Usage) -> bool:
+        """Admitted or not; an unreachable ledger is no refusal (the run would end as if its
+        tenant were out of budget): the step is retried, as when the load finds it down."""
         result = self.ledger.reserve(
             self.tenant, self.reservation_id, ledger_amounts(extra), timeout_s=self.timeout_s
         )
+        if result.status == "unavailable":
+            raise LedgerDown(result.detail)
         if result.admitted:
             self.reserved = extra
+        self.rejected = result.first_rejected
         return result.admitted
 
 
@@ -177,9 +179,9 @@ def split_actual(actual: Usage, holds: list[tuple[str, Usage]]) -> list[tuple[st
     for index, (reservation_id, held) in enumerate(holds):
         limit = ledger_amounts(held)
         last = index == len(holds) - 1
-        share = {d: left[d] if last else min(left[d], limit[d]) for d in left}
+        share = {d: left[d] if last else min(left[d], limit.get(d, 0)) for d in left}
         left = {d: left[d] - share[d] for d in left}
-        out.append((reservation_id, Usage(**share)))
+        out.append((reservation_id, Usage.from_ledger_amounts(share)))
     return out
 
 

@@ -78,7 +78,7 @@ def test_demo_runs_on_a_bare_machine() -> None:
         ceiling = dims["cost_microusd"]["ceiling"]
         assert ceiling is None or dims["cost_microusd"]["committed"] <= ceiling, tenant
     assert set(runs[0]) == {"run_id", "tenant", "outcome", "detail", "steps", "tool_calls",
-                            "tokens", "cost_microusd", "effects"}  # fmt: skip
+                            "tokens", "cost_microusd", "effects", "answer"}  # fmt: skip
 
 
 def test_a_terminated_demo_stops_what_it_started() -> None:
