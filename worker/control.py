@@ -385,9 +385,10 @@ def wait_drained(
     scope = Scope(queue=queue)
     check_known(c, scope)
     while True:
-        left = len(live_inflight(c, scope))
+        view = queue_view(c, queue)  # the counts returned are the ones the check saw
+        left = view.in_flight
         if left == 0:
-            return queue_view(c, queue)
+            return view
         if deadline is not None and time.monotonic() >= deadline:
             raise DrainTimeoutError(
                 f"queue {queue!r} still has {left} turn(s) in flight after {timeout_s:g} s; "
