@@ -49,6 +49,7 @@ class Tool:
     name: str
     fn: ToolFn
     schema: Mapping[str, Any]
+    description: str = ""
     mutates: bool = False
     reversible: bool = True
     cost_bound_microusd: int = 0

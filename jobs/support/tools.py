@@ -108,6 +108,10 @@ def support_tools(shop: ShopBackend) -> dict[str, Tool]:
     tools = [
         Tool(
             name="get_order",
+            description=(
+                "Look up an order of the current customer: its status, its total and what was"
+                " already refunded, in cents."
+            ),
             fn=get_order,
             schema=_object({"order_id": _ORDER_ID}, ["order_id"]),
             facts=("order_status", "total_cents", "refunded_cents"),
@@ -118,6 +122,7 @@ def support_tools(shop: ShopBackend) -> dict[str, Tool]:
         ),
         Tool(
             name="search_policy",
+            description="Search the shop's returns and refunds policy text.",
             fn=search_policy,
             schema=_object(
                 {"q": {"type": "string", "maxLength": 500}, "order_id": _ORDER_ID}, ["q"]
@@ -127,6 +132,10 @@ def support_tools(shop: ShopBackend) -> dict[str, Tool]:
         ),
         Tool(
             name="issue_refund",
+            description=(
+                "Refund part or all of an order to the customer, in cents, with a short"
+                " reason. Cannot be undone."
+            ),
             fn=issue_refund,
             schema=_object(
                 {
@@ -146,6 +155,10 @@ def support_tools(shop: ShopBackend) -> dict[str, Tool]:
         ),
         Tool(
             name="send_status_email",
+            description=(
+                "Email the customer the current status of their order, refund included."
+                " Cannot be undone."
+            ),
             fn=send_status_email,
             schema=_object({"order_id": _ORDER_ID}, ["order_id"]),
             mutates=True,

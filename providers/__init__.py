@@ -1,0 +1,43 @@
+"""Model adapters for real providers: network I/O, so the pure kernel never imports this.
+
+A model is named by a string `provider:model`, e.g. `openai:gpt-4.1-mini` (OpenAI or any
+OpenAI-compatible server) or `anthropic:claude-sonnet-4-5`. Importing this package loads no
+SDK; `make` does, for the provider it is asked for.
+"""
+
+from __future__ import annotations
+
+from jobs.model import Model
+from providers.errors import ProviderConfigError
+from providers.prices import price_of
+
+PROVIDERS = ("openai", "anthropic")
+
+
+def is_provider_model(spec: object) -> bool:
+    """Whether a model parameter names a provider model rather than a built-in stand-in."""
+    return isinstance(spec, str) and ":" in spec
+
+
+def parse(spec: str) -> tuple[str, str]:
+    """(provider, model) of a model string, or a clear error."""
+    provider, _, model = spec.partition(":")
+    if provider not in PROVIDERS:
+        raise ProviderConfigError(
+            f"unknown provider {provider!r} in model {spec!r}; one of {', '.join(PROVIDERS)}"
+        )
+    if not model.strip() or len(model) > 200:
+        raise ProviderConfigError(f"model {spec!r} names no model after {provider}:")
+    return provider, model
+
+
+def make(spec: str) -> Model:
+    """The adapter for a model string."""
+    provider, model = parse(spec)
+    if provider == "openai":
+        from providers.openai_chat import OpenAIChat  # noqa: PLC0415 - only the SDK asked for
+
+        return OpenAIChat(model, price_of(spec))
+    from providers.anthropic_messages import AnthropicMessages  # noqa: PLC0415
+
+    return AnthropicMessages(model, price_of(spec))
