@@ -78,6 +78,12 @@ USAGE_FIELDS = (
 )
 
 
+def is_provider_model(kind: object) -> bool:
+    """Whether a `model` parameter names a real model, `provider:model` (`openai:gpt-4.1-mini`),
+    rather than one of a job's stand-ins."""
+    return isinstance(kind, str) and ":" in kind
+
+
 class ModelTimeout(Exception):  # noqa: N818 - named for what happened, like TimeoutError
     """Raised by a model adapter whose call outlived the timeout it was given."""
 

@@ -7,16 +7,15 @@ SDK; `make` does, for the provider it is asked for.
 
 from __future__ import annotations
 
-from jobs.model import Model
+from collections.abc import Mapping
+from typing import Any
+
+from jobs.budget import Budget
+from jobs.model import Model, is_provider_model
 from providers.errors import ProviderConfigError
-from providers.prices import price_of
+from providers.prices import price_of, priced_budget
 
 PROVIDERS = ("openai", "anthropic")
-
-
-def is_provider_model(spec: object) -> bool:
-    """Whether a model parameter names a provider model rather than a built-in stand-in."""
-    return isinstance(spec, str) and ":" in spec
 
 
 def parse(spec: str) -> tuple[str, str]:
@@ -41,3 +40,21 @@ def make(spec: str) -> Model:
     from providers.anthropic_messages import AnthropicMessages  # noqa: PLC0415
 
     return AnthropicMessages(model, price_of(spec))
+
+
+def budget_for(params: Mapping[str, Any], budget: Budget) -> Budget:
+    """The run's budget at its model's prices, when its `model` parameter names a provider
+    model: each turn's reservation is then its worst case at those prices."""
+    spec = params.get("model")
+    if not is_provider_model(spec):
+        return budget
+    parse(str(spec))
+    return priced_budget(budget, price_of(str(spec)))
+
+
+def unpriced(params: Mapping[str, Any]) -> str | None:
+    """The provider model the run names when the price table has no price for it."""
+    spec = params.get("model")
+    if is_provider_model(spec) and price_of(str(spec)) is None:
+        return str(spec)
+    return None
