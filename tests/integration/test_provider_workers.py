@@ -1,0 +1,78 @@
+"""A support run on a real model's wire format through real Celery worker processes: it
+completes, the ledger holds the provider's usage at the table's prices, and the run replays
+from its trace to the identical state with the provider gone."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from jobs.outcomes import Outcome
+from jobs.support.scenarios import GOAL, USER
+from tests.integration.workers import client_for, running_workers, settled, wait_until
+from tests.providers.wire import MODELS, wire_server
+from worker.api import SubmissionError
+from worker.replay import replay_run
+from worker.shop import RedisShop
+
+pytestmark = pytest.mark.integration
+
+EMAIL_COST_MICROUSD = 50  # send_status_email's declared cost bound
+BUDGET = {"max_tokens": 40_000, "max_tool_calls": 8}
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_a_support_run_on_a_provider_completes_through_workers_and_replays(
+    redis_url: str, provider: str
+) -> None:
+    """Five turns over two worker processes against the provider's wire format: completed, one
+    refund and one email, ledger = provider usage at table prices, and replay matches."""
+    queue, tenant = f"q-{uuid.uuid4().hex[:8]}", f"t-{uuid.uuid4().hex[:8]}"
+    client = client_for(redis_url)
+    client.ledger.set_ceiling(tenant, "cost_microusd", 5_000_000)
+    with wire_server(provider, "support_run") as wire:
+        with running_workers(redis_url, [queue], 2, env=wire.env):
+            run_id = client.submit(
+                tenant, USER, "support", GOAL, {"model": MODELS[provider]}, budget=BUDGET,
+                queue=queue,
+            )  # fmt: skip
+            wait_until(lambda: settled(client, [run_id]), timeout_s=60, what="the run to end")
+        tokens, cost = wire.billed()
+        assert len(wire.received()) == 5
+    state = client.state(run_id)
+    assert state.outcome is Outcome.COMPLETED, state.reason
+    assert RedisShop(client.client).effects(run_id) == [
+        ["refund", "ord_1001", 3000],
+        ["email", "ord_1001"],
+    ]
+    ledger = client.ledger.read(tenant)
+    assert ledger["tokens"].committed == tokens == state.usage.tokens
+    assert ledger["cost_microusd"].committed == cost + EMAIL_COST_MICROUSD
+    assert ledger["cost_microusd"].reserved == 0
+    replayed = replay_run(client, run_id)  # the wire server is gone: no network
+    assert replayed.matches, (replayed.difference, replayed.notes)
+    assert replayed.turns == 5
+
+
+def test_submit_refuses_a_bad_model_string_and_an_unpriced_model_under_a_cost_ceiling(
+    redis_url: str, unique: str
+) -> None:
+    """An unknown provider prefix is refused at submit; so is a model with no price for a
+    tenant with a cost ceiling, while a tenant without one may run it. Nothing is written."""
+    client = client_for(redis_url)
+    tenant, queue = f"t-{unique}", f"q-{unique}"
+    with pytest.raises(SubmissionError, match="unknown provider 'gemini'"):
+        client.submit(tenant, USER, "support", GOAL, {"model": "gemini:pro"}, queue=queue)
+    client.ledger.set_ceiling(tenant, "cost_microusd", 1_000_000)
+    with pytest.raises(SubmissionError, match="has no price"):
+        client.submit(
+            tenant, USER, "support", GOAL, {"model": "openai:my-local-llama"}, queue=queue,
+            run_id=f"run-{unique}",
+        )  # fmt: skip
+    with pytest.raises(Exception, match="no run"):
+        client.state(f"run-{unique}")
+    other = client.submit(
+        f"free-{unique}", USER, "support", GOAL, {"model": "openai:my-local-llama"}, queue=queue
+    )
+    assert client.state(other).budget.input_microusd_per_mtok == 0
