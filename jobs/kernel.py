@@ -28,7 +28,16 @@ from jobs.calls import (
 from jobs.clock import Clock
 from jobs.job import Job
 from jobs.loops import NO_CALL, oscillating, repeated, stalled, turn_signature
-from jobs.model import Model, ModelRequest, ModelResponse, ModelStop, ModelTimeout, ToolSpec
+from jobs.model import (
+    Model,
+    ModelRequest,
+    ModelResponse,
+    ModelStop,
+    ModelTimeout,
+    ToolSpec,
+    is_provider_model,
+    provider_overhead_tokens,
+)
 from jobs.outcomes import Detector, Outcome, Resource, Status
 from jobs.plans import accept_plan, open_steps, validate_plan
 from jobs.replies import Batch as BatchReply
@@ -480,12 +489,21 @@ def _after(state: RunState, before: str, stop: Move | None) -> Move | None:
     return None
 
 
+def est_input_tokens(state: RunState, job: Job, view: str) -> int:
+    """The model call's input, estimated: the view, and for a provider model what its request
+    carries besides (the tool definitions, the previous exchange, the contract's own text)."""
+    tokens = est_tokens(view)
+    if is_provider_model(state.params.get("model")):
+        tokens += provider_overhead_tokens(job.tools.values(), state.last_result)
+    return tokens
+
+
 def exposure(state: RunState, job: Job, view: str | None = None) -> tuple[Resource | None, Usage]:
     """The next turn's worst case, as a shared ledger should hold it, and the first dimension
     of the run's own budget it does not fit (None: admitted). A held call that will run first
     is part of it. `view` is `job.render(state)`, when the caller has it already."""
     worst = turn_exposure(
-        input_tokens=est_tokens(job.render(state) if view is None else view),
+        input_tokens=est_input_tokens(state, job, job.render(state) if view is None else view),
         budget=state.budget,
         tool_cost_bound_microusd=job.tool_cost_bound_microusd,
     )
@@ -499,7 +517,7 @@ def exposure(state: RunState, job: Job, view: str | None = None) -> tuple[Resour
 def admit(state: RunState, job: Job, view: str) -> Resource | None:
     """The first budget dimension the next turn does not fit, or None when it is admitted."""
     exposure = turn_exposure(
-        input_tokens=est_tokens(view),
+        input_tokens=est_input_tokens(state, job, view),
         budget=state.budget,
         tool_cost_bound_microusd=job.tool_cost_bound_microusd,
     )
@@ -533,7 +551,7 @@ def turn(state: RunState, rt: Runtime, *, view: str | None = None) -> Move:
     before = state.signature()
     span = rt.trace.start(f"t{step}", "turn", f"turn {step}", ROOT_ID)
     with rt.trace.current(span):
-        replied = _call_model(state, rt, view, est_tokens(view), step)
+        replied = _call_model(state, rt, view, est_input_tokens(state, rt.job, view), step)
         if isinstance(replied, _Replied):
             stop = _after(state, before, _dispatch(state, rt, replied.raw, replied.oversize, step))
         elif replied is None:

@@ -11,12 +11,13 @@ provider's answer leaves nothing for the model to do (a refusal, a rejected key)
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgspec
 
+from jobs.budget import est_tokens
 from jobs.outcomes import Outcome
 from jobs.state import Call
 
@@ -82,6 +83,18 @@ def is_provider_model(kind: object) -> bool:
     """Whether a `model` parameter names a real model, `provider:model` (`openai:gpt-4.1-mini`),
     rather than one of a job's stand-ins."""
     return isinstance(kind, str) and ":" in kind
+
+
+CONTRACT_TOKENS = 600  # a provider request's own text: system prompt, plan and final functions
+
+
+def provider_overhead_tokens(tools: Iterable[Any], last_result: Any) -> int:
+    """What a provider request carries besides the view, estimated: the tools as function
+    definitions, the previous exchange (its results again), and the contract's own text."""
+    definitions = json.dumps(
+        [[t.name, t.description, t.schema] for t in tools], sort_keys=True, default=str
+    )
+    return est_tokens(definitions) + est_tokens(json.dumps(last_result)) + CONTRACT_TOKENS
 
 
 class ModelTimeout(Exception):  # noqa: N818 - named for what happened, like TimeoutError

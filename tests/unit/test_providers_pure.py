@@ -12,10 +12,15 @@ import pytest
 
 import providers
 from jobs.budget import Budget
-from jobs.model import ModelRequest, ModelStop, ModelTimeout, ToolSpec
+from jobs.kernel import exposure
+from jobs.model import CONTRACT_TOKENS, ModelRequest, ModelStop, ModelTimeout, ToolSpec
 from jobs.outcomes import Outcome
 from jobs.replies import parse_reply
+from jobs.runs import new_run
 from jobs.state import Call
+from jobs.support.job import support_job
+from jobs.support.scenarios import GOAL, USER
+from jobs.support.shop import InMemoryShop
 from providers import contract
 from providers.errors import ProviderConfigError
 from providers.prices import PRICES_FILE_ENV, Price, Tokens, cost_microusd, price_of
@@ -210,3 +215,19 @@ def test_the_previous_batch_is_re_created_with_each_result_paired() -> None:
     ]
     assert [p.failed for p in past] == [False, True]
     assert contract.past_calls(ModelRequest("{}", 10, 1.0, 3, (), calls, {"status": "ok"})) == []
+
+
+def test_a_provider_runs_reservation_counts_what_its_request_carries_besides_the_view() -> None:
+    """For a provider model the turn's reservation adds the tool definitions, the previous
+    exchange and the contract's text to the view; a stand-in model's does not change."""
+    job = support_job(InMemoryShop())
+
+    def reserved_tokens(model: str) -> int:
+        state = new_run(
+            run_id="r1", tenant="t", user_id=USER, job=job, goal=GOAL, params={"model": model}
+        )
+        state.last_result = {"status": "ok", "text": "x" * 400}
+        return exposure(state, job)[1].tokens
+
+    extra = reserved_tokens("openai:gpt-4.1-mini") - reserved_tokens("policy")
+    assert extra > CONTRACT_TOKENS + 100 + 400 // 4
