@@ -11,7 +11,7 @@ import pytest
 from jobs.outcomes import Outcome
 from jobs.support.scenarios import GOAL, USER
 from tests.integration.workers import client_for, running_workers, settled, wait_until
-from tests.providers.wire import MODELS, wire_server
+from tests.providers.wire import MODELS, otlp_receiver, wire_server
 from worker.api import SubmissionError
 from worker.replay import replay_run
 from worker.shop import RedisShop
@@ -76,3 +76,57 @@ def test_submit_refuses_a_bad_model_string_and_an_unpriced_model_under_a_cost_ce
         f"free-{unique}", USER, "support", GOAL, {"model": "openai:my-local-llama"}, queue=queue
     )
     assert client.state(other).budget.input_microusd_per_mtok == 0
+
+
+def test_turns_on_two_workers_export_one_trace_over_otlp_with_genai_attributes(
+    redis_url: str,
+) -> None:
+    """With TURNSTILE_OTLP_ENDPOINT set, every turn's spans reach an OTLP/HTTP receiver under
+    one trace id, though the turns ran on two worker processes one after the other; model
+    spans carry the GenAI attributes with the provider's usage, tool spans the tool name."""
+    queue, tenant = f"q-{uuid.uuid4().hex[:8]}", f"t-{uuid.uuid4().hex[:8]}"
+    client = client_for(redis_url)
+    with otlp_receiver() as receiver, wire_server("openai", "support_run", delay_s=0.5) as wire:
+        env = {**wire.env, "TURNSTILE_OTLP_ENDPOINT": receiver.endpoint}
+        with running_workers(redis_url, [queue], 1, env=env, prefix="first"):
+            run_id = client.submit(
+                tenant, USER, "support", GOAL, {"model": MODELS["openai"]}, budget=BUDGET,
+                queue=queue,
+            )  # fmt: skip
+            wait_until(lambda: client.state(run_id).usage.steps >= 2, what="two turns")
+        assert client.state(run_id).status.value == "running"  # the rest is for the second
+        with running_workers(redis_url, [queue], 1, env=env, prefix="second"):
+            wait_until(lambda: settled(client, [run_id]), timeout_s=60, what="the run to end")
+        wait_until(
+            lambda: sum(s["name"].startswith("chat ") for s in receiver.spans()) == 5,
+            what="five model spans at the receiver",
+        )
+        spans = [s for s in receiver.spans() if s["attributes"]["turnstile.run_id"] == run_id]
+        tokens, _ = wire.billed()
+    assert client.state(run_id).outcome is Outcome.COMPLETED
+    assert len({s["trace_id"] for s in spans}) == 1
+    turns = [s for s in spans if s["attributes"]["turnstile.kind"] == "turn"]
+    assert len({s["resource"]["process.pid"] for s in turns}) == 2
+    by_id = {s["span_id"]: s for s in spans}
+    models = [s for s in spans if s["name"].startswith("chat ")]
+    for span in models:
+        attrs = span["attributes"]
+        assert attrs["gen_ai.operation.name"] == "chat"
+        assert attrs["gen_ai.provider.name"] == "openai"
+        assert attrs["gen_ai.request.model"] == "gpt-4.1-mini"
+        assert attrs["gen_ai.response.model"] == "gpt-4.1-mini-2025-04-14"
+        assert by_id[span["parent_span_id"]]["attributes"]["turnstile.kind"] == "turn"
+    assert (
+        sum(
+            s["attributes"]["gen_ai.usage.input_tokens"]
+            + s["attributes"]["gen_ai.usage.output_tokens"]
+            for s in models
+        )
+        == tokens
+    )
+    tools = sorted(
+        s["attributes"]["gen_ai.tool.name"]
+        for s in spans
+        if s["attributes"].get("gen_ai.operation.name") == "execute_tool"
+    )
+    assert tools == ["get_order", "issue_refund", "send_status_email"]

@@ -85,10 +85,11 @@ class Wire:
 
 
 @contextmanager
-def wire_server(provider: str, scenario: str) -> Iterator[Wire]:
+def wire_server(provider: str, scenario: str, *, delay_s: float = 0.0) -> Iterator[Wire]:
+    """The provider's endpoint answering the scenario's exchanges, each after `delay_s`."""
     script = FIXTURES / provider / f"{scenario}.json"
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.providers.wire_server", str(script)],
+        [sys.executable, "-m", "tests.providers.wire_server", str(script), str(delay_s)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
     )
@@ -96,6 +97,36 @@ def wire_server(provider: str, scenario: str) -> Iterator[Wire]:
         assert process.stdout is not None
         port = int(process.stdout.readline())
         yield Wire(provider, scenario, port)
+    finally:
+        process.terminate()
+        process.wait(10)
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+@dataclass
+class Receiver:
+    port: int
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def spans(self) -> list[dict[str, Any]]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/_spans", timeout=5) as r:
+            data: list[dict[str, Any]] = json.loads(r.read())
+        return data
+
+
+@contextmanager
+def otlp_receiver() -> Iterator[Receiver]:
+    """An OTLP/HTTP receiver process decoding the protobuf export requests it is sent."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.providers.otlp_receiver"], cwd=ROOT, stdout=subprocess.PIPE
+    )
+    try:
+        assert process.stdout is not None
+        yield Receiver(int(process.stdout.readline()))
     finally:
         process.terminate()
         process.wait(10)

@@ -1,10 +1,11 @@
 """A provider's HTTP endpoint in a process of its own, answering from recorded exchanges.
 
-    python -m tests.providers.wire_server SCRIPT.json
+    python -m tests.providers.wire_server SCRIPT.json [DELAY_S]
 
 It serves `POST /v1/chat/completions` (OpenAI) and `POST /v1/messages` (Anthropic): each request
 takes the next exchange of the script, a JSON list of {"status", "headers", "body", "delay_s"},
-and is answered with exactly that status, those headers and that body, after the delay. The
+and is answered with exactly that status, those headers and that body, after the delay (the
+exchange's own, else DELAY_S). The
 requests it received are served back at `GET /_requests`, with the time each arrived, so a test
 can check what the SDK sent and how long it waited between attempts. It prints its port on the
 first line of its output.
@@ -24,8 +25,8 @@ ENDPOINTS = ("/v1/chat/completions", "/v1/messages")
 
 
 class Script:
-    def __init__(self, exchanges: list[dict[str, Any]]) -> None:
-        self.exchanges = exchanges
+    def __init__(self, exchanges: list[dict[str, Any]], delay_s: float = 0.0) -> None:
+        self.exchanges, self.delay_s = exchanges, delay_s
         self.received: list[dict[str, Any]] = []
         self.lock = threading.Lock()
 
@@ -75,7 +76,7 @@ def handler(script: Script) -> type[BaseHTTPRequestHandler]:
             if exchange is None:
                 self._send(500, {"error": {"message": "the script has no more exchanges"}})
                 return
-            time.sleep(float(exchange.get("delay_s", 0)))
+            time.sleep(float(exchange.get("delay_s", script.delay_s)))
             try:
                 self._send(int(exchange["status"]), exchange["body"], exchange.get("headers"))
             except (BrokenPipeError, ConnectionResetError):
@@ -85,7 +86,8 @@ def handler(script: Script) -> type[BaseHTTPRequestHandler]:
 
 
 def main() -> None:
-    script = Script(json.loads(Path(sys.argv[1]).read_text()))
+    delay_s = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
+    script = Script(json.loads(Path(sys.argv[1]).read_text()), delay_s)
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler(script))
     server.daemon_threads = True
     print(server.server_address[1], flush=True)
