@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
+
 from jobs.budget import Budget
 from jobs.model import Model, is_provider_model
 from providers.errors import ProviderConfigError
@@ -42,13 +44,22 @@ def make(spec: str) -> Model:
     return AnthropicMessages(model, price_of(spec))
 
 
-def budget_for(params: Mapping[str, Any], budget: Budget) -> Budget:
+# A real model's request carries the tool definitions and the contract's text besides the view,
+# about a thousand tokens a turn, so a job's default token ceiling (sized for its stand-in
+# model) is raised to this for a provider model; the cost ceiling still caps the spend.
+PROVIDER_DEFAULT_MAX_TOKENS = 40_000
+
+
+def budget_for(params: Mapping[str, Any], budget: Budget, *, default: bool = False) -> Budget:
     """The run's budget at its model's prices, when its `model` parameter names a provider
-    model: each turn's reservation is then its worst case at those prices."""
+    model: each turn's reservation is then its worst case at those prices. `default` says the
+    budget is the job's own, not one the caller chose."""
     spec = params.get("model")
     if not is_provider_model(spec):
         return budget
     parse(str(spec))
+    if default and budget.max_tokens < PROVIDER_DEFAULT_MAX_TOKENS:
+        budget = msgspec.structs.replace(budget, max_tokens=PROVIDER_DEFAULT_MAX_TOKENS)
     return priced_budget(budget, price_of(str(spec)))
 
 

@@ -139,7 +139,9 @@ class Client:
             )
         try:
             definition = self.jobs.get(job)
-            chosen = providers.budget_for(params or {}, _budget(budget, definition.budget))
+            chosen = providers.budget_for(
+                params or {}, _budget(budget, definition.budget), default=budget is None
+            )
             if chosen.deadline_ms > self.config.max_deadline_s * 1000:
                 raise SubmissionError(
                     f"deadline above the {self.config.max_deadline_s:.0f} s a run may have"

@@ -66,6 +66,15 @@ def demo(
     ] = 8,
     as_json: JsonFlag = False,
     redis_url: RedisUrl = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            envvar="TURNSTILE_DEMO_MODEL",
+            help="A real model, provider:model (openai:gpt-4.1-mini, anthropic:claude-sonnet-4-6),"
+            " instead of the scripted stand-in; its SDK reads OPENAI_*/ANTHROPIC_* variables.",
+        ),
+    ] = None,
 ) -> None:
     """Run support runs end to end: a private server (unless TURNSTILE_REDIS_URL names one),
     two worker processes, scenarios A-H and runs over a tenant's cap."""
@@ -73,7 +82,7 @@ def demo(
     from worker.errors import TurnstileError
 
     try:
-        result = run_demo(extra_runs=runs, as_json=as_json, redis_url=redis_url)
+        result = run_demo(extra_runs=runs, as_json=as_json, redis_url=redis_url, model=model)
     except TurnstileError as exc:
         fail(str(exc))
     if as_json:

@@ -4,7 +4,12 @@ from its trace to the identical state with the provider gone."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -61,7 +66,7 @@ def test_submit_refuses_a_bad_model_string_and_an_unpriced_model_under_a_cost_ce
     """An unknown provider prefix is refused at submit; so is a model with no price for a
     tenant with a cost ceiling, while a tenant without one may run it. Nothing is written."""
     client = client_for(redis_url)
-    tenant, queue = f"t-{unique}", f"q-{unique}"
+    tenant, queue = f"t-{unique}", f"q-{unique}"  # no workers: the runs only wait
     with pytest.raises(SubmissionError, match="unknown provider 'gemini'"):
         client.submit(tenant, USER, "support", GOAL, {"model": "gemini:pro"}, queue=queue)
     client.ledger.set_ceiling(tenant, "cost_microusd", 1_000_000)
@@ -75,7 +80,9 @@ def test_submit_refuses_a_bad_model_string_and_an_unpriced_model_under_a_cost_ce
     other = client.submit(
         f"free-{unique}", USER, "support", GOAL, {"model": "openai:my-local-llama"}, queue=queue
     )
-    assert client.state(other).budget.input_microusd_per_mtok == 0
+    chosen = client.state(other).budget
+    assert chosen.input_microusd_per_mtok == 0
+    assert chosen.max_tokens == 40_000  # the job's default, raised for a real model
 
 
 def test_turns_on_two_workers_export_one_trace_over_otlp_with_genai_attributes(
@@ -130,3 +137,28 @@ def test_turns_on_two_workers_export_one_trace_over_otlp_with_genai_attributes(
         if s["attributes"].get("gen_ai.operation.name") == "execute_tool"
     )
     assert tools == ["get_order", "issue_refund", "send_status_email"]
+
+
+def test_the_demo_runs_the_support_job_on_a_model_and_refuses_a_missing_key() -> None:
+    """`turnstile demo --model openai:...` runs a support run on the provider's wire format to
+    completed; without the key it stops at once with one line naming the variable."""
+    bindir = Path(sys.executable).parent
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TURNSTILE_", "OPENAI_"))}
+    command = [str(bindir / "turnstile"), "demo", "--model", MODELS["openai"], "--runs", "0"]
+    refused = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert refused.returncode != 0
+    assert "OPENAI_API_KEY" in refused.stderr and "Traceback" not in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    with wire_server("openai", "support_run") as wire:
+        out = subprocess.run(
+            [*command, "--json"], env={**env, **wire.env}, capture_output=True, text=True,
+            timeout=240, check=False,
+        )  # fmt: skip
+        tokens, cost = wire.billed()
+    assert out.returncode == 0, out.stderr[-3000:]
+    [run] = json.loads(out.stdout)["runs"]
+    assert run["outcome"] == "completed"
+    assert (run["tokens"], run["cost_microusd"]) == (tokens, cost + EMAIL_COST_MICROUSD)
+    assert run["effects"] == [["refund", "ord_1001", 3000], ["email", "ord_1001"]]
