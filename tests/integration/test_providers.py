@@ -1,7 +1,8 @@
 """The OpenAI and Anthropic adapters against a real HTTP server process that speaks each
 provider's wire format, answering from recorded exchanges: kernel turns in this process, with a
 real tenant ledger on a real server. In every scenario the ledger's committed tokens and cost
-are the provider-reported usage at the price table's rates."""
+are the provider-reported usage at the price table's rates, and the run replays from its
+model spans to the identical state with no network."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import pytest
 
 import providers
 from jobs.budget import Budget
-from jobs.clock import ActiveClock
+from jobs.clock import ActiveClock, SimClock
 from jobs.kernel import Continue, Finished, Move, Runtime, exposure, turn
+from jobs.model import Replay, responses_from_spans
 from jobs.outcomes import Outcome
 from jobs.runs import new_run
 from jobs.state import RunState
@@ -54,6 +56,8 @@ class Run:
             run_id=f"run-{unique}", tenant=self.tenant, user_id=USER, job=self.job, goal=GOAL,
             params=params, budget=chosen,
         )  # fmt: skip
+        self.initial = self.state.copy()
+        self.turns = 0
         ledger.set_ceiling(self.tenant, "cost_microusd", 10_000_000)
         clock = ActiveClock()
         self.runtime = Runtime(
@@ -66,6 +70,7 @@ class Run:
         assert self.ledger.reserve(self.tenant, hold, ledger_amounts(worst), timeout_s=60).admitted
         before = msgspec.structs.replace(self.state.usage)
         move = turn(self.state, self.runtime)
+        self.turns += 1
         self.ledger.settle(self.tenant, hold, ledger_amounts(self.state.usage - before))
         return move
 
@@ -81,8 +86,23 @@ class Run:
         dims = self.ledger.read(self.tenant)
         return dims["tokens"].committed, dims["cost_microusd"].committed
 
+    def replayed(self) -> RunState:
+        """The run again from its initial state on a simulated clock, the model replaced by
+        the replies, failures and usage recorded in its model spans: no network."""
+        state, clock = self.initial.copy(), SimClock()
+        job = support_job(InMemoryShop())
+        model = Replay(responses_from_spans(self.runtime.trace.spans))
+        runtime = Runtime(job=job, model=model, clock=clock, trace=Trace(clock))
+        try:
+            for _ in range(self.turns):
+                turn(state, runtime)
+        finally:
+            runtime.close()
+        return state
+
     def close(self) -> None:
         self.runtime.close()
+        assert self.replayed().to_json() == self.state.to_json(), "replay parted from the run"
 
 
 @pytest.fixture
@@ -166,17 +186,21 @@ def test_parallel_tool_calls_are_one_batch_and_come_back_as_paired_results(
     assert contents[0]["order_status"] and "text" in contents[1]
 
 
-RETRIED = {"openai": ["rate_limited", "server_error"], "anthropic": ["rate_limited", "overloaded"]}
+RETRIED = {
+    "openai": ["rate_limited", "server_error", "cut_reply"],
+    "anthropic": ["rate_limited", "overloaded", "cut_reply"],
+}
 
 
 @pytest.mark.parametrize(
     ("provider", "scenario"), [(p, s) for p, scenarios in RETRIED.items() for s in scenarios]
 )
-def test_a_rate_limit_or_a_server_error_is_retried_within_the_deadline(
+def test_a_rate_limit_a_server_error_or_a_cut_reply_is_retried_within_the_deadline(
     provider: str, scenario: str, run_on: Any
 ) -> None:
-    """A 429 is retried after the `retry-after` it names, a 5xx or 529 after a backoff; the wait
-    is active time counted against the deadline, and only the answered attempt is charged."""
+    """A 429 is retried after the `retry-after` it names, a 5xx, a 529 or a reply cut in transit
+    after a backoff; the wait is active time counted against the deadline, and only the answer
+    that arrived is charged."""
     with wire_server(provider, scenario) as wire:
         run = run_on(wire)
         assert isinstance(run.turn(), Continue)

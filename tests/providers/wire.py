@@ -56,13 +56,14 @@ class Wire:
         return data
 
     def billed(self, count: int | None = None) -> tuple[int, int]:
-        """(tokens, cost in micro-dollars) of the usage in the answers the server gave, at the
-        price table's rates, each call rounded up to a whole micro-dollar."""
+        """(tokens, cost in micro-dollars) of the usage in the answers the server gave in full,
+        at the price table's rates, each call rounded up to a whole micro-dollar."""
         plain_rate, cached_rate, write_rate, out_rate = RATES[self.provider]
         tokens = cost = 0
         answered = exchanges(self.provider, self.scenario)[: len(self.received())]
         for exchange in answered[:count]:
-            usage = exchange["body"].get("usage") if exchange["status"] == 200 else None
+            delivered = exchange["status"] == 200 and not exchange.get("cut")
+            usage = exchange["body"].get("usage") if delivered else None
             if not usage:
                 continue
             if self.provider == "openai":

@@ -3,9 +3,10 @@
     python -m tests.providers.wire_server SCRIPT.json [DELAY_S]
 
 It serves `POST /v1/chat/completions` (OpenAI) and `POST /v1/messages` (Anthropic): each request
-takes the next exchange of the script, a JSON list of {"status", "headers", "body", "delay_s"},
+takes the next exchange of the script, a JSON list of {"status", "headers", "body", "delay_s",
+"cut"},
 and is answered with exactly that status, those headers and that body, after the delay (the
-exchange's own, else DELAY_S). The
+exchange's own, else DELAY_S); a `cut` exchange sends half its body and closes. The
 requests it received are served back at `GET /_requests`, with the time each arrived, so a test
 can check what the SDK sent and how long it waited between attempts. It prints its port on the
 first line of its output.
@@ -56,6 +57,17 @@ def handler(script: Script) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
+        def _cut(self, status: int, body: Any) -> None:
+            """Half the body, then the connection closes: a reply cut in transit."""
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data[: len(data) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+
         def do_GET(self) -> None:
             if self.path == "/_requests":
                 with script.lock:
@@ -77,6 +89,9 @@ def handler(script: Script) -> type[BaseHTTPRequestHandler]:
                 self._send(500, {"error": {"message": "the script has no more exchanges"}})
                 return
             time.sleep(float(exchange.get("delay_s", script.delay_s)))
+            if exchange.get("cut"):
+                self._cut(int(exchange["status"]), exchange["body"])
+                return
             try:
                 self._send(int(exchange["status"]), exchange["body"], exchange.get("headers"))
             except (BrokenPipeError, ConnectionResetError):
