@@ -407,7 +407,10 @@ def _call_model(
     est_out = reply_tokens(raw)
     oversize = response.output_tokens is None and est_out > budget.max_output_tokens
     tokens_in = est_in if response.input_tokens is None else response.input_tokens
-    tokens_out = budget.max_output_tokens if oversize else (response.output_tokens or est_out)
+    reported_out = response.output_tokens
+    tokens_out = budget.max_output_tokens if oversize else reported_out
+    if tokens_out is None:
+        tokens_out = est_out
     _spend_time(state, rt.clock, latency_ms, measured_s)
     _charge(state, tokens_in, tokens_out, response.cost_microusd)
     rt.trace.end(

@@ -8,6 +8,7 @@ their sum; `output_tokens` includes thinking, which `output_tokens_details` brea
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import replace
 from typing import Any
@@ -120,23 +121,27 @@ def usage_of(message: Any) -> Tokens:
     )
 
 
+@functools.lru_cache(maxsize=8)
+def _client(base_url: str | None, key: str, pid: int) -> anthropic.Anthropic:
+    """One SDK client per endpoint and key in a process, so turns reuse its connections. The
+    deadline governs retries, so the SDK's own are off."""
+    return anthropic.Anthropic(api_key=key, base_url=base_url, max_retries=0)
+
+
 class AnthropicMessages:
     """One Anthropic model behind the kernel's `Model` interface."""
 
     def __init__(self, model: str, price: Price | None) -> None:
         self.model, self.price = model, price
-        self._client: anthropic.Anthropic | None = None
 
     def _sdk(self) -> anthropic.Anthropic:
-        if self._client is None:
-            key = os.environ.get("ANTHROPIC_API_KEY")
-            if not key:
-                raise ModelStop(
-                    Outcome.ERROR, "no key for anthropic: set ANTHROPIC_API_KEY",
-                    "provider.authentication",
-                )  # fmt: skip
-            self._client = anthropic.Anthropic(api_key=key, max_retries=0)
-        return self._client
+        key = os.environ.get("ANTHROPIC_API_KEY")
+        if not key:
+            raise ModelStop(
+                Outcome.ERROR, "no key for anthropic: set ANTHROPIC_API_KEY",
+                "provider.authentication",
+            )  # fmt: skip
+        return _client(os.environ.get("ANTHROPIC_BASE_URL"), key, os.getpid())
 
     def next(self, request: ModelRequest) -> ModelResponse:
         client = self._sdk()

@@ -8,6 +8,7 @@ Usage is the provider's: `prompt_tokens` counts all input, `cached_tokens` is pa
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import replace
@@ -130,23 +131,28 @@ def usage_of(completion: Any) -> Tokens | None:
     )
 
 
+@functools.lru_cache(maxsize=8)
+def _client(base_url: str | None, key: str, pid: int) -> openai.OpenAI:
+    """One SDK client per endpoint and key in a process, so turns reuse its connections. The
+    deadline governs retries, so the SDK's own are off."""
+    return openai.OpenAI(api_key=key, base_url=base_url, max_retries=0)
+
+
 class OpenAIChat:
     """One model of an OpenAI-compatible server, behind the kernel's `Model` interface."""
 
     def __init__(self, model: str, price: Price | None) -> None:
         self.model, self.price = model, price
-        self._client: openai.OpenAI | None = None
 
     def _sdk(self) -> openai.OpenAI:
-        if self._client is None:
-            if not os.environ.get("OPENAI_API_KEY"):
-                raise ModelStop(
-                    Outcome.ERROR,
-                    "no key for openai: set OPENAI_API_KEY (any value for a local server)",
-                    "provider.authentication",
-                )
-            self._client = openai.OpenAI(max_retries=0)  # the deadline governs retries
-        return self._client
+        key = os.environ.get("OPENAI_API_KEY")
+        if not key:
+            raise ModelStop(
+                Outcome.ERROR,
+                "no key for openai: set OPENAI_API_KEY (any value for a local server)",
+                "provider.authentication",
+            )
+        return _client(os.environ.get("OPENAI_BASE_URL"), key, os.getpid())
 
     def next(self, request: ModelRequest) -> ModelResponse:
         client = self._sdk()
