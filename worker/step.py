@@ -479,10 +479,10 @@ class Step:
         }  # fmt: skip
         committed = self.finish_now(loaded, state, job, [event], settlements=settlements)
         done = self._next(committed, state, move)
-        tracing.export_turn(
-            self._traceparent, trace.spans, clock, run_id=state.run_id,
-            model=str(state.params.get("model") or "") or None,
-        )  # fmt: skip
+        model = str(state.params.get("model") or "") or None
+        tracing.export_turn(self._traceparent, trace.spans, clock, run_id=state.run_id, model=model)
+        if isinstance(move, Finished):
+            tracing.export_run_end(self._traceparent, state, model)
         return done
 
     @property

@@ -5,7 +5,8 @@ Off unless TURNSTILE_OTLP_ENDPOINT is set (the collector's base URL; spans go to
 without one (the first step, a sweeper's re-send) gets the run's own, derived from its id, so
 every turn of a run lands in the same trace whichever worker ran it. A turn's spans are kept
 with the run as before; after the commit they are also sent, each turn span a child of the
-run's span, model and tool spans carrying the GenAI semantic-convention attributes.
+run's span, model and tool spans carrying the GenAI semantic-convention attributes; the run's
+span itself (`invoke_agent <job>`) is sent when the run ends in a turn.
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ import os
 import threading
 import time
 from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import structlog
 
 from jobs.clock import Clock
+from jobs.outcomes import Outcome
+from jobs.state import RunState
 from jobs.trace import Span, semconv
 
 log = structlog.get_logger("turnstile.tracing")
@@ -30,6 +34,7 @@ EXPORT_TIMEOUT_S = 2.0  # a slow collector delays a step by at most this, then s
 
 _lock = threading.Lock()
 _providers: dict[int, Any] = {}  # pid -> TracerProvider: built after any fork
+_forced_ids: ContextVar[tuple[int, int] | None] = ContextVar("turnstile_otel_ids", default=None)
 
 
 def run_traceparent(run_id: str) -> str:
@@ -45,13 +50,25 @@ def _provider(endpoint: str) -> Any:
     from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
     from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
     from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator  # noqa: PLC0415
+
+    class RunIds(RandomIdGenerator):
+        """Random ids, except for a run's own span, whose ids come from its traceparent."""
+
+        def generate_span_id(self) -> int:
+            forced = _forced_ids.get()
+            return forced[1] if forced else super().generate_span_id()
+
+        def generate_trace_id(self) -> int:
+            forced = _forced_ids.get()
+            return forced[0] if forced else super().generate_trace_id()
 
     pid = os.getpid()
     with _lock:
         if pid not in _providers:
             _providers.clear()
             resource = Resource.create({"service.name": "turnstile", "process.pid": pid})
-            provider = TracerProvider(resource=resource)
+            provider = TracerProvider(resource=resource, id_generator=RunIds())
             exporter = OTLPSpanExporter(
                 endpoint=f"{endpoint.rstrip('/')}/v1/traces", timeout=EXPORT_TIMEOUT_S
             )
@@ -130,3 +147,49 @@ def _name(span: Span, model: str | None) -> str:
     if span.kind == "tool":
         return f"execute_tool {span.name}"
     return span.name
+
+
+def export_run_end(traceparent: str, state: RunState, model: str | None) -> None:
+    """Send the run's own span, the parent of all its turns, once the run has ended. Its ids
+    are those of the run's traceparent; it starts the run's active time before now (a run
+    waiting for a person is not timed). Never raises."""
+    endpoint = os.environ.get(ENDPOINT_ENV)
+    if not endpoint or traceparent != run_traceparent(state.run_id):
+        return  # a trace context from elsewhere: its parent span is not ours to send
+    try:
+        _export_run_end(endpoint, traceparent, state, model)
+    except Exception as exc:
+        log.warning("trace_export_failed", error=str(exc)[:200])
+
+
+def _export_run_end(endpoint: str, traceparent: str, state: RunState, model: str | None) -> None:
+    from opentelemetry import trace  # noqa: PLC0415
+
+    _, trace_hex, span_hex, _ = traceparent.split("-")
+    provider = _provider(endpoint)
+    now_ns = time.time_ns()
+    attrs = {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": state.job,
+        "gen_ai.request.model": (model or "").rpartition(":")[2] or "unknown",
+        "turnstile.run_id": state.run_id,
+        "turnstile.kind": "run",
+        "turnstile.outcome": state.outcome.value if state.outcome else "",
+        "turnstile.reason": state.reason or "",
+        "turnstile.tokens": state.usage.tokens,
+        "turnstile.cost_microusd": state.usage.cost_microusd,
+    }
+    token = _forced_ids.set((int(trace_hex, 16), int(span_hex, 16)))
+    try:
+        span = provider.get_tracer("turnstile").start_span(
+            f"invoke_agent {state.job}",
+            context=trace.set_span_in_context(trace.INVALID_SPAN),
+            attributes=attrs,
+            start_time=now_ns - state.usage.elapsed_ms * 1_000_000,
+        )
+    finally:
+        _forced_ids.reset(token)
+    if state.outcome is not Outcome.COMPLETED:
+        span.set_status(trace.Status(trace.StatusCode.ERROR, state.outcome or "stopped"))
+    span.end(end_time=now_ns)
+    provider.force_flush(int(EXPORT_TIMEOUT_S * 1000))

@@ -89,8 +89,9 @@ def test_turns_on_two_workers_export_one_trace_over_otlp_with_genai_attributes(
     redis_url: str,
 ) -> None:
     """With TURNSTILE_OTLP_ENDPOINT set, every turn's spans reach an OTLP/HTTP receiver under
-    one trace id, though the turns ran on two worker processes one after the other; model
-    spans carry the GenAI attributes with the provider's usage, tool spans the tool name."""
+    one trace id, children of the run's own span, though the turns ran on two worker processes
+    one after the other; model spans carry the GenAI attributes with the provider's usage,
+    tool spans the tool name."""
     queue, tenant = f"q-{uuid.uuid4().hex[:8]}", f"t-{uuid.uuid4().hex[:8]}"
     client = client_for(redis_url)
     with otlp_receiver() as receiver, wire_server("openai", "support_run", delay_s=0.5) as wire:
@@ -105,8 +106,11 @@ def test_turns_on_two_workers_export_one_trace_over_otlp_with_genai_attributes(
         with running_workers(redis_url, [queue], 1, env=env, prefix="second"):
             wait_until(lambda: settled(client, [run_id]), timeout_s=60, what="the run to end")
         wait_until(
-            lambda: sum(s["name"].startswith("chat ") for s in receiver.spans()) == 5,
-            what="five model spans at the receiver",
+            lambda: (
+                sum(s["name"].startswith("chat ") for s in receiver.spans()) == 5
+                and any(s["name"] == "invoke_agent support" for s in receiver.spans())
+            ),
+            what="five model spans and the run's span at the receiver",
         )
         spans = [s for s in receiver.spans() if s["attributes"]["turnstile.run_id"] == run_id]
         tokens, _ = wire.billed()
@@ -114,6 +118,11 @@ def test_turns_on_two_workers_export_one_trace_over_otlp_with_genai_attributes(
     assert len({s["trace_id"] for s in spans}) == 1
     turns = [s for s in spans if s["attributes"]["turnstile.kind"] == "turn"]
     assert len({s["resource"]["process.pid"] for s in turns}) == 2
+    [root] = [s for s in spans if s["attributes"]["turnstile.kind"] == "run"]
+    assert root["parent_span_id"] == ""
+    assert {s["parent_span_id"] for s in turns} == {root["span_id"]}
+    assert root["attributes"]["gen_ai.operation.name"] == "invoke_agent"
+    assert root["attributes"]["turnstile.outcome"] == "completed"
     by_id = {s["span_id"]: s for s in spans}
     models = [s for s in spans if s["name"].startswith("chat ")]
     for span in models:
