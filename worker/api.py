@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 import redis
 
+import providers
 from jobs.budget import Budget
 from jobs.closing import closing_message
 from jobs.decisions import approve as kernel_approve
@@ -27,6 +28,7 @@ from jobs.runs import new_run
 from jobs.state import RunState
 from ledger.client import Ledger
 from ledger.inputs import DEFAULT_DIMENSIONS
+from providers.prices import PRICES_FILE_ENV
 from worker import keys
 from worker.app import connect, sender
 from worker.errors import TurnstileError
@@ -98,6 +100,7 @@ class Client:
             queue=queue, run_id=run_id,
         )  # fmt: skip
         self._check_tenant_allows(tenant, state.budget)
+        self._check_model_priced(tenant, state.params)
         if self.client.hget(keys.queue_control(queue), "draining"):
             raise SubmissionError(f"queue {queue!r} is draining: it takes no new runs")
         digest = fingerprint([tenant, user, job, goal, state.params, state.budget, queue])
@@ -142,7 +145,9 @@ class Client:
             )
         try:
             definition = self.jobs.get(job)
-            chosen = _budget(budget, definition.budget)
+            chosen = providers.budget_for(
+                params or {}, _budget(budget, definition.budget), default=budget is None
+            )
             if chosen.deadline_ms > self.config.max_deadline_s * 1000:
                 raise SubmissionError(
                     f"deadline above the {self.config.max_deadline_s:.0f} s a run may have"
@@ -164,6 +169,16 @@ class Client:
                     f"budget asks for {asked[dimension]} {dimension}; "
                     f"tenant {tenant!r} allows {state.ceiling}"
                 )
+
+    def _check_model_priced(self, tenant: str, params: Mapping[str, Any]) -> None:
+        """A tenant with a cost ceiling only runs models whose spend can be priced."""
+        spec = providers.unpriced(params)
+        cost = self.ledger.read(tenant).get("cost_microusd") if spec else None
+        if spec and cost is not None and cost.ceiling is not None:
+            raise SubmissionError(
+                f"model {spec!r} has no price and tenant {tenant!r} has a cost ceiling: add its"
+                f" price to the file named in {PRICES_FILE_ENV}"
+            )
 
     def _claim_run_id(self, run_id: str, tenant: str) -> str:
         pipe = self.client.pipeline(transaction=False)

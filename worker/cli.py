@@ -84,6 +84,15 @@ def demo(
     job: Annotated[
         str, typer.Option("--job", envvar="TURNSTILE_DEMO_JOB", help="The job whose runs to show.")
     ] = "support",
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            envvar="TURNSTILE_DEMO_MODEL",
+            help="A real model, provider:model (openai:gpt-4.1-mini, anthropic:claude-sonnet-4-6),"
+            " instead of the scripted stand-in; its SDK reads OPENAI_*/ANTHROPIC_* variables.",
+        ),
+    ] = None,
 ) -> None:
     """Run a job's runs end to end: a private server (unless TURNSTILE_REDIS_URL names one),
     two worker processes, and, for support, scenarios A-H and runs over a tenant's cap; for
@@ -93,7 +102,9 @@ def demo(
     from worker.errors import TurnstileError
 
     try:
-        result = run_demo(extra_runs=runs, as_json=as_json, redis_url=redis_url, job=job)
+        result = run_demo(
+            extra_runs=runs, as_json=as_json, redis_url=redis_url, job=job, model=model
+        )
     except KernelError as exc:
         fail(str(exc))
     except TurnstileError as exc:

@@ -6,7 +6,7 @@ from typing import Any
 
 from jobs.job import GRANT_RULE, Guard, Job, Permit, Severity, Verdict
 from jobs.state import Call, RunState
-from jobs.support.models import MODELS, make_model
+from jobs.support.models import MODELS, check_model_params, make_model
 from jobs.support.shop import ShopBackend
 from jobs.support.tools import DEFAULT_LATENCY_S, REFUND_DIMENSION, support_tools
 from jobs.tools import Tool
@@ -42,7 +42,9 @@ def _seconds_by_tool(maximum: int) -> dict[str, Any]:
 # The run's params: one entry per key, so a new one is a line here (and its use in models.py
 # or tools.py). Unknown keys are refused.
 PARAMS_PROPERTIES: dict[str, dict[str, Any]] = {
-    "model": {"enum": list(MODELS), "description": "the scripted model: policy or a provocation"},
+    "model": {"anyOf": [{"enum": list(MODELS)},
+                        {"type": "string", "pattern": "^[a-z][a-z0-9_-]*:[^\\s]{1,128}$"}],
+              "description": "a scripted model (policy or a provocation) or provider:model"},
     "model_latency_s": {"type": "number", "minimum": 0, "maximum": 600},
     "model_sleep_s": {"type": "number", "minimum": 0, "maximum": 3600,
                       "description": "drill: the model really sleeps, ignoring its timeout"},
@@ -67,6 +69,7 @@ def support_job(shop: ShopBackend) -> Job:
         description="Refund a damaged item and confirm by email (spec 000's support agent).",
         tools=support_tools(shop),
         model=make_model,
+        check_params=check_model_params,  # a provider's name is checked beyond the pattern
         policy=policy,
         guardrail=guardrail,
         params_schema=params_schema(),

@@ -113,8 +113,11 @@ def support_tools(shop: ShopBackend) -> dict[str, Tool]:
     tools = [
         Tool(
             name="get_order",
+            description=(
+                "Look up an order of the current customer: its status, its total and what was"
+                " already refunded, in cents."
+            ),
             fn=get_order,
-            description="Look up an order of the customer: status, total and refunded cents.",
             schema=_object({"order_id": _ORDER_ID}, ["order_id"]),
             facts=("order_status", "total_cents", "refunded_cents"),
             fact_scope="order_id",
@@ -124,8 +127,8 @@ def support_tools(shop: ShopBackend) -> dict[str, Tool]:
         ),
         Tool(
             name="search_policy",
+            description="Search the shop's returns and refunds policy text.",
             fn=search_policy,
-            description="Search the shop's returns policy.",
             schema=_object(
                 {"q": {"type": "string", "maxLength": 500}, "order_id": _ORDER_ID}, ["q"]
             ),
@@ -134,6 +137,10 @@ def support_tools(shop: ShopBackend) -> dict[str, Tool]:
         ),
         Tool(
             name="issue_refund",
+            description=(
+                "Refund part or all of an order to the customer, in cents, with a short"
+                " reason. Cannot be undone."
+            ),
             fn=issue_refund,
             schema=_object(
                 {
@@ -143,7 +150,6 @@ def support_tools(shop: ShopBackend) -> dict[str, Tool]:
                 },
                 ["order_id", "amount_cents"],
             ),
-            description="Refund part of an order to the customer who placed it.",
             mutates=True,
             reversible=False,
             charges={REFUND_DIMENSION: "amount_cents"},
@@ -155,8 +161,11 @@ def support_tools(shop: ShopBackend) -> dict[str, Tool]:
         ),
         Tool(
             name="send_status_email",
+            description=(
+                "Email the customer the current status of their order, refund included."
+                " Cannot be undone."
+            ),
             fn=send_status_email,
-            description="Email the customer the status of their order.",
             schema=_object({"order_id": _ORDER_ID}, ["order_id"]),
             mutates=True,
             reversible=False,
