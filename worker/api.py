@@ -15,7 +15,6 @@ from typing import Any
 import msgspec
 import redis
 
-import providers
 from jobs.budget import Budget
 from jobs.closing import closing_message
 from jobs.decisions import approve as kernel_approve
@@ -28,6 +27,7 @@ from jobs.runs import new_run
 from jobs.state import RunState
 from ledger.client import Ledger
 from ledger.inputs import DEFAULT_DIMENSIONS
+from providers import budget_for, unpriced
 from providers.prices import PRICES_FILE_ENV
 from worker import keys
 from worker.app import connect, sender
@@ -145,7 +145,7 @@ class Client:
             )
         try:
             definition = self.jobs.get(job)
-            chosen = providers.budget_for(
+            chosen = budget_for(
                 params or {}, _budget(budget, definition.budget), default=budget is None
             )
             if chosen.deadline_ms > self.config.max_deadline_s * 1000:
@@ -172,7 +172,7 @@ class Client:
 
     def _check_model_priced(self, tenant: str, params: Mapping[str, Any]) -> None:
         """A tenant with a cost ceiling only runs models whose spend can be priced."""
-        spec = providers.unpriced(params)
+        spec = unpriced(params)
         cost = self.ledger.read(tenant).get("cost_microusd") if spec else None
         if spec and cost is not None and cost.ceiling is not None:
             raise SubmissionError(
