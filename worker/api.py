@@ -69,7 +69,7 @@ class Client:
     def __init__(self, client: redis.Redis, config: Settings, send: Send) -> None:
         self.client, self.config, self.send = client, config, send
         self.ledger = Ledger(client, grace_s=config.ledger_grace_s)
-        self.store = RunStore(client, self.ledger)
+        self.store = RunStore(client, self.ledger, wait_for=config.wait_for)
         self.jobs = Jobs(client)
         self.memory = RedisMemory(client)
 

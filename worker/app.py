@@ -123,7 +123,7 @@ def build_services(config: Settings) -> Services:
         raise StoreUnavailable("no store: set TURNSTILE_REDIS_URL")
     client = connect(config.redis_url, config)
     ledger = Ledger.from_url(config.redis_url, grace_s=config.ledger_grace_s)
-    store = RunStore(client, ledger)
+    store = RunStore(client, ledger, wait_for=config.wait_for)
 
     sends = iter(range(1, 2**62))
 
