@@ -194,7 +194,7 @@ def test_a_submit_and_an_approve_with_the_broker_down_are_accepted_and_happen(
     it, and the run suspends, is approved and completes."""
     queue, tenant = f"nb-{unique}", f"t-{unique}"
     g = BY_LETTER["G"].params
-    down = {"TURNSTILE_REDIS_URL": redis_url,
+    down = {"TURNSTILE_REDIS_URL": redis_url, "TURNSTILE_PICKUP_LEASE_S": "3",
             "TURNSTILE_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0"}  # fmt: skip
     client = client_for(redis_url)
     with running_workers(redis_url, [queue], 1):
