@@ -331,6 +331,7 @@ def runs(
 
     with client(redis_url, broker_url) as c:
         rows = control.list_runs(c, tenant=tenant, status=status, outcome=outcome, limit=limit)
+        c.store.fence("the runs read are")  # shown only once as durable as the setting wants
     if as_json:
         _json([dataclasses.asdict(r) for r in rows])
         return
@@ -356,6 +357,7 @@ def status(
 
     with client(redis_url, broker_url) as c:
         view = control.run_view(c, run_id, tenant)
+        c.store.fence(f"the state of run {run_id} read is")
     if as_json:
         _json(view)
         return
@@ -435,7 +437,7 @@ def watch(
 
     with client(redis_url, broker_url) as c:
         tenant, _ = control.resolve(c, run_id, tenant)
-        stream = control.follow(c, tenant, run_id, timeout_s=timeout_s)
+        stream = _fenced(c, control.follow(c, tenant, run_id, timeout_s=timeout_s))
         try:
             if as_json:
                 for eid, event in stream:
@@ -444,6 +446,17 @@ def watch(
                 _watch_display(stream)
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
+
+
+def _fenced(
+    c: Any, stream: Iterator[tuple[str, dict[str, Any]]]
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The stream, each run-ending or deciding event shown only once it is as durable as
+    TURNSTILE_DURABILITY wants (one wait per such event; turn events are shown as read)."""
+    for eid, event in stream:
+        if event.get("type") in ("finished", "decision", "suspended"):
+            c.store.fence(f"event {eid} of the run is")
+        yield eid, event
 
 
 def _watch_display(stream: Iterator[tuple[str, dict[str, Any]]]) -> None:

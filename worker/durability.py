@@ -51,19 +51,20 @@ class WaitFor:
         return ["WAIT", self.replicas, timeout_ms]
 
     def shortfall(self, reply: Any, what: str) -> str | None:
-        """What the wait's reply says is missing, as a message; None when the write is where
-        the setting wants it."""
+        """What the wait's reply says is missing, as a message that starts with `what` (e.g.
+        "the change to run R was written but"); None when the write is where the setting
+        wants it."""
         if self.mode is Durability.AOF:
             local = int(reply[0]) if isinstance(reply, list | tuple) and reply else 0
             if local < 1:
                 return (
-                    f"{what} was written but not confirmed on the server's disk within "
+                    f"{what} not confirmed on the server's disk within "
                     f"{self.timeout_s:g} s (TURNSTILE_DURABILITY=aof); it may be lost if the "
                     "server fails now"
                 )
         elif self.mode is Durability.REPLICA and int(reply) < self.replicas:
             return (
-                f"{what} was written but reached {int(reply)} of {self.replicas} replica(s) "
+                f"{what} confirmed by {int(reply)} of {self.replicas} replica(s) "
                 f"within {self.timeout_s:g} s (TURNSTILE_DURABILITY=replica); it may be lost "
                 "if the server fails now"
             )

@@ -12,6 +12,7 @@ PREFIX = "turnstile"
 
 TENANTS = f"{PREFIX}:tenants"  # every tenant that has runs: the sweeper's starting point
 SWEEP_LOCK = f"{PREFIX}:sweeper:lock"
+FENCE = f"{PREFIX}:fence"  # counter: a reader's own write, to wait for what it read (store.fence)
 
 
 def _t(tenant: str, name: str) -> str:

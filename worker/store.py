@@ -177,7 +177,9 @@ class RunStore:
             pipe.sadd(keys.QUEUES, queue)
             pipe.evalsha(self._create.sha, len(run_keys), *run_keys, *args)
 
-        reply = self._durable(build, f"the submission of run {run_id}", self._create)[-1]
+        reply = self._durable(
+            build, f"the submission of run {run_id} was written but", self._create
+        )[-1]
         created = _s(reply[0]) == "created"
         return created, fingerprint if created else _s(reply[1])
 
@@ -262,7 +264,10 @@ class RunStore:
         args += [len(change.clear), *change.clear, change.hold]
         try:
             reply = self._durable_call(
-                self._commit, script_keys, args, f"the change to run {change.run_id}"
+                self._commit,
+                script_keys,
+                args,
+                f"the change to run {change.run_id} was written but",
             )
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailable(f"store unavailable: {exc}") from exc
@@ -312,6 +317,15 @@ class RunStore:
 
         return self._durable(build, what, script)[-1]
 
+    def fence(self, what: str = "what was read is") -> None:
+        """Wait until everything this client has read is where TURNSTILE_DURABILITY wants a
+        write (a no-op for `none`), so an observer is never shown what a crash could take back.
+        WAITAOF and WAIT wait for the connection's own writes, so the reader makes one (a
+        counter): it comes after every write it read, and the disk and the replicas take
+        writes in order."""
+        if self.wait_for.waits:
+            self._durable(lambda pipe: pipe.incr(keys.FENCE), what, None)
+
     def _durable(self, build: Callable[[Any], None], what: str, script: Any) -> list[Any]:
         """The pipeline `build` makes, then (durability not `none`) the wait, on the same
         connection and in the same round trip: WAITAOF and WAIT wait for this connection's own
@@ -327,14 +341,14 @@ class RunStore:
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 raise StoreUnavailable(f"store unavailable: {exc}") from exc
             *written, waited = replies
-            if isinstance(written[-1], redis.exceptions.NoScriptError) and not attempt:
+            if isinstance(written[-1], redis.exceptions.NoScriptError) and script and not attempt:
                 script.sha = str(self.client.script_load(script.script))
                 continue
             for reply in written:
                 if isinstance(reply, Exception):
                     raise reply
             if isinstance(waited, Exception):
-                raise NotDurableError(f"{what} was written but cannot be confirmed: {waited}")
+                raise NotDurableError(f"{what} cannot be confirmed: {waited}")
             shortfall = self.wait_for.shortfall(waited, what)
             if shortfall:
                 raise NotDurableError(shortfall)

@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 import redis
+from typer.testing import CliRunner
 
 from jobs.support.scenarios import BY_LETTER, GOAL, USER
 from tests.integration.workers import client_for, running_workers, wait_until
+from worker.cli import app
 from worker.embedded import EmbeddedServer
 from worker.store import NotDurableError
 
@@ -60,7 +62,7 @@ def test_replica_durability_waits_for_the_replicas(own_server: EmbeddedServer, u
     holds them."""
     queue, tenant = f"idle-{unique}", f"t-{unique}"
     durable = client_for(own_server.url, durability="replica", durability_timeout_s=0.3)
-    with pytest.raises(NotDurableError, match="reached 0 of 1 replica"):
+    with pytest.raises(NotDurableError, match="confirmed by 0 of 1 replica"):
         durable.submit(tenant, USER, "support", GOAL, {}, queue=queue)
     with EmbeddedServer() as replica:
         follower = redis.Redis.from_url(replica.url)
@@ -125,3 +127,22 @@ def test_a_killed_server_keeps_every_acknowledged_write(
         )
     for run_id in late:
         after.store.fail_run(tenant, run_id, "the test is over")
+
+
+def test_an_observer_is_shown_only_what_is_durable(aof_server: EmbeddedServer, unique: str) -> None:
+    """With durability `aof`, `status` and `runs` show what they read only once it is on the
+    server's disk: with the disk not confirming, they fail in one line instead of showing a
+    state that a crash could take back."""
+    tenant = f"t-{unique}"
+    client = client_for(aof_server.url, durability="aof")
+    run_id = client.submit(tenant, USER, "support", GOAL, {}, queue=f"idle-{unique}")
+    env = {"TURNSTILE_REDIS_URL": aof_server.url, "TURNSTILE_DURABILITY": "aof",
+           "TURNSTILE_DURABILITY_TIMEOUT_S": "0.3"}  # fmt: skip
+    runner = CliRunner()
+    assert runner.invoke(app, ["status", run_id], env=env).exit_code == 0
+    redis.Redis.from_url(aof_server.url).config_set("appendfsync", "no")
+    for args in (["status", run_id], ["runs", "--tenant", tenant]):
+        result = runner.invoke(app, args, env=env)
+        assert result.exit_code == 1, result.output
+        assert "not confirmed on the server's disk within 0.3 s" in result.stderr
+        assert result.stderr.count("\n") == 1
