@@ -43,8 +43,10 @@ class Settings(BaseSettings):
 
     # What a submission, a decision and a step's commit must reach before they are
     # acknowledged: none (the server's memory), aof (its fsynced append-only file: WAITAOF),
-    # replica (that many replicas: WAIT). See worker/durability.py and the README; the
-    # default is chosen from tests/bench/bench_worker.py's side-by-side figures.
+    # replica (that many replicas: WAIT). See worker/durability.py and the README. `none`
+    # here because `aof` refuses every write on a server without AOF (a plain redis-server,
+    # the demo's and the tests' embedded one); the deploy files, whose server runs AOF, set
+    # `aof`: tests/bench/bench_worker.py measured it at about 0.9x the turns/s of `none`.
     durability: Durability = Durability.NONE
     durability_replicas: int = Field(default=1, ge=1)
     # Below redis_timeout_s, so the wait answers before the socket gives up on it.
