@@ -70,7 +70,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _wait_fits_socket(self) -> Settings:
-        if self.durability_timeout_s >= self.redis_timeout_s:
+        waits = self.durability is not Durability.NONE
+        if waits and self.durability_timeout_s >= self.redis_timeout_s:
             raise ValueError(
                 f"durability_timeout_s ({self.durability_timeout_s:g}) must be below "
                 f"redis_timeout_s ({self.redis_timeout_s:g})"
