@@ -103,10 +103,28 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+# A client's publish is bounded: a broker that is down or unreachable makes a submission or a
+# decision say "accepted, sent later" within a few seconds (the sweeper sends the step),
+# instead of hanging on the operating system's connect timeout.
+PUBLISH_CONNECT_TIMEOUT_S = 1.0
+PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.25,
+                        "interval_max": 0.5}  # fmt: skip
+
+
 @functools.lru_cache(maxsize=8)
 def producer(broker_url: str) -> Celery:
     """A producer-only app for this broker (no tasks of its own; it sends by task name)."""
-    return make_app(settings(), broker_url=broker_url, main=False)
+    made = make_app(settings(), broker_url=broker_url, main=False)
+    made.conf.update(
+        broker_connection_timeout=PUBLISH_CONNECT_TIMEOUT_S,
+        broker_transport_options={
+            **made.conf.broker_transport_options,
+            "socket_connect_timeout": PUBLISH_CONNECT_TIMEOUT_S,
+            "socket_timeout": 5.0,
+        },
+        task_publish_retry_policy=PUBLISH_RETRY_POLICY,
+    )
+    return made
 
 
 def sender(broker_url: str) -> Callable[[StepMessage, float, float], None]:
@@ -157,7 +175,7 @@ def build_services(config: Settings) -> Services:
         config.redis_url, grace_s=config.ledger_grace_s,
         dimensions=(*DEFAULT_DIMENSIONS, *jobs.dimensions()),
     )  # fmt: skip
-    store = RunStore(client, ledger)
+    store = RunStore(client, ledger, wait_for=config.wait_for)
 
     sends = iter(range(1, 2**62))
 

@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ledger.cli import ledger_app, use_dimensions
-from worker.cli_common import BrokerUrl, JsonFlag, RedisUrl, client, fail
+from worker.cli_common import BrokerUrl, JsonFlag, OneLineGroup, RedisUrl, client, fail
 from worker.cli_ops import register as register_ops
 
 app = typer.Typer(
     name="turnstile",
+    cls=OneLineGroup,  # every error of every command is one line
     help="Run long LLM agent tasks as durable background steps.",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_enable=False,
 )
 app.add_typer(ledger_app, name="ledger")
 
@@ -245,20 +249,39 @@ def submit(
     redis_url: RedisUrl = None,
     broker_url: BrokerUrl = None,
 ) -> None:
-    """Submit a run; prints its id. Idempotent with --run-id."""
+    """Submit a run; prints its id. Idempotent with --run-id. A broker that is down does not
+    refuse it: the run is stored and its step sent when the broker is back."""
     with client(redis_url, broker_url) as c:
-        made = c.submit(tenant, user, job, goal, _params(param or []), queue=queue, run_id=run_id)
-    typer.echo(json.dumps({"run_id": made}) if as_json else made)
+        made = c.submit_run(
+            tenant, user, job, goal, _params(param or []), queue=queue, run_id=run_id
+        )
+    deferred = made.created and not made.sent
+    if as_json:
+        typer.echo(json.dumps({"run_id": made.run_id, "created": made.created, "sent": made.sent}))
+    else:
+        typer.echo(made.run_id)
+    if deferred:
+        typer.echo(
+            f"accepted run {made.run_id}; the step will be sent when the broker is back", err=True
+        )
 
 
 memory_app = typer.Typer(
-    help="Long-term memory: notes kept per user, across runs.", no_args_is_help=True
+    help="Long-term memory: notes kept per tenant and user, across runs.", no_args_is_help=True
 )
 app.add_typer(memory_app, name="memory")
+
+MemoryTenant = Annotated[
+    str, typer.Option("--tenant", envvar="TURNSTILE_TENANT", help="Whose users' notes.")
+]
+MemorySource = Annotated[
+    str | None, typer.Option("--source", envvar="TURNSTILE_MEMORY_SOURCE", show_default=False)
+]
 
 
 @memory_app.command("add")
 def memory_add(
+    tenant: MemoryTenant,
     user: Annotated[str, typer.Option("--user", envvar="TURNSTILE_USER")],
     text: Annotated[str, typer.Option("--text", envvar="TURNSTILE_MEMORY_TEXT")],
     source: Annotated[
@@ -273,9 +296,9 @@ def memory_add(
     * 86400,
     redis_url: RedisUrl = None,
 ) -> None:
-    """Remember a note for a user; a note from an untrusted source is refused."""
+    """Remember a note for a tenant's user; a note from an untrusted source is refused."""
     with client(redis_url) as c:
-        said = c.remember(user, text, source=source, ttl_s=ttl_s)
+        said = c.remember(tenant, user, text, source=source, ttl_s=ttl_s)
     if said != "stored":
         fail(said)
     typer.echo(said)
@@ -283,19 +306,44 @@ def memory_add(
 
 @memory_app.command("forget")
 def memory_forget(
+    tenant: MemoryTenant,
     user: Annotated[str | None, typer.Option("--user", envvar="TURNSTILE_USER")] = None,
-    source: Annotated[
-        str | None, typer.Option("--source", envvar="TURNSTILE_MEMORY_SOURCE")
+    source: MemorySource = None,
+    as_json: JsonFlag = False,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Delete a tenant's notes by user, by source, or both."""
+    if user is None and source is None:
+        fail("say whose notes to forget: --user, --source, or both", code=2)
+    with client(redis_url) as c:
+        gone = c.forget(tenant, user=user, source=source)
+    typer.echo(json.dumps({"forgotten": gone}) if as_json else f"forgot {gone} notes")
+
+
+@memory_app.command("list")
+def memory_list(
+    tenant: MemoryTenant,
+    user: Annotated[
+        str | None, typer.Option("--user", envvar="TURNSTILE_USER", show_default=False)
     ] = None,
     as_json: JsonFlag = False,
     redis_url: RedisUrl = None,
 ) -> None:
-    """Delete notes by user, by source, or both."""
-    if user is None and source is None:
-        fail("say whose notes to forget: --user, --source, or both", code=2)
+    """A tenant's live notes: one user's with --user, every user's without."""
+    import msgspec
+
+    from worker.cli_ops import console_for_tables
+
     with client(redis_url) as c:
-        gone = c.forget(user=user, source=source)
-    typer.echo(json.dumps({"forgotten": gone}) if as_json else f"forgot {gone} notes")
+        notes = c.notes(tenant, user=user)
+    if as_json:
+        typer.echo(json.dumps(msgspec.to_builtins(notes)))
+        return
+    out = Table("user", "source", "expires (UTC)", "text")
+    for note in notes:
+        expires = datetime.fromtimestamp(note.expires_s, UTC).isoformat(timespec="seconds")
+        out.add_row(escape(note.user_id), note.source, expires, escape(note.text))
+    console_for_tables().print(out)
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ from jobs.outcomes import Outcome, Status
 from jobs.state import RunState
 from jobs.trace import Span
 from worker import keys
-from worker.api import Client, DecisionRefusedError, RunNotFoundError
+from worker.api import Client, DecisionRefusedError, RunNotFoundError, check_name
 from worker.errors import TurnstileError
 from worker.step import StepMessage, next_hold, now_iso, time_limits
 from worker.store import Change
@@ -68,6 +68,7 @@ class Scope:
     def __post_init__(self) -> None:
         if (self.queue is None) == (self.tenant is None):
             raise ControlError("give exactly one of a queue or a tenant")
+        check_name("queue" if self.queue is not None else "tenant", self.queue or self.tenant)
 
     @property
     def label(self) -> str:
@@ -272,17 +273,17 @@ def _requeue_pass(c: Client, scope: Scope, by: str, at: str, done: Resumed) -> N
 
 def resume(c: Client, scope: Scope, *, by: str, settle_s: float = PARK_SETTLE_S) -> Resumed:
     """Clear the pause (and, for a queue, the drain) and re-enqueue each parked run in scope
-    whose other gates are clear, once. Resuming what is not paused is refused."""
+    whose other gates are clear, once. Resuming what is not paused changes nothing, as
+    pausing what is paused does: `cleared` is empty and no run is touched."""
     check_known(c, scope)
     cleared = _clear_flags(c, scope)
-    if not cleared:
-        what = "paused" if scope.queue is None else "paused or draining"
-        raise ControlError(f"{scope.label} is not {what}")
     at = now_iso()
-    c.client.hset(scope.flag_key, mapping={"resumed_at": at, "resumed_by": by})
     target, name = ("queue", scope.queue) if scope.queue is not None else ("tenant", scope.tenant)
     assert name is not None
     done = Resumed(target, name, by, at, cleared)
+    if not cleared:
+        return done
+    c.client.hset(scope.flag_key, mapping={"resumed_at": at, "resumed_by": by})
     # A step that loaded its run before the flag was cleared is in flight until it parks;
     # wait for those (never longer than settle_s: a real turn does not park) and look again.
     pending = {run_id for _, run_id, _ in live_inflight(c, scope)}
