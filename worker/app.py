@@ -20,7 +20,7 @@ import structlog
 from celery import Celery, Task, signals
 
 from ledger.client import Ledger
-from worker import metrics
+from worker import deadletters, metrics
 from worker.logs import configure as configure_logging
 from worker.registry import Jobs
 from worker.settings import Settings, settings
@@ -47,8 +47,9 @@ START_PRIORITY = 9
 
 def make_app(config: Settings, *, broker_url: str | None = None, main: bool = True) -> Celery:
     celery = Celery("turnstile", set_as_current=main)
+    url = broker_url or config.broker_url or config.redis_url
     celery.conf.update(
-        broker_url=broker_url or config.broker_url or config.redis_url,
+        broker_url=url,
         broker_transport_options={"visibility_timeout": config.visibility_timeout_s},
         broker_connection_retry_on_startup=True,
         task_serializer="json",
@@ -66,6 +67,8 @@ def make_app(config: Settings, *, broker_url: str | None = None, main: bool = Tr
         worker_hijack_root_logger=False,
         worker_redirect_stdouts=False,  # structlog writes its own lines to stderr
         broker_pool_limit=4,
+        # A queue entry the worker cannot take in goes to the dead letters, not the worker down.
+        **deadletters.celery_config(url or ""),
     )
     return celery
 
@@ -142,7 +145,7 @@ def build_services(config: Settings) -> Services:
         settings=config,
         store=store,
         ledger=ledger,
-        jobs=Jobs(client),
+        jobs=Jobs(client, drills=config.allow_drills),
         send=send,
         heartbeat=Heartbeat(config.inflight_lease_s / 3),
     )
