@@ -70,7 +70,7 @@ class Client:
         self.client, self.config, self.send = client, config, send
         self.ledger = Ledger(client, grace_s=config.ledger_grace_s)
         self.store = RunStore(client, self.ledger)
-        self.jobs = Jobs(client)
+        self.jobs = Jobs(client, drills=config.allow_drills)
         self.memory = RedisMemory(client)
 
     # -- submitting ------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,7 +11,7 @@ from jobs.job import GRANT_RULE, Guard, Job, Permit, Severity, Verdict
 from jobs.state import Call, RunState
 from jobs.support.models import check_model_params, make_model
 from jobs.support.shop import ShopBackend
-from jobs.support.tools import DEFAULT_LATENCY_S, support_tools
+from jobs.support.tools import DEFAULT_LATENCY_S, DRILL_PARAMS, support_tools
 from jobs.tools import Tool
 
 NAME = "support"
@@ -54,12 +55,29 @@ def check_params(params: Mapping[str, Any]) -> None:
         raise ParamsError("shop must be a name of 1 to 64 characters")
 
 
-def support_job(shop: ShopBackend) -> Job:
+def refuse_drills(params: Mapping[str, Any]) -> None:
+    asked = [name for name in DRILL_PARAMS if name in params]
+    if asked:
+        raise ParamsError(
+            f"{', '.join(asked)}: failure drills are off here "
+            "(a test or staging system turns them on with TURNSTILE_ALLOW_DRILLS=1)"
+        )
+
+
+def support_job(shop: ShopBackend, *, drills: bool = False) -> Job:
+    """The support job. Without `drills` a submission asking for a failure drill (`die_in`,
+    `sleep_s`, `model_sleep_s`) is refused, and a run that carries one anyway runs without it."""
+
+    def checked(params: Mapping[str, Any]) -> None:
+        check_params(params)
+        if not drills:
+            refuse_drills(params)
+
     return Job(
         name=NAME,
-        tools=support_tools(shop),
-        model=make_model,
+        tools=support_tools(shop, drills=drills),
+        model=functools.partial(make_model, drills=drills),
         policy=policy,
         guardrail=guardrail,
-        check_params=check_params,
+        check_params=checked,
     )
