@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 from typing import Annotated
 
 import typer
@@ -10,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ledger.cli import ledger_app
+from worker.api import QUEUE_NAME
 from worker.cli_common import BrokerUrl, JsonFlag, RedisUrl, client, fail
 from worker.cli_ops import register as register_ops
 
@@ -20,6 +23,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(ledger_app, name="ledger")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 register_ops(app)
 
 
@@ -80,6 +84,19 @@ def demo(
         typer.echo(json.dumps(result))
 
 
+WORKER_NAME = re.compile(r"^[A-Za-z0-9_.%-]{1,100}(@[A-Za-z0-9_.%-]{1,200})?$")
+
+
+def node_name(name: str | None) -> str:
+    """The worker's Celery node name: `name@host` (`name` may carry its own `@host`), or by
+    default `turnstile-<pid>@<host>`, so two workers on one machine are two nodes."""
+    if not name:
+        return f"turnstile-{os.getpid()}@%h"
+    if not WORKER_NAME.match(name):
+        fail(f"bad worker name {name!r}: letters, digits, '.', '_', '-', one '@' at most", code=2)
+    return name if "@" in name else f"{name}@%h"
+
+
 @app.command()
 def worker(
     queues: Annotated[
@@ -91,9 +108,24 @@ def worker(
     concurrency: Annotated[
         int,
         typer.Option(
-            "--concurrency", "-c", envvar="TURNSTILE_CONCURRENCY", min=1, help="Worker processes."
+            "--concurrency",
+            "-c",
+            envvar="TURNSTILE_CONCURRENCY",
+            min=1,
+            max=1024,
+            help="Worker processes.",
         ),
     ] = 2,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            "--name",
+            "-n",
+            envvar="TURNSTILE_WORKER_NAME",
+            show_default=False,
+            help="Node name (NAME or NAME@HOST); turnstile-<pid>@<host> by default.",
+        ),
+    ] = None,
     loglevel: Annotated[
         str, typer.Option("--loglevel", envvar="TURNSTILE_CELERY_LOG_LEVEL")
     ] = "WARNING",
@@ -101,23 +133,32 @@ def worker(
     broker_url: BrokerUrl = None,
 ) -> None:
     """Start a Celery worker for Turnstile's steps: acks late, prefetch 1, JSON only, events on.
-    SIGTERM finishes the turns in flight before exiting."""
-    import os
-
+    SIGTERM finishes the turns in flight before exiting; the exit status is Celery's, so a
+    supervisor restarts a worker that stopped on an error."""
     if not redis_url:
         fail("no store: set TURNSTILE_REDIS_URL or pass --redis-url", code=2)
+    names = [q.strip() for q in queues.split(",")]
+    if not all(QUEUE_NAME.match(q) for q in names):
+        fail(f"bad --queues {queues!r}: comma-separated names of letters, digits, '.', '_', '-'",
+             code=2)  # fmt: skip
+    if loglevel.upper() not in LOG_LEVELS:
+        fail(f"bad --loglevel {loglevel!r}: one of {', '.join(LOG_LEVELS)}", code=2)
+    node = node_name(name)
     os.environ["TURNSTILE_REDIS_URL"] = redis_url
     if broker_url:
         os.environ["TURNSTILE_BROKER_URL"] = broker_url
+    from worker import deadletters
     from worker.app import app as celery_app
     from worker.settings import settings
 
     settings.cache_clear()
-    celery_app.conf.update(broker_url=broker_url or redis_url)
-    celery_app.worker_main(
-        ["worker", "-Q", queues, "-c", str(concurrency), "-E", "-l", loglevel,
-         "--without-gossip", "--without-mingle"]
+    url = broker_url or redis_url
+    celery_app.conf.update(broker_url=url, **deadletters.celery_config(url))
+    code: int | None = celery_app.start(
+        ["worker", "-Q", ",".join(names), "-c", str(concurrency), "-n", node, "-E",
+         "-l", loglevel.upper(), "--without-gossip", "--without-mingle"]
     )  # fmt: skip
+    raise typer.Exit(code or 0)
 
 
 def _params(pairs: list[str]) -> dict[str, object]:
