@@ -14,6 +14,7 @@ from rich.table import Table
 from ledger.cli import ledger_app
 from worker.api import QUEUE_NAME
 from worker.cli_common import BrokerUrl, JsonFlag, RedisUrl, client, fail
+from worker.cli_deadletters import dead_letters_app
 from worker.cli_ops import register as register_ops
 
 app = typer.Typer(
@@ -23,6 +24,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(ledger_app, name="ledger")
+app.add_typer(dead_letters_app, name="dead-letters")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 register_ops(app)
 

@@ -43,6 +43,7 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads as kombu_loads
 
 from worker import keys, metrics
+from worker.errors import TurnstileError
 
 log = structlog.get_logger("turnstile.deadletters")
 
@@ -149,22 +150,31 @@ def listing(client: redis.Redis, queue: str | None = None, limit: int = 100) -> 
     return sorted(out, key=lambda d: d.at, reverse=True)[:limit]
 
 
+class DeadLetterNotFoundError(TurnstileError):
+    """A dead letter named by id is not there; nothing was dropped."""
+
+
 def drop(client: redis.Redis, *, queue: str | None = None, ids: list[str] | None = None) -> int:
-    """Remove the dead letters with these ids (in `queue` or any), or, without ids, every dead
-    letter of `queue` (or of every queue). Returns how many went."""
-    gone = 0
-    for name in [queue] if queue is not None else queues(client):
-        key = keys.dead_letters(name)
-        if ids is None:
-            gone += int(client.llen(key))
-            client.delete(key)
+    """Remove the dead letters with these ids (in `queue` or any; all of them or none), or,
+    without ids, every dead letter of `queue` (or of every queue). Returns how many went."""
+    names = [queue] if queue is not None else queues(client)
+    if ids is None:
+        gone = 0
+        for name in names:
+            gone += int(client.llen(keys.dead_letters(name)))
+            client.delete(keys.dead_letters(name))
             client.srem(keys.DEAD_LETTER_QUEUES, name)
-            continue
-        for entry in client.lrange(key, 0, -1):
+        return gone
+    found: dict[str, tuple[str, str]] = {}
+    for name in names:
+        for entry in client.lrange(keys.dead_letters(name), 0, -1):
             parsed = _parse(entry)
             if parsed is not None and parsed.id in ids:
-                gone += int(client.lrem(key, 1, _s(entry)))
-    return gone
+                found[parsed.id] = (keys.dead_letters(name), _s(entry))
+    missing = [i for i in ids if i not in found]
+    if missing:
+        raise DeadLetterNotFoundError(f"no dead letter {', '.join(missing)}; nothing dropped")
+    return sum(int(client.lrem(key, 1, entry)) for key, entry in found.values())
 
 
 # -- the kombu transport: entries that are not an envelope -------------------------------------
