@@ -26,6 +26,7 @@ app = typer.Typer(
 app.add_typer(ledger_app, name="ledger")
 app.add_typer(dead_letters_app, name="dead-letters")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+MAX_CONCURRENCY = 1024  # pool processes of one worker; more machines, not more processes
 register_ops(app)
 
 
@@ -113,9 +114,7 @@ def worker(
             "--concurrency",
             "-c",
             envvar="TURNSTILE_CONCURRENCY",
-            min=1,
-            max=1024,
-            help="Worker processes.",
+            help=f"Worker processes, 1 to {MAX_CONCURRENCY}.",
         ),
     ] = 2,
     name: Annotated[
@@ -143,6 +142,8 @@ def worker(
     if not all(QUEUE_NAME.match(q) for q in names):
         fail(f"bad --queues {queues!r}: comma-separated names of letters, digits, '.', '_', '-'",
              code=2)  # fmt: skip
+    if not 1 <= concurrency <= MAX_CONCURRENCY:
+        fail(f"bad --concurrency {concurrency}: 1 to {MAX_CONCURRENCY} processes", code=2)
     if loglevel.upper() not in LOG_LEVELS:
         fail(f"bad --loglevel {loglevel!r}: one of {', '.join(LOG_LEVELS)}", code=2)
     node = node_name(name)

@@ -1,0 +1,155 @@
+"""`turnstile worker` as an operator runs it: real processes of the command itself, each a
+Celery worker with its own node name, whose exit status a supervisor can trust, and which
+rides out restarts of its server."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import redis
+from typer.testing import CliRunner
+
+from jobs.support.scenarios import GOAL, USER
+from tests.integration.workers import FAST, READY_TIMEOUT_S, client_for, settled, wait_until
+from worker.app import producer
+from worker.cli import app
+from worker.embedded import EmbeddedServer
+
+pytestmark = pytest.mark.integration
+
+TURNSTILE = str(Path(sys.executable).parent / "turnstile")
+
+
+class CommandWorker:
+    """One `turnstile worker` process, its output in a file."""
+
+    def __init__(self, redis_url: str, *args: str, env: dict[str, str] | None = None) -> None:
+        self.log_path = Path(tempfile.mkdtemp(prefix="turnstile-cmd-")) / "worker.log"
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [TURNSTILE, "worker", "--redis-url", redis_url, "-c", "1", *args],
+                env={**clean, **FAST, "TURNSTILE_LOG_FORMAT": "json", **(env or {})},
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self) -> None:
+        wait_until(
+            lambda: '"worker_ready"' in self.log() or self.process.poll() is not None,
+            timeout_s=READY_TIMEOUT_S, what="the worker is ready",
+        )  # fmt: skip
+        assert self.process.poll() is None, self.log()[-2000:]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+
+@contextmanager
+def command_workers(
+    redis_url: str, *argss: list[str], env: dict[str, str] | None = None
+) -> Iterator[list[CommandWorker]]:
+    """One `turnstile worker` per argument list, ready when yielded, killed after."""
+    workers = [CommandWorker(redis_url, *args, env=env) for args in argss]
+    try:
+        for worker in workers:
+            worker.wait_ready()
+        yield workers
+    finally:
+        for worker in workers:
+            worker.stop()
+
+
+def pong_names(redis_url: str, names: list[str]) -> set[str]:
+    replies = producer(redis_url).control.ping(destination=names, timeout=2.0)
+    return {name for reply in replies or [] for name in reply}
+
+
+def test_two_workers_on_one_machine_are_two_nodes(unique: str) -> None:
+    """Without --name each worker is turnstile-<pid>@<host>, so two on one machine both answer
+    a ping under their own names; --name and TURNSTILE_WORKER_NAME set it."""
+    host = socket.gethostname()
+    with EmbeddedServer() as server:
+        queue = f"names-{unique}"
+        named = ["-Q", queue, "--name", f"billing-{unique}"]
+        with command_workers(server.url, ["-Q", queue], ["-Q", queue], named) as (a, b, _):
+            expected = [f"turnstile-{a.process.pid}@{host}", f"turnstile-{b.process.pid}@{host}",
+                        f"billing-{unique}@{host}"]  # fmt: skip
+            wait_until(lambda: pong_names(server.url, expected) == set(expected),
+                       timeout_s=20, what="three nodes answer")  # fmt: skip
+        by_env = f"env-{unique}@box"
+        with command_workers(server.url, ["-Q", queue], env={"TURNSTILE_WORKER_NAME": by_env}):
+            wait_until(lambda: pong_names(server.url, [by_env]) == {by_env}, timeout_s=20,
+                       what="the node named by the environment")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--name", "two@at@signs"], "bad worker name"),
+        (["--name", "has space"], "bad worker name"),
+        (["--queues", "a,,b"], "bad --queues"),
+        (["--loglevel", "LOUD"], "bad --loglevel"),
+        (["--concurrency", "0"], "bad --concurrency"),
+        (["--concurrency", "5000"], "bad --concurrency"),
+    ],
+)
+def test_bad_worker_options_are_one_line(args: list[str], message: str) -> None:
+    """A bad option of `turnstile worker` is one line and exit 2, before any worker starts."""
+    result = CliRunner().invoke(app, ["worker", *args], env={"TURNSTILE_REDIS_URL": "redis://x"})
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and result.stderr.count("\n") == 1, result.stderr
+
+
+def _progress(redis_url: str, runs: list[str]) -> int:
+    """Committed versions over the runs; -1 while the server is not answering."""
+    try:
+        client = client_for(redis_url)
+        return sum(int(client.run_hash(r)[1]["version"]) for r in runs)
+    except (redis.ConnectionError, redis.TimeoutError):
+        return -1
+
+
+def _advanced(redis_url: str, runs: list[str], since: int) -> bool:
+    return _progress(redis_url, runs) > since
+
+
+def test_a_worker_rides_out_restarts_of_its_server(unique: str) -> None:
+    """The server that is both broker and store restarts three times while turns are in
+    flight: the worker stays up (or exits non-zero for its supervisor), and every run ends
+    `completed` with its refund made once."""
+    with EmbeddedServer(appendonly=True) as server:
+        queue = f"restart-{unique}"
+        with command_workers(server.url, ["-Q", queue, "-c", "2"]) as (worker,):
+            client = client_for(server.url)
+            slow = {"sleep_s": {"get_order": 0.3, "issue_refund": 0.3}}
+            runs = [client.submit("t", USER, "support", GOAL, slow, queue=queue) for _ in range(6)]
+            seen = _progress(server.url, runs)
+            for _ in range(3):
+                wait_until(functools.partial(_advanced, server.url, runs, seen), timeout_s=60,
+                           what="a turn committed since the last restart")  # fmt: skip
+                server.stop()
+                server.start()
+                seen = max(seen, _progress(server.url, runs))
+                code = worker.process.poll()
+                assert code is None or code != 0, worker.log()[-3000:]
+            wait_until(lambda: settled(client_for(server.url), runs), timeout_s=120,
+                       what="every run ends after the restarts")  # fmt: skip
+            assert worker.process.poll() is None, worker.log()[-3000:]
+            client = client_for(server.url)
+            assert {client.state(r).outcome for r in runs} == {"completed"}
+            assert "AttributeError" not in worker.log()
