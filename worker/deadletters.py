@@ -100,9 +100,11 @@ def make(queue: str, reason: Reason, detail: str, raw: bytes | str) -> DeadLette
     )
 
 
-def record(client: redis.Redis, letter: DeadLetter) -> None:
+def record(client: redis.Redis | None, letter: DeadLetter) -> None:
     """Keep the dead letter on the broker; log it and count it whether or not that worked."""
     try:
+        if client is None:
+            raise redis.ConnectionError("not a Redis broker")
         pipe = client.pipeline(transaction=True)
         pipe.lpush(keys.dead_letters(letter.queue), json.dumps(asdict(letter)))
         pipe.ltrim(keys.dead_letters(letter.queue), 0, MAX_KEPT - 1)
@@ -394,8 +396,12 @@ class Consumer(CeleryConsumer):
     channel_errors: tuple[type[BaseException], ...]
 
     def dead_letter(self, message: Any, reason: Reason, detail: str) -> None:
-        with message.channel.conn_or_acquire() as client:
-            record(client, make(_queue_of(message), reason, detail, _message_raw(message)))
+        letter = make(_queue_of(message), reason, detail, _message_raw(message))
+        if isinstance(message.channel, kombu_redis.Channel):
+            with message.channel.conn_or_acquire() as client:
+                record(client, letter)
+        else:  # another broker: the log line is the record
+            record(None, letter)
         message.ack()
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
