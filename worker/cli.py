@@ -150,11 +150,20 @@ def worker(
     os.environ["TURNSTILE_REDIS_URL"] = redis_url
     if broker_url:
         os.environ["TURNSTILE_BROKER_URL"] = broker_url
-    from worker import deadletters
-    from worker.app import app as celery_app
+    from pydantic import ValidationError
+
     from worker.settings import settings
 
     settings.cache_clear()
+    try:
+        settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = "TURNSTILE_" + str(first["loc"][0]).upper() if first["loc"] else "settings"
+        fail(f"bad {where}: {first['msg']}", code=2)
+    from worker import deadletters
+    from worker.app import app as celery_app
+
     url = broker_url or redis_url
     celery_app.conf.update(broker_url=url, **deadletters.celery_config(url))
     code: int | None = celery_app.start(

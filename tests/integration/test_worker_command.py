@@ -106,11 +106,17 @@ def test_two_workers_on_one_machine_are_two_nodes(unique: str) -> None:
         (["--loglevel", "LOUD"], "bad --loglevel"),
         (["--concurrency", "0"], "bad --concurrency"),
         (["--concurrency", "5000"], "bad --concurrency"),
+        (["TURNSTILE_MAX_STEP_ATTEMPTS", "0"], "bad TURNSTILE_MAX_STEP_ATTEMPTS"),
+        (["TURNSTILE_ALLOW_DRILLS", "perhaps"], "bad TURNSTILE_ALLOW_DRILLS"),
     ],
 )
 def test_bad_worker_options_are_one_line(args: list[str], message: str) -> None:
-    """A bad option of `turnstile worker` is one line and exit 2, before any worker starts."""
-    result = CliRunner().invoke(app, ["worker", *args], env={"TURNSTILE_REDIS_URL": "redis://x"})
+    """A bad option or setting of `turnstile worker` is one line and exit 2, before any worker
+    starts."""
+    env = {"TURNSTILE_REDIS_URL": "redis://x"}
+    if args[0].startswith("TURNSTILE_"):
+        env, args = {**env, args[0]: args[1]}, []
+    result = CliRunner().invoke(app, ["worker", *args], env=env)
     assert result.exit_code == 2, result.output
     assert message in result.stderr and result.stderr.count("\n") == 1, result.stderr
 
