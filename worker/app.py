@@ -228,6 +228,22 @@ def _start_sweeper(sender: Any = None, **kwargs: Any) -> None:
     ).start()
 
 
+# The exit status a shutdown signal announced (1 for a cold shutdown). Celery's worker exits 0
+# after a cold shutdown all the same (WorkController.terminate keeps no exit code), so
+# `turnstile worker` exits with this one when Celery's own is 0.
+_announced_exitcode: list[int] = []
+
+
+@signals.worker_shutting_down.connect
+def _note_exitcode(exitcode: int | None = None, **kwargs: Any) -> None:
+    if exitcode:
+        _announced_exitcode.append(int(exitcode))
+
+
+def announced_exitcode() -> int:
+    return max(_announced_exitcode, default=0)
+
+
 @signals.worker_shutdown.connect
 def _stop_sweeper(sender: Any = None, **kwargs: Any) -> None:
     _sweeper_stop.set()

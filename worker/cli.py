@@ -162,6 +162,7 @@ def worker(
         where = "TURNSTILE_" + str(first["loc"][0]).upper() if first["loc"] else "settings"
         fail(f"bad {where}: {first['msg']}", code=2)
     from worker import deadletters
+    from worker.app import announced_exitcode
     from worker.app import app as celery_app
 
     url = broker_url or redis_url
@@ -170,7 +171,7 @@ def worker(
         ["worker", "-Q", ",".join(names), "-c", str(concurrency), "-n", node, "-E",
          "-l", loglevel.upper(), "--without-gossip", "--without-mingle"]
     )  # fmt: skip
-    raise typer.Exit(code or 0)
+    raise typer.Exit(code or announced_exitcode())
 
 
 def _params(pairs: list[str]) -> dict[str, object]:

@@ -101,7 +101,9 @@ def make(queue: str, reason: Reason, detail: str, raw: bytes | str) -> DeadLette
 
 
 def record(client: redis.Redis | None, letter: DeadLetter) -> None:
-    """Keep the dead letter on the broker; log it and count it whether or not that worked."""
+    """Keep the dead letter on the broker; log it (one line) and count it whether or not that
+    worked. If it could not be kept, the line carries the start of the entry instead."""
+    lost: dict[str, str] = {}
     try:
         if client is None:
             raise redis.ConnectionError("not a Redis broker")
@@ -110,13 +112,11 @@ def record(client: redis.Redis | None, letter: DeadLetter) -> None:
         pipe.ltrim(keys.dead_letters(letter.queue), 0, MAX_KEPT - 1)
         pipe.sadd(keys.DEAD_LETTER_QUEUES, letter.queue)
         pipe.execute()
-        kept = True
-    except redis.RedisError as exc:  # the broker went away mid-read: the line below keeps it
-        kept = False
-        log.error("dead_letter_not_kept", error=str(exc), raw=letter.raw[:2000])
+    except redis.RedisError as exc:  # the broker went away mid-read
+        lost = {"not_kept": str(exc), "raw": letter.raw[:2000]}
     log.error(
         "message_dead_lettered", queue=letter.queue, reason=letter.reason, detail=letter.detail,
-        id=letter.id, size_bytes=letter.size_bytes, kept=kept,
+        id=letter.id, size_bytes=letter.size_bytes, kept=not lost, **lost,
     )  # fmt: skip
     metrics.message_dead_lettered(letter.reason)
 

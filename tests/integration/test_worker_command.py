@@ -121,6 +121,18 @@ def test_bad_worker_options_are_one_line(args: list[str], message: str) -> None:
     assert message in result.stderr and result.stderr.count("\n") == 1, result.stderr
 
 
+def test_the_worker_command_exits_with_the_status_of_its_shutdown(
+    redis_url: str, unique: str
+) -> None:
+    """A cold shutdown (SIGQUIT: running turns are cut short) exits non-zero, so a supervisor
+    sees a failure and restarts the worker; a warm one (SIGTERM) exits 0."""
+    with command_workers(redis_url, ["-Q", f"x-{unique}"], ["-Q", f"y-{unique}"]) as (a, b):
+        a.process.send_signal(signal.SIGQUIT)
+        b.process.send_signal(signal.SIGTERM)
+        assert a.process.wait(30) == 1, a.log()[-2000:]
+        assert b.process.wait(30) == 0, b.log()[-2000:]
+
+
 def _progress(redis_url: str, runs: list[str]) -> int:
     """Committed versions over the runs; -1 while the server is not answering."""
     try:
