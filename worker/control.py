@@ -358,11 +358,9 @@ def dead_letter_count(broker_url: str, queue: str) -> int | None:
     """Dead letters of the queue on a Redis broker; None for another kind of broker."""
     if not broker_url.startswith(("redis://", "rediss://", "unix://")):
         return None
-    from worker import deadletters  # noqa: PLC0415 - it brings Celery's consumer and kombu
-
     broker = redis.Redis.from_url(broker_url, socket_timeout=5)
     try:
-        return deadletters.count(broker, queue)
+        return int(broker.llen(keys.dead_letters(queue)))
     finally:
         broker.close()
 
