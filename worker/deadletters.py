@@ -132,10 +132,6 @@ def queues(client: redis.Redis) -> list[str]:
     return sorted(_s(q) for q in client.smembers(keys.DEAD_LETTER_QUEUES))
 
 
-def count(client: redis.Redis, queue: str) -> int:
-    return int(client.llen(keys.dead_letters(queue)))
-
-
 def _parse(entry: bytes | str) -> DeadLetter | None:
     try:
         return DeadLetter(**json.loads(entry))
