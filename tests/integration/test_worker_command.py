@@ -153,7 +153,9 @@ def test_a_worker_rides_out_restarts_of_its_server(unique: str) -> None:
     with EmbeddedServer(appendonly=True) as server:
         queue = f"restart-{unique}"
         with command_workers(server.url, ["-Q", queue, "-c", "2"]) as (worker,):
-            client = client_for(server.url)
+            # A step popped off the queue as the server stops is lost with its reply: the
+            # sweeper sends it again when its lease lapses (3 s here, as the workers' FAST).
+            client = client_for(server.url, pickup_lease_s=3)
             slow = {"sleep_s": {"get_order": 0.3, "issue_refund": 0.3}}
             runs = [client.submit("t", USER, "support", GOAL, slow, queue=queue) for _ in range(6)]
             seen = _progress(server.url, runs)
