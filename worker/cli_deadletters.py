@@ -16,7 +16,7 @@ import redis
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 
 from worker.cli_common import BrokerUrl, JsonFlag, RedisUrl, client, fail
 
@@ -80,14 +80,18 @@ def list_(
     if not letters:
         typer.echo("no dead letters")
         return
-    table = Table("id", "queue", "at", "reason", "detail", "bytes", "entry")
+    table = Table(
+        Column("id", no_wrap=True), "queue", Column("at", no_wrap=True),
+        Column("reason", no_wrap=True), Column("bytes", justify="right"), "detail", "entry",
+    )  # fmt: skip
     for d in letters:
         shown = d.raw[:RAW_SHOWN_CHARS] + ("…" if len(d.raw) > RAW_SHOWN_CHARS else "")
         table.add_row(
-            d.id, escape(d.queue), d.at, d.reason, escape(d.detail), str(d.size_bytes),
+            d.id, escape(d.queue), d.at[:19], d.reason, str(d.size_bytes), escape(d.detail),
             escape(shown if d.raw_encoding == "text" else f"base64:{shown}"),
         )  # fmt: skip
-    Console().print(table)
+    console = Console()  # piped, a table is as wide as it needs (up to 160 columns)
+    (console if console.is_terminal else Console(width=max(console.width, 160))).print(table)
 
 
 @dead_letters_app.command("drop")
