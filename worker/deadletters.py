@@ -384,6 +384,25 @@ def protocol2_problem(message: Any) -> tuple[Reason, str] | None:
     return None if problem is None else (Reason.BAD_BODY, problem)
 
 
+def protocol1_problem(message: Any) -> tuple[Reason, str] | None:
+    """For a message in Celery's protocol 1 (the task's fields in the body): what in it would
+    break the worker. A body that does not decode, or is no task, is Celery's to report."""
+    try:
+        body = message.decode()
+    except Exception:  # on_decode_error dead-letters it
+        return None
+    if not isinstance(body, Mapping) or "task" not in body:
+        return None  # on_unknown_message dead-letters it
+    problem = header_problem(body)
+    if problem is not None:
+        return Reason.BAD_HEADERS, problem
+    if not isinstance(body.get("args", []), list | tuple) or not isinstance(
+        body.get("kwargs", {}), Mapping
+    ):
+        return Reason.BAD_BODY, "args is not a list or kwargs not an object"
+    return None
+
+
 class Consumer(CeleryConsumer):
     """Celery's consumer, with every message it cannot take in dead-lettered and acked."""
 
@@ -421,7 +440,7 @@ class Consumer(CeleryConsumer):
             problem = (
                 protocol2_problem(message)
                 if isinstance(headers, Mapping) and "task" in headers
-                else None
+                else protocol1_problem(message)
             )
             if problem is not None:
                 return self.dead_letter(message, *problem)

@@ -64,6 +64,10 @@ BAD: dict[str, tuple[str, Any]] = {
         "bad_body", lambda q: envelope(q, b"\x00\x01 not json", step_headers())),
     "a body that is not [args, kwargs, embed]": (
         "bad_body", lambda q: envelope(q, b'{"a": 1}', step_headers())),
+    "a protocol-1 body with a broken time limit": (
+        "bad_headers",
+        lambda q: envelope(q, json.dumps({"task": STEP_TASK, "id": "p1", "args": [],
+                                          "kwargs": {}, "timelimit": "zz"}).encode(), {})),
     "no task header and a body that is not a task": (
         "unknown_format", lambda q: envelope(q, b'{"a": 1}', {})),
 }  # fmt: skip
