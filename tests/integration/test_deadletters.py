@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import pickle
 import uuid
 from typing import Any
 
@@ -68,6 +69,10 @@ BAD: dict[str, tuple[str, Any]] = {
         "bad_headers",
         lambda q: envelope(q, json.dumps({"task": STEP_TASK, "id": "p1", "args": [],
                                           "kwargs": {}, "timelimit": "zz"}).encode(), {})),
+    "a pickled body (content that is never accepted)": (
+        "bad_body",
+        lambda q: envelope(q, pickle.dumps([[], {}, {}]), step_headers()).replace(
+            '"application/json"', '"application/x-python-serialize"')),
     "no task header and a body that is not a task": (
         "unknown_format", lambda q: envelope(q, b'{"a": 1}', {})),
 }  # fmt: skip
