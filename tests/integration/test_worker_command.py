@@ -5,12 +5,11 @@ rides out restarts of its server."""
 from __future__ import annotations
 
 import functools
-import os
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +19,7 @@ import redis
 from typer.testing import CliRunner
 
 from jobs.support.scenarios import GOAL, USER
-from tests.integration.workers import FAST, READY_TIMEOUT_S, client_for, settled, wait_until
+from tests.integration.workers import WorkerProcess, client_for, settled, wait_until
 from worker.app import producer
 from worker.cli import app
 from worker.embedded import EmbeddedServer
@@ -30,41 +29,25 @@ pytestmark = pytest.mark.integration
 TURNSTILE = str(Path(sys.executable).parent / "turnstile")
 
 
-class CommandWorker:
-    """One `turnstile worker` process, its output in a file."""
+def command_worker(redis_url: str, *args: str, env: dict[str, str] | None = None) -> WorkerProcess:
+    """A `turnstile worker` process (in place of `celery worker`), with the test workers'
+    environment and log."""
+    worker = WorkerProcess(redis_url, ["default"], name=f"cmd-{uuid.uuid4().hex[:8]}", env=env)
+    worker.args = [TURNSTILE, "worker", "--redis-url", redis_url, "-c", "1", *args]
+    return worker.start()
 
-    def __init__(self, redis_url: str, *args: str, env: dict[str, str] | None = None) -> None:
-        self.log_path = Path(tempfile.mkdtemp(prefix="turnstile-cmd-")) / "worker.log"
-        clean = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [TURNSTILE, "worker", "--redis-url", redis_url, "-c", "1", *args],
-                env={**clean, **FAST, "TURNSTILE_LOG_FORMAT": "json", **(env or {})},
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait_ready(self) -> None:
-        wait_until(
-            lambda: '"worker_ready"' in self.log() or self.process.poll() is not None,
-            timeout_s=READY_TIMEOUT_S, what="the worker is ready",
-        )  # fmt: skip
-        assert self.process.poll() is None, self.log()[-2000:]
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(10)
+def popen(worker: WorkerProcess) -> subprocess.Popen[bytes]:
+    assert worker.process is not None
+    return worker.process
 
 
 @contextmanager
 def command_workers(
     redis_url: str, *argss: list[str], env: dict[str, str] | None = None
-) -> Iterator[list[CommandWorker]]:
-    """One `turnstile worker` per argument list, ready when yielded, killed after."""
-    workers = [CommandWorker(redis_url, *args, env=env) for args in argss]
+) -> Iterator[list[WorkerProcess]]:
+    """One `turnstile worker` per argument list, ready when yielded, stopped after."""
+    workers = [command_worker(redis_url, *args, env=env) for args in argss]
     try:
         for worker in workers:
             worker.wait_ready()
@@ -87,7 +70,7 @@ def test_two_workers_on_one_machine_are_two_nodes(unique: str) -> None:
         queue = f"names-{unique}"
         named = ["-Q", queue, "--name", f"billing-{unique}"]
         with command_workers(server.url, ["-Q", queue], ["-Q", queue], named) as (a, b, _):
-            expected = [f"turnstile-{a.process.pid}@{host}", f"turnstile-{b.process.pid}@{host}",
+            expected = [f"turnstile-{popen(a).pid}@{host}", f"turnstile-{popen(b).pid}@{host}",
                         f"billing-{unique}@{host}"]  # fmt: skip
             wait_until(lambda: pong_names(server.url, expected) == set(expected),
                        timeout_s=20, what="three nodes answer")  # fmt: skip
@@ -127,10 +110,10 @@ def test_the_worker_command_exits_with_the_status_of_its_shutdown(
     """A cold shutdown (SIGQUIT: running turns are cut short) exits non-zero, so a supervisor
     sees a failure and restarts the worker; a warm one (SIGTERM) exits 0."""
     with command_workers(redis_url, ["-Q", f"x-{unique}"], ["-Q", f"y-{unique}"]) as (a, b):
-        a.process.send_signal(signal.SIGQUIT)
-        b.process.send_signal(signal.SIGTERM)
-        assert a.process.wait(30) == 1, a.log()[-2000:]
-        assert b.process.wait(30) == 0, b.log()[-2000:]
+        popen(a).send_signal(signal.SIGQUIT)
+        popen(b).send_signal(signal.SIGTERM)
+        assert popen(a).wait(30) == 1, a.log()[-2000:]
+        assert popen(b).wait(30) == 0, b.log()[-2000:]
 
 
 def _progress(redis_url: str, runs: list[str]) -> int:
@@ -165,11 +148,11 @@ def test_a_worker_rides_out_restarts_of_its_server(unique: str) -> None:
                 server.stop()
                 server.start()
                 seen = max(seen, _progress(server.url, runs))
-                code = worker.process.poll()
+                code = popen(worker).poll()
                 assert code is None or code != 0, worker.log()[-3000:]
             wait_until(lambda: settled(client_for(server.url), runs), timeout_s=120,
                        what="every run ends after the restarts")  # fmt: skip
-            assert worker.process.poll() is None, worker.log()[-3000:]
+            assert popen(worker).poll() is None, worker.log()[-3000:]
             client = client_for(server.url)
             assert {client.state(r).outcome for r in runs} == {"completed"}
             assert "AttributeError" not in worker.log()
