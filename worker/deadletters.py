@@ -178,21 +178,17 @@ def drop(client: redis.Redis, *, queue: str | None = None, ids: list[str] | None
 # -- the kombu transport: entries that are not an envelope -------------------------------------
 
 
-def _is_str(value: Any) -> bool:
-    return isinstance(value, str)
-
-
 def _info_ok(props: Mapping[str, Any]) -> bool:
     info = props.get("delivery_info")
     return isinstance(info, Mapping) and all(
-        _is_str(info.get(k)) for k in ("exchange", "routing_key")
+        isinstance(info.get(k), str) for k in ("exchange", "routing_key")
     )
 
 
 # What kombu's virtual Message and the Redis QoS read from an envelope, in the order they read
 # it: each check with what to say when it fails.
 _ENVELOPE_CHECKS: tuple[tuple[Callable[[Mapping[str, Any], Mapping[str, Any]], bool], str], ...] = (
-    (lambda p, props: _is_str(props.get("delivery_tag")) and bool(props["delivery_tag"]),
+    (lambda p, props: isinstance(props.get("delivery_tag"), str) and bool(props["delivery_tag"]),
      "no delivery tag"),
     (lambda p, props: _info_ok(props), "delivery_info has no exchange and routing key"),
     (lambda p, props: isinstance(p.get("headers"), Mapping | None), "headers is not an object"),
@@ -310,7 +306,8 @@ def _message_raw(message: Any) -> bytes | str:
             return json.dumps(raw)
         except (TypeError, ValueError):
             return repr(raw)
-    return bytes(message.body or b"")
+    body = message.body or b""
+    return body if isinstance(body, bytes | str) else repr(body)
 
 
 def _queue_of(message: Any) -> str:
@@ -340,7 +337,8 @@ def _iso_problem(headers: Mapping[str, Any], name: str) -> str | None:
 
 
 def header_problem(headers: Mapping[str, Any]) -> str | None:
-    """Why Celery's strategy or pool would raise on these protocol-2 headers, or None."""
+    """Why Celery's strategy or pool would raise on these task fields (protocol-2 headers, or
+    a protocol-1 body), or None."""
     if not isinstance(headers.get("id"), str) or not headers["id"]:
         return "no task id"
     for name in ("root_id", "parent_id", "group", "shadow", "origin"):
