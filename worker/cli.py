@@ -25,8 +25,6 @@ app = typer.Typer(
 )
 app.add_typer(ledger_app, name="ledger")
 app.add_typer(dead_letters_app, name="dead-letters")
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-MAX_CONCURRENCY = 1024  # pool processes of one worker; more machines, not more processes
 register_ops(app)
 
 
@@ -87,6 +85,8 @@ def demo(
         typer.echo(json.dumps(result))
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+MAX_CONCURRENCY = 1024  # pool processes of one worker; more machines, not more processes
 WORKER_NAME = re.compile(r"^[A-Za-z0-9_.%-]{1,100}(@[A-Za-z0-9_.%-]{1,200})?$")
 
 
