@@ -109,7 +109,9 @@ def _budget(raw: Budget | Mapping[str, Any] | None, default: Budget) -> Budget:
 class Client:
     def __init__(self, client: redis.Redis, config: Settings, send: Send) -> None:
         self.client, self.config, self.send = client, config, send
-        self.jobs = Registry(client)  # the jobs this process can see: entry points, TURNSTILE_JOBS
+        self.jobs = Registry(
+            client, drills=config.allow_drills
+        )  # the jobs this process can see: entry points, TURNSTILE_JOBS
         self.ledger = Ledger(
             client, grace_s=config.ledger_grace_s,
             dimensions=(*DEFAULT_DIMENSIONS, *self.jobs.dimensions()),

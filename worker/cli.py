@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -13,6 +15,7 @@ from rich.table import Table
 
 from ledger.cli import ledger_app, use_dimensions
 from worker.cli_common import BrokerUrl, JsonFlag, OneLineGroup, RedisUrl, client, fail
+from worker.cli_deadletters import dead_letters_app
 from worker.cli_ops import register as register_ops
 
 app = typer.Typer(
@@ -24,6 +27,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(ledger_app, name="ledger")
+app.add_typer(dead_letters_app, name="dead-letters")
 
 
 def _job_dimensions() -> tuple[str, ...]:
@@ -117,6 +121,21 @@ def demo(
         typer.echo(json.dumps(result))
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+MAX_CONCURRENCY = 1024  # pool processes of one worker; more machines, not more processes
+WORKER_NAME = re.compile(r"^[A-Za-z0-9_.%-]{1,100}(@[A-Za-z0-9_.%-]{1,200})?$")
+
+
+def node_name(name: str | None) -> str:
+    """The worker's Celery node name: `name@host` (`name` may carry its own `@host`), or by
+    default `turnstile-<pid>@<host>`, so two workers on one machine are two nodes."""
+    if not name:
+        return f"turnstile-{os.getpid()}@%h"
+    if not WORKER_NAME.match(name):
+        fail(f"bad worker name {name!r}: letters, digits, '.', '_', '-', one '@' at most", code=2)
+    return name if "@" in name else f"{name}@%h"
+
+
 @app.command()
 def worker(
     queues: Annotated[
@@ -128,44 +147,70 @@ def worker(
     concurrency: Annotated[
         int,
         typer.Option(
-            "--concurrency", "-c", envvar="TURNSTILE_CONCURRENCY", min=1, help="Worker processes."
+            "--concurrency",
+            "-c",
+            envvar="TURNSTILE_CONCURRENCY",
+            help=f"Worker processes, 1 to {MAX_CONCURRENCY}.",
         ),
     ] = 2,
-    loglevel: Annotated[
-        str, typer.Option("--loglevel", envvar="TURNSTILE_CELERY_LOG_LEVEL")
-    ] = "WARNING",
-    redis_url: RedisUrl = None,
-    broker_url: BrokerUrl = None,
     name: Annotated[
         str | None,
         typer.Option(
             "--name",
             "-n",
             envvar="TURNSTILE_WORKER_NAME",
-            help="The worker's node name (Celery's -n), e.g. w1@%h.",
+            show_default=False,
+            help="Node name (NAME or NAME@HOST); turnstile-<pid>@<host> by default.",
         ),
     ] = None,
+    loglevel: Annotated[
+        str, typer.Option("--loglevel", envvar="TURNSTILE_CELERY_LOG_LEVEL")
+    ] = "WARNING",
+    redis_url: RedisUrl = None,
+    broker_url: BrokerUrl = None,
 ) -> None:
     """Start a Celery worker for Turnstile's steps: acks late, prefetch 1, JSON only, events on.
-    SIGTERM finishes the turns in flight before exiting."""
-    import os
+    SIGTERM finishes the turns in flight before exiting; the exit status is Celery's, so a
+    supervisor restarts a worker that stopped on an error."""
+    from worker.api import QUEUE_NAME
 
     if not redis_url:
         fail("no store: set TURNSTILE_REDIS_URL or pass --redis-url", code=2)
+    names = [q.strip() for q in queues.split(",")]
+    if not all(QUEUE_NAME.match(q) for q in names):
+        fail(f"bad --queues {queues!r}: comma-separated names of letters, digits, '.', '_', '-'",
+             code=2)  # fmt: skip
+    if not 1 <= concurrency <= MAX_CONCURRENCY:
+        fail(f"bad --concurrency {concurrency}: 1 to {MAX_CONCURRENCY} processes", code=2)
+    if loglevel.upper() not in LOG_LEVELS:
+        fail(f"bad --loglevel {loglevel!r}: one of {', '.join(LOG_LEVELS)}", code=2)
+    node = node_name(name)
     os.environ["TURNSTILE_REDIS_URL"] = redis_url
     if broker_url:
         os.environ["TURNSTILE_BROKER_URL"] = broker_url
-    from worker.app import worker_app
+    from pydantic import ValidationError
+
     from worker.settings import settings
 
     settings.cache_clear()
+    try:
+        settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = "TURNSTILE_" + str(first["loc"][0]).upper() if first["loc"] else "settings"
+        fail(f"bad {where}: {first['msg']}", code=2)
+    from worker import deadletters
+    from worker.app import announced_exitcode, worker_app
+
     celery_app = worker_app()
-    celery_app.conf.update(broker_url=broker_url or redis_url)
-    argv = ["worker", "-Q", queues, "-c", str(concurrency), "-E", "-l", loglevel,
-            "--without-gossip", "--without-mingle"]  # fmt: skip
-    if name:
-        argv += ["-n", name]
-    celery_app.worker_main(argv)
+
+    url = broker_url or redis_url
+    celery_app.conf.update(broker_url=url, **deadletters.celery_config(url))
+    code: int | None = celery_app.start(
+        ["worker", "-Q", ",".join(names), "-c", str(concurrency), "-n", node, "-E",
+         "-l", loglevel.upper(), "--without-gossip", "--without-mingle"]
+    )  # fmt: skip
+    raise typer.Exit(code or announced_exitcode())
 
 
 @app.command()

@@ -220,7 +220,8 @@ def drain(
 def queues(
     as_json: JsonFlag = False, redis_url: RedisUrl = None, broker_url: BrokerUrl = None
 ) -> None:
-    """Every queue: messages waiting, turns in flight, runs parked, paused or draining."""
+    """Every queue: messages waiting, turns in flight, runs parked, dead letters (see
+    `turnstile dead-letters`), paused or draining."""
     from worker import control
 
     with client(redis_url, broker_url) as c:
@@ -228,13 +229,13 @@ def queues(
     if as_json:
         _json([dataclasses.asdict(v) for v in views])
         return
-    table = Table("queue", "depth", "in flight", "running", "parked", "state")
+    table = Table("queue", "depth", "in flight", "running", "parked", "dead letters", "state")
     for v in views:
         flags = (("paused", v.paused, v.paused_by), ("draining", v.draining, v.draining_by))
         state = ", ".join(f"{flag} by {who} since {at}" for flag, at, who in flags if at)
         table.add_row(
             escape(v.name), _depth(v.depth), str(v.in_flight), str(v.running), str(v.parked),
-            escape(state or "open"),
+            _depth(v.dead_letters), escape(state or "open"),
         )  # fmt: skip
     console_for_tables().print(table)
 

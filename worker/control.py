@@ -339,6 +339,7 @@ class QueueView:
     paused_by: str
     draining: str
     draining_by: str
+    dead_letters: int | None = None  # entries workers could not take in (on a Redis broker)
 
 
 def _running_on(c: Client, queue: str) -> int:
@@ -356,12 +357,12 @@ def _running_on(c: Client, queue: str) -> int:
 
 def queue_view(c: Client, queue: str) -> QueueView:
     check_known(c, Scope(queue=queue))
-    flags = [
+    paused, paused_by, draining, draining_by = (
         _s(v)
         for v in c.client.hmget(
             keys.queue_control(queue), "paused", "paused_by", "draining", "draining_by"
         )
-    ]
+    )
     scope = Scope(queue=queue)
     return QueueView(
         queue,
@@ -369,8 +370,20 @@ def queue_view(c: Client, queue: str) -> QueueView:
         len(live_inflight(c, scope)),
         _running_on(c, queue),
         len(parked_runs(c, scope)),
-        *flags,
-    )
+        paused, paused_by, draining, draining_by,
+        dead_letter_count(c.config.broker, queue),
+    )  # fmt: skip
+
+
+def dead_letter_count(broker_url: str, queue: str) -> int | None:
+    """Dead letters of the queue on a Redis broker; None for another kind of broker."""
+    if not broker_url.startswith(("redis://", "rediss://", "unix://")):
+        return None
+    broker = redis.Redis.from_url(broker_url, socket_timeout=5)
+    try:
+        return int(broker.llen(keys.dead_letters(queue)))
+    finally:
+        broker.close()
 
 
 def queues(c: Client) -> list[QueueView]:

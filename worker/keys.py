@@ -68,6 +68,14 @@ def queue_control(queue: str) -> str:
 
 QUEUES = f"{PREFIX}:queues"  # every queue that has been used or controlled
 
+# On the broker, beside the queues: what workers took off a queue and could not run.
+DEAD_LETTER_QUEUES = f"{PREFIX}:dead"  # set: the queues that have dead letters
+
+
+def dead_letters(queue: str) -> str:
+    """List, on the broker: the queue's dead letters as JSON, newest first."""
+    return f"{PREFIX}:dead:{queue}"
+
 
 # -- long-term memory: every key of a tenant's notes carries the tenant's hash tag -------------
 

@@ -71,6 +71,11 @@ class Settings(BaseSettings):
     chaos_send_copies: int = Field(default=1, ge=1, le=5)
     chaos_drop_every: int = Field(default=0, ge=0)
 
+    # Failure drills a run may ask for in its params (the support job's `die_in`, `sleep_s`,
+    # `model_sleep_s`: kill the worker, hang a tool or the model). Off: a submission asking for
+    # one is refused and a worker ignores them. Tests, the demo and staging turn them on.
+    allow_drills: bool = False
+
     # Port of the worker's Prometheus endpoint, served by its main process; None or 0: off.
     metrics_port: int | None = None
 
