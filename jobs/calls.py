@@ -45,10 +45,15 @@ def call_digest(call: Call) -> str:
     return hashlib.sha256(canonical).hexdigest()[:16]
 
 
+def plan_step_key(run_id: str, plan_step: str) -> str:
+    """The idempotency key of a plan step's write."""
+    return f"{run_id}:{plan_step}"
+
+
 def call_key(state: RunState, call: Call, *, step: int, index: int) -> str:
     """One key per logical write: a repeated plan step is the same write, not a new one."""
     if call.plan_step:
-        return f"{state.run_id}:{call.plan_step}"
+        return plan_step_key(state.run_id, call.plan_step)
     return f"{state.run_id}:{step}.{index}"
 
 

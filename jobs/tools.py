@@ -42,6 +42,9 @@ class ToolOutput:
 
 
 ToolFn = Callable[[ToolContext], ToolOutput]
+# For a write: did it take effect under this idempotency key? (run id, run params, key).
+# Read-only; it lets a closing message say what the world recorded.
+RecordedFn = Callable[[str, Mapping[str, Any], str], bool]
 
 
 @dataclass(frozen=True, eq=False)
@@ -57,6 +60,7 @@ class Tool:
     fact_scope: str | None = None  # argument whose value prefixes the fact names
     done_text: str = ""  # for the closing message: what a done step achieved
     open_text: str = ""  # and what a step that is not done did not
+    recorded: RecordedFn | None = None  # a write's system of record, asked by key
     _validator: Draft202012Validator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
