@@ -404,6 +404,15 @@ def _finished(client: Client, tenant: str, run_id: str) -> list[dict[str, Any]]:
     return [e for _, e in client.store.events(tenant, run_id) if e["type"] == "finished"]
 
 
+def _in_turn(client: Client, tenant: str, run_id: str, version: int) -> bool:
+    """The step of `version` has loaded the run and not committed: its turn is in flight."""
+    pipe = client.client.pipeline(transaction=True)
+    pipe.hget(keys.run(tenant, run_id), "version")
+    pipe.hexists(keys.inflight(tenant), run_id)
+    stored, inflight = pipe.execute()
+    return bool(stored == str(version) and inflight)
+
+
 def _kill_turn(client: Client, tenant: str, run_id: str) -> None:
     inflight = client.client.hget(keys.inflight(tenant), run_id)
     assert inflight is not None, "the turn is in flight"
@@ -419,14 +428,14 @@ def test_a_turn_killed_then_cancelled_or_parked_leaves_no_hold_and_closes_truthf
     issued, as the shop records, though its state never committed it."""
     cancelled, parked = f"c-{unique}", f"p-{unique}"
     slow = {"sleep_s": {"issue_refund": 3.0}}
-    first = client.submit(cancelled, USER, "support", GOAL, slow, queue=queue)
-    second = client.submit(parked, USER, "support", GOAL, slow, queue=queue)
     shop = RedisShop(client.client)
-    wait_until(lambda: shop.effects(first) != [] and shop.effects(second) != [],
-               what="both refunds are issued")  # fmt: skip
+    first = client.submit(cancelled, USER, "support", GOAL, slow, queue=queue)
+    wait_until(lambda: shop.effects(first) != [], what="the first refund is issued")
     assert client.cancel(first, by="ops") == "requested"  # its turn is in flight
-    control.pause(client, control.Scope(tenant=parked), by="ops")
     _kill_turn(client, cancelled, first)
+    second = client.submit(parked, USER, "support", GOAL, slow, queue=queue)
+    wait_until(lambda: shop.effects(second) != [], what="the second refund is issued")
+    control.pause(client, control.Scope(tenant=parked), by="ops")
     _kill_turn(client, parked, second)
     wait_until(lambda: client.run_hash(first)[1]["status"] == "stopped", what="cancelled")
     wait_until(lambda: client.run_hash(second)[1]["status"] == "parked", what="parked")
@@ -443,17 +452,19 @@ def test_a_malformed_message_mid_turn_leaves_no_hold(
 ) -> None:
     """A malformed message ends a run whose turn is in flight: the turn's hold is released
     with the run's end, and the tenant is charged exactly what the run recorded."""
-    tenant = f"t-{unique}"
-    run_id = client.submit(
-        tenant, USER, "support", GOAL, {"sleep_s": {"get_order": 2.0}}, queue=queue
-    )
-    wait_until(lambda: client.client.hexists(keys.inflight(tenant), run_id), what="in flight")
-    producer(redis_url).send_task(
-        STEP_TASK,
-        kwargs={"tenant": tenant, "run_id": run_id, "version": "seven", "queue": queue},
-        queue=queue,
-    )
-    wait_until(lambda: client.run_hash(run_id)[1]["status"] == "stopped", what="it ends")
+    tenant, bad = f"t-{unique}", f"bad-{unique}"
+    # A worker of its own reads the bad message while the turn runs on the pool.
+    with running_workers(redis_url, [bad], 1, prefix="bad"):
+        run_id = client.submit(
+            tenant, USER, "support", GOAL, {"sleep_s": {"get_order": 4.0}}, queue=queue
+        )
+        wait_until(lambda: _in_turn(client, tenant, run_id, 2), every_s=0.01, what="turn 2")
+        producer(redis_url).send_task(
+            STEP_TASK,
+            kwargs={"tenant": tenant, "run_id": run_id, "version": "seven", "queue": queue},
+            queue=bad,
+        )
+        wait_until(lambda: client.run_hash(run_id)[1]["status"] == "stopped", what="it ends")
     wait_until(
         lambda: any(e.get("run_id") == run_id for w in pool for e in w.events("turn_discarded")),
         what="the overtaken turn is discarded",
@@ -523,15 +534,8 @@ def test_a_store_outage_at_commit_does_not_use_up_an_attempt(unique: str) -> Non
             run_id = client.submit(
                 "t", USER, "support", GOAL, {"sleep_s": {"get_order": 2.0}}, queue=queue
             )
-
-            def second_turn_loaded() -> bool:  # its turn sleeps in get_order, then commits
-                pipe = client.client.pipeline(transaction=True)
-                pipe.hget(keys.run("t", run_id), "version")
-                pipe.hexists(keys.inflight("t"), run_id)
-                version, inflight = pipe.execute()
-                return bool(version == "2" and inflight)
-
-            wait_until(second_turn_loaded, every_s=0.01, what="the second turn runs")
+            # Its second turn sleeps in get_order, then commits.
+            wait_until(lambda: _in_turn(client, "t", run_id, 2), every_s=0.01, what="turn 2")
             store.stop()
             wait_until(lambda: workers[0].events("step_retry") != [], what="the commit fails")
             store.start()
