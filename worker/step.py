@@ -40,7 +40,7 @@ from jobs.trace import Trace
 from ledger import replies as ledger_replies
 from ledger.client import Ledger
 from ledger.results import ReserveResult
-from worker import metrics
+from worker import keys, metrics
 from worker.errors import TurnstileError
 from worker.registry import Jobs
 from worker.settings import Settings
@@ -473,6 +473,26 @@ class Step:
         committed = self.finish_now(loaded, state, job, [event], settlements=settlements)
         return self._next(committed, state, move)
 
+    def _cancel_if_requested(self, version: int, state: RunState) -> str | None:
+        """A cancel requested while the turn ran finds the run suspended, where no step will
+        come to see it: honour it now, through the same compare-and-set (an operator's
+        decision that got there first wins)."""
+        by, reason, stored = self.services.store.client.hmget(
+            keys.run(self.msg.tenant, self.msg.run_id), "cancel_by", "cancel_reason", "version"
+        )
+        if not by or str(stored) != str(version):
+            return None
+        at, why = now_iso(), str(reason or "cancelled")
+        cancel(state, by=str(by), at=at, reason=why)
+        decision = {"type": "decision", "kind": "cancelled", "by": str(by), "at": at,
+                    "reason": why}  # fmt: skip
+        left = self.services.store.leave(
+            tenant=self.msg.tenant, run_id=self.msg.run_id, version=version,
+            old_status=Status.SUSPENDED.value, state=state, events=[decision],
+            clear=["cancel_by", "cancel_reason"],
+        )  # fmt: skip
+        return "cancelled" if left.kind == "ok" else None
+
     def _renew_lease(self) -> None:
         self.services.store.renew(
             tenant=self.msg.tenant, run_id=self.msg.run_id, queue=self.msg.queue,
@@ -507,7 +527,7 @@ class Step:
             return "continued"
         if isinstance(move, Suspended):
             log.info("run_suspended", tool=move.held.call.name)
-            return "suspended"
+            return self._cancel_if_requested(committed.version, state) or "suspended"
         assert isinstance(move, Finished)
         log.info("run_finished", outcome=move.outcome.value, detail=move.detail)
         metrics.run_finished(move.outcome.value, move.detail)

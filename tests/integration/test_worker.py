@@ -543,3 +543,21 @@ def test_a_store_outage_at_commit_does_not_use_up_an_attempt(unique: str) -> Non
             wait_until(lambda: settled(client, [run_id]), timeout_s=60, what="the run ends")
             stored = client.run_hash(run_id)[1]
             assert stored["outcome"] == "completed", stored["reason"]
+
+
+def test_a_cancel_requested_during_a_turn_that_suspends_ends_the_run(
+    client: Client, queue: str, unique: str
+) -> None:
+    """A cancel requested while the turn that suspends the run (G's refund, held for a person)
+    is in flight ends the run `cancelled` as that turn commits, instead of leaving a
+    suspended run with a request that no step will ever read."""
+    tenant = f"t-{unique}"
+    params = {**BY_LETTER["G"].params, "model_sleep_s": 1.5}
+    run_id = client.submit(tenant, USER, "support", GOAL, params, queue=queue)
+    wait_until(lambda: _in_turn(client, tenant, run_id, 3), every_s=0.01, what="turn 3 runs")
+    assert client.cancel(run_id, by="ops", reason="customer called") == "requested"
+    wait_until(lambda: client.run_hash(run_id)[1]["status"] == "stopped", what="cancelled")
+    state = client.state(run_id)
+    assert (state.outcome, state.reason) == ("cancelled", "customer called")
+    assert len(_finished(client, tenant, run_id)) == 1
+    _ledger_is_the_runs_usage(client, tenant, [run_id])
