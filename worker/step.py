@@ -6,6 +6,7 @@ Python over the store, the ledger and the kernel, so the order is readable in on
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -227,15 +228,21 @@ class Step:
 
     services: Services
     msg: StepMessage
-    delivery: str = "-"  # this delivery: its task id and retry count
+    delivery: str = "-"  # the message: its task id and retry count
     after: str = ""  # the earlier delivery of this step that exited cleanly, if any
     loaded: bool = False  # whether this delivery's load ran (and so counted as an attempt)
+    # This delivery, as its load records it: the message, and a nonce, since a message
+    # redelivered after a kill is the same message but another delivery.
+    token: str = field(default_factory=lambda: secrets.token_hex(4))
+
+    def __post_init__(self) -> None:
+        self.token = f"{self.delivery}.{self.token}"
 
     @property
     def clean_exit(self) -> str:
         """What a retry of this delivery names as `after`: this delivery if its load counted
         it, else whatever this one was given."""
-        return self.delivery if self.loaded else self.after
+        return self.token if self.loaded else self.after
 
     @property
     def settings(self) -> Settings:
@@ -339,7 +346,7 @@ class Step:
         loaded = store.load(
             tenant=self.msg.tenant, run_id=self.msg.run_id, version=self.msg.version,
             queue=self.msg.queue, inflight_lease_ms=int(self.settings.inflight_lease_s * 1000),
-            delivery=self.delivery, after=self.after,
+            delivery=self.token, after=self.after,
         )  # fmt: skip
         self.loaded = loaded.kind == "go"
         if loaded.kind != "go":

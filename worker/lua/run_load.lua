@@ -65,8 +65,7 @@ if fields[4] == version then
 end
 local after = ARGV[6]
 if after ~= '' then
-  -- The earlier delivery exited cleanly: it no longer counts (one entry: a token repeats
-  -- when a delivery that died was redelivered).
+  -- The earlier delivery exited cleanly: it no longer counts.
   for j = #tokens, 1, -1 do
     if tokens[j] == after then
       table.remove(tokens, j)
