@@ -90,16 +90,10 @@ class Sweeper:
         return 1
 
     def _waiting(self, version: str, resent: str, loaded_ms: int, now: int) -> bool:
-        """Whether the step this sweeper last sent for `version` is still waiting on the
-        broker: no delivery has loaded the run since, and the broker has not yet given up on
-        a message fetched and lost (its visibility timeout)."""
-        sent_version, _, sent_ms = resent.partition("|")
-        if sent_version != version or not sent_ms.isdigit():
-            return False
-        return (
-            loaded_ms < int(sent_ms)
-            and now - int(sent_ms) < self.config.visibility_timeout_s * 1000
-        )
+        return still_waiting(
+            version=version, resent=resent, loaded_ms=loaded_ms, now_ms=now,
+            patience_ms=self.config.visibility_timeout_s * 1000,
+        )  # fmt: skip
 
     def loop(self, stop: threading.Event) -> None:
         while not stop.wait(self.config.sweep_interval_s):
@@ -107,6 +101,19 @@ class Sweeper:
                 self.sweep()
             except Exception as exc:  # the store may be down: try again next interval
                 log.warning("sweep_failed", error=str(exc))
+
+
+def still_waiting(
+    *, version: str, resent: str, loaded_ms: int, now_ms: int, patience_ms: int
+) -> bool:
+    """Whether the step the sweeper last sent for `version` ("<version>|<sent ms>" in
+    `resent`) is still waiting on the broker: no delivery has loaded the run since it was sent
+    (`loaded_ms`), and the broker has not yet given up on a message a worker fetched and lost
+    (its visibility timeout, `patience_ms`)."""
+    sent_version, _, sent_ms = resent.partition("|")
+    if sent_version != version or not sent_ms.isdigit():
+        return False
+    return loaded_ms < int(sent_ms) and now_ms - int(sent_ms) < patience_ms
 
 
 def time_limits_default(config: Settings) -> tuple[float, float]:
