@@ -19,16 +19,19 @@ import os
 import random
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import redis
 import structlog
 from celery import Celery, Task, signals
 
+from jobs.kernel import READ_POOL_SIZE
 from ledger.client import Ledger
 from ledger.inputs import DEFAULT_DIMENSIONS
-from worker import deadletters, metrics
+from worker import deadletters, metrics, pools
 from worker.logs import configure as configure_logging
+from worker.pools import Pool
 from worker.registry import Jobs
 from worker.settings import Settings, settings
 from worker.step import (
@@ -73,11 +76,27 @@ def make_app(config: Settings, *, broker_url: str | None = None, main: bool = Tr
         task_send_sent_event=True,
         worker_hijack_root_logger=False,
         worker_redirect_stdouts=False,  # structlog writes its own lines to stderr
-        broker_pool_limit=4,
+        # A producer per turn in flight on a green worker (each publishes its next step).
+        broker_pool_limit=broker_pool_limit(config),
         # A queue entry the worker cannot take in goes to the dead letters, not the worker down.
         **deadletters.celery_config(url or ""),
     )
     return celery
+
+
+def broker_pool_limit(config: Settings) -> int:
+    """Broker connections kept by one process: one per turn a green worker holds in flight,
+    else a few (a prefork process runs one turn at a time)."""
+    if config.pool == Pool.GEVENT:
+        return config.concurrency + pools.SPARE_CONNECTIONS
+    return 4
+
+
+def redis_max_connections(config: Settings) -> int:
+    """Redis connections one worker process may open to the store: a turn holds one at a
+    time, and so do the heartbeat, the sweeper and a few spares."""
+    turns = config.concurrency if config.pool == Pool.GEVENT else 1
+    return turns + pools.SPARE_CONNECTIONS
 
 
 _worker: dict[str, Celery] = {}
@@ -146,13 +165,18 @@ _lock = threading.Lock()
 
 
 def connect(url: str, config: Settings) -> redis.Redis:
-    return redis.Redis.from_url(
+    """A client whose pool is bounded to the turns this process holds in flight: a turn past
+    the bound waits for a connection (up to the socket timeout) instead of opening more."""
+    pool = redis.BlockingConnectionPool.from_url(
         url,
         decode_responses=True,
         socket_timeout=config.redis_timeout_s,
         socket_connect_timeout=min(1.0, config.redis_timeout_s),
         health_check_interval=30,
+        max_connections=redis_max_connections(config),
+        timeout=config.redis_timeout_s,
     )
+    return redis.Redis(connection_pool=pool)
 
 
 def _options(msg: StepMessage, soft_s: float, hard_s: float) -> dict[str, Any]:
@@ -193,6 +217,7 @@ def build_services(config: Settings) -> Services:
         except Exception as exc:  # the lease the commit set makes the sweeper send it later
             log.warning("enqueue_failed", error=str(exc), version=msg.version)
 
+    turns = config.concurrency if config.pool == Pool.GEVENT else 1
     return Services(
         settings=config,
         store=store,
@@ -200,6 +225,8 @@ def build_services(config: Settings) -> Services:
         jobs=jobs,
         send=send,
         heartbeat=Heartbeat(config.inflight_lease_s / 3),
+        # Tool calls of every turn in flight: greenlets on a green worker, so one set per turn.
+        pool=ThreadPoolExecutor(READ_POOL_SIZE * turns, "turnstile-tool"),
     )
 
 
@@ -313,6 +340,14 @@ def _main_init(**kwargs: Any) -> None:
     config = settings()
     configure_logging(config.log_format, config.log_level)
     metrics.enable(config.metrics_port)  # before the pool forks: the children inherit it
+    if pools.green():
+        pools.Watchdog(config.hub_block_limit_s, on_kill=_hub_blocked).start()
+
+
+def _hub_blocked(blocked_s: float) -> None:
+    """The watchdog's last line, written from its OS thread without taking any lock."""
+    line = f'{{"event": "hub_blocked", "blocked_s": {blocked_s:.1f}, "pid": {os.getpid()}}}\n'
+    os.write(2, line.encode())
 
 
 # -- metrics: served by the main process, written by every pool process ---------------------
