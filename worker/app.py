@@ -164,17 +164,20 @@ _services: dict[int, Services] = {}
 _lock = threading.Lock()
 
 
-def connect(url: str, config: Settings) -> redis.Redis:
-    """A client whose pool is bounded to the turns this process holds in flight: a turn past
-    the bound waits for a connection (up to the socket timeout) instead of opening more."""
+def connect(url: str, config: Settings, *, max_connections: int | None = None) -> redis.Redis:
+    """A client of the store. A worker's step services bound its pool to the turns the process
+    holds in flight (`max_connections`): a turn past the bound waits for a connection, up to
+    the socket timeout, instead of opening more. A client of a service is not bounded."""
+    options: dict[str, Any] = {
+        "decode_responses": True,
+        "socket_timeout": config.redis_timeout_s,
+        "socket_connect_timeout": min(1.0, config.redis_timeout_s),
+        "health_check_interval": 30,
+    }
+    if max_connections is None:
+        return redis.Redis.from_url(url, **options)
     pool = redis.BlockingConnectionPool.from_url(
-        url,
-        decode_responses=True,
-        socket_timeout=config.redis_timeout_s,
-        socket_connect_timeout=min(1.0, config.redis_timeout_s),
-        health_check_interval=30,
-        max_connections=redis_max_connections(config),
-        timeout=config.redis_timeout_s,
+        url, max_connections=max_connections, timeout=config.redis_timeout_s, **options
     )
     return redis.Redis(connection_pool=pool)
 
@@ -196,7 +199,7 @@ def send_step(msg: StepMessage, soft_s: float, hard_s: float) -> None:
 def build_services(config: Settings) -> Services:
     if config.redis_url is None:
         raise StoreUnavailable("no store: set TURNSTILE_REDIS_URL")
-    client = connect(config.redis_url, config)
+    client = connect(config.redis_url, config, max_connections=redis_max_connections(config))
     jobs = Jobs(client, drills=config.allow_drills)
     ledger = Ledger.from_url(
         config.redis_url, grace_s=config.ledger_grace_s,
@@ -340,8 +343,12 @@ def _main_init(**kwargs: Any) -> None:
     config = settings()
     configure_logging(config.log_format, config.log_level)
     metrics.enable(config.metrics_port)  # before the pool forks: the children inherit it
+
+
+def _start_watchdog(**kwargs: Any) -> None:
+    """On a green worker, once it is up (its imports done): kill it if its hub blocks."""
     if pools.green():
-        pools.Watchdog(config.hub_block_limit_s, on_kill=_hub_blocked).start()
+        pools.Watchdog(settings().hub_block_limit_s, on_kill=_hub_blocked).start()
 
 
 def _hub_blocked(blocked_s: float) -> None:
@@ -364,6 +371,7 @@ def _child_exit(pid: int | None = None, **kwargs: Any) -> None:
 def _connect_signals() -> None:
     """The worker's handlers, connected when its app is built (weak=False: module functions)."""
     signals.worker_ready.connect(_start_sweeper, weak=False)
+    signals.worker_ready.connect(_start_watchdog, weak=False)
     signals.worker_ready.connect(_log_jobs, weak=False)
     signals.worker_shutdown.connect(_stop_sweeper, weak=False)
     signals.worker_shutting_down.connect(_note_exitcode, weak=False)
