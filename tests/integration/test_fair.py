@@ -50,7 +50,7 @@ def _first_turn_s(client: Client, tenant: str, run_id: str) -> float:
 
 
 def _stopped(client: Client, tenant: str) -> int:
-    return int(client.client.zcard(keys.by_status(tenant, "stopped")))
+    return int(client.client.scard(keys.by_status(tenant, "stopped")))
 
 
 def _forget_tenant(client: Client, tenant: str, queue: str) -> None:
