@@ -257,7 +257,9 @@ def step_task(self: Task, *args: Any, **kwargs: Any) -> str:  # type: ignore[typ
     finally:
         metrics.step_done(result, started)
         structlog.contextvars.clear_contextvars()
-        if result != "retry":  # a retry keeps the step's slot until its last delivery
+        # A retry keeps the step's slot until its last delivery; a continuing run's next
+        # step gave it back as it was queued (worker/fair.py).
+        if result not in ("retry", "continued"):
             _release(msg)
 
 

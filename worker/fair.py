@@ -41,6 +41,7 @@ log = structlog.get_logger("turnstile.fair")
 Publish = Callable[[StepMessage, float, float], None]
 LUA = Path(__file__).parent / "lua"
 LOCK_MS = 3000  # a dispatcher that stops renewing is replaced this long after
+WEIGHTS_EVERY_S = 1.0  # a weight changed by hand applies within this long
 GAUGES_EVERY_S = 1.0  # how often the dispatcher publishes each tenant's share as metrics
 PRIORITY_STEPS = (0, 3, 6, 9)  # kombu's Redis transport: one list per priority step
 PRIORITY_SEP = "\x06\x16"
@@ -65,25 +66,36 @@ def route(
     resume): straight to the broker with fair share off, else into the tenant's pending list."""
     if not config.fair_share:
         return publish
-    push = _script(client, "fair_push")
+    source = (LUA / "fair_push.lua").read_text()
+    sha = [str(client.script_load(source))]
 
     def send(msg: StepMessage, soft_s: float, hard_s: float) -> None:
         kind = "cont" if msg.version > 1 else "start"
         entry = json.dumps(
             {**msg.as_kwargs(), "soft_s": soft_s, "hard_s": hard_s}, separators=(",", ":")
         )
-        pipe = client.pipeline(transaction=False)
-        push(
-            keys=[keys.pending(msg.tenant, msg.queue, kind), keys.pending_index(msg.tenant)],
-            args=[msg.run_id, msg.version, entry],
-            client=pipe,
-        )
-        # After the entry: a dispatcher that found the tenant empty and dropped it from the set
-        # looks at its lists again after the drop (see Dispatcher._drop).
-        pipe.sadd(keys.fair_active(msg.queue), msg.tenant)
-        pipe.sadd(keys.FAIR_QUEUES, msg.queue)
-        _nudge(pipe)
-        pipe.execute()
+        before = f"{msg.run_id}:{msg.version - 1}" if msg.version > 1 else ""
+        script_keys = [
+            keys.pending(msg.tenant, msg.queue, kind), keys.pending_index(msg.tenant),
+            keys.slots(msg.tenant),
+        ]  # fmt: skip
+        for attempt in (1, 2):
+            # EVALSHA in a pipeline as is: redis-py's Script in a pipeline would ask SCRIPT
+            # EXISTS first, a round trip per step; a server that lost it says NOSCRIPT.
+            pipe = client.pipeline(transaction=False)
+            pipe.evalsha(sha[0], 3, *script_keys, msg.run_id, msg.version, entry, before)
+            # After the entry: a dispatcher that found the tenant empty and dropped it from
+            # the set looks at its lists again after the drop (see Dispatcher._drop).
+            pipe.sadd(keys.fair_active(msg.queue), msg.tenant)
+            pipe.sadd(keys.FAIR_QUEUES, msg.queue)
+            _nudge(pipe)
+            try:
+                pipe.execute()
+                return
+            except redis.exceptions.NoScriptError:
+                if attempt == 2:
+                    raise
+                sha[0] = str(client.script_load(source))
 
     return send
 
@@ -215,6 +227,8 @@ class Dispatcher:
         self.token = secrets.token_hex(8)
         self.renewed = 0.0
         self.gauged = 0.0
+        self.weights: dict[str, int] = {}
+        self.weights_at = 0.0
         # A slot outlives its step's hard limit by the pickup lease: time to wait on the queue.
         self.slot_extra_ms = int(config.pickup_lease_s * 1000)
 
@@ -254,10 +268,7 @@ class Dispatcher:
             if self.client.scard(keys.fair_active(queue)):
                 self.client.sadd(keys.FAIR_QUEUES, queue)
             return 0
-        pipe = self.client.pipeline(transaction=False)
-        for name in tenants:
-            pipe.hget(keys.caps(name), "weight")
-        weights = {t: int(w) for t, w in zip(tenants, pipe.execute(), strict=True) if w}
+        weights = self._weights(tenants)
         rr = self.rr.setdefault(queue, RoundRobin())
         sent = 0
         while sent < room and tenants:
@@ -271,6 +282,17 @@ class Dispatcher:
             self._send(entry)
             sent += 1
         return sent
+
+    def _weights(self, tenants: list[str]) -> dict[str, int]:
+        """The tenants' weights, read at most once a second (they change by hand)."""
+        now = time.monotonic()
+        if now - self.weights_at > WEIGHTS_EVERY_S or any(t not in self.weights for t in tenants):
+            pipe = self.client.pipeline(transaction=False)
+            for name in tenants:
+                pipe.hget(keys.caps(name), "weight")
+            self.weights = {t: int(w or 1) for t, w in zip(tenants, pipe.execute(), strict=True)}
+            self.weights_at = now
+        return self.weights
 
     def _take(self, tenant: str, queue: str) -> dict[str, Any] | None:
         reply = self.take(
