@@ -228,6 +228,7 @@ class Dispatcher:
         self.renewed = 0.0
         self.gauged = 0.0
         self.weights: dict[str, int] = {}
+        self.gauge_tenants: set[str] = set()
         self.weights_at = 0.0
         # A slot outlives its step's hard limit by the pickup lease: time to wait on the queue.
         self.slot_extra_ms = int(config.pickup_lease_s * 1000)
@@ -330,14 +331,22 @@ class Dispatcher:
             log.warning("dispatch_failed", error=str(exc), run_id=msg.run_id)
 
     def _gauges(self) -> None:
+        """Each tenant's share as metrics, once a second: the tenants with steps waiting, and
+        those shown last time (so a tenant whose backlog emptied is shown at zero once)."""
         now = time.monotonic()
         if not metrics.enabled() or now - self.gauged < GAUGES_EVERY_S:
             return
         self.gauged = now
         queues = sorted(str(q) for q in self.client.smembers(keys.FAIR_QUEUES))
-        for tenant in sorted(str(t) for t in self.client.smembers(keys.TENANTS)):
+        shown = set(self.gauge_tenants)
+        for queue in queues:
+            shown |= {str(t) for t in self.client.smembers(keys.fair_active(queue))}
+        self.gauge_tenants = set()
+        for tenant in sorted(shown):
             v = tenant_view(self.client, tenant, queues)
             metrics.tenant_share(tenant, waiting=v.waiting, in_flight=v.in_flight, cap=v.cap)
+            if v.waiting or v.in_flight:
+                self.gauge_tenants.add(tenant)
 
     def loop(self, stop: threading.Event) -> None:
         while not stop.is_set():
