@@ -260,15 +260,20 @@ def step_task(self: Task, *args: Any, **kwargs: Any) -> str:  # type: ignore[typ
         # A retry keeps the step's slot until its last delivery; a continuing run's next
         # step gave it back as it was queued (worker/fair.py).
         if result not in ("retry", "continued"):
-            _release(msg)
+            _release(msg, result)
 
 
-def _release(msg: StepMessage) -> None:
+# Results of a step after which its run is over (see worker/step.py and step_task).
+RUN_ENDED = frozenset({"finished", "refused", "cancelled", "broken", "poison", "missing"})
+
+
+def _release(msg: StepMessage, result: str) -> None:
     """Give the step's fair-share slot back (see worker/fair.py)."""
     if not settings().fair_share:
         return
     try:
-        fair.release(services().store.client, msg.tenant, msg.run_id, msg.version)
+        fair.release(services().store.client, msg.tenant, msg.run_id, msg.version,
+                     ended=result in RUN_ENDED)  # fmt: skip
     except Exception as exc:  # the slot lapses by itself
         log.warning("slot_release_failed", error=str(exc))
 

@@ -249,11 +249,12 @@ def _tenant_table(views: list[Any]) -> None:
     rows = [(v.name, t) for v in views for t in v.tenants]
     if not rows:
         return
-    table = Table("queue", "tenant", "waiting", "in flight", "cap", "weight")
+    table = Table("queue", "tenant", "waiting", "in flight", "cap", "active runs", "cap",
+                  "weight")  # fmt: skip
     for name, t in rows:
-        cap = "-" if t["cap"] is None else str(t["cap"])
+        caps = ["-" if t[k] is None else str(t[k]) for k in ("cap", "runs_cap")]
         table.add_row(escape(name), escape(t["tenant"]), str(t["waiting"]), str(t["in_flight"]),
-                      cap, str(t["weight"]))  # fmt: skip
+                      caps[0], str(t["active_runs"]), caps[1], str(t["weight"]))  # fmt: skip
     console_for_tables().print(table)
 
 

@@ -27,7 +27,7 @@ tenants_app = typer.Typer(
 TenantArg = Annotated[str, typer.Argument(help="The tenant (it need not have runs yet).")]
 Pairs = Annotated[
     list[str],
-    typer.Argument(help="turns_in_flight=N (none: no cap), weight=N (default 1).",
+    typer.Argument(help="turns_in_flight=N, active_runs=N (none: no cap), weight=N (default 1).",
                    show_default=False),
 ]  # fmt: skip
 
@@ -36,8 +36,8 @@ Pairs = Annotated[
 def set_(
     tenant: TenantArg, pairs: Pairs, redis_url: RedisUrl = None, broker_url: BrokerUrl = None
 ) -> None:
-    """Set a tenant's cap on turns in flight and its weight; checked before anything is
-    written. A tenant not seen yet is allowed: the settings apply from its first run."""
+    """Set a tenant's caps (turns in flight, active runs) and weight; checked before anything
+    is written. A tenant not seen yet is allowed: the settings apply from its first run."""
     from worker import fair
     from worker.api import check_name
 
@@ -66,8 +66,13 @@ def show(
     if as_json:
         typer.echo(json.dumps([dataclasses.asdict(v) for v in views]))
         return
-    table = Table("tenant", "waiting", "in flight", "cap", "weight")
+    table = Table("tenant", "waiting", "in flight", "cap", "active runs", "cap", "weight")
     for v in views:
-        cap = "-" if v.cap is None else str(v.cap)
-        table.add_row(escape(v.tenant), str(v.waiting), str(v.in_flight), cap, str(v.weight))
+        table.add_row(escape(v.tenant), str(v.waiting), str(v.in_flight), _cap(v.cap),
+                      str(v.active_runs), _cap(v.runs_cap), str(v.weight))  # fmt: skip
+
     Console().print(table)
+
+
+def _cap(cap: int | None) -> str:
+    return "-" if cap is None else str(cap)

@@ -45,7 +45,9 @@ WEIGHTS_EVERY_S = 1.0  # a weight changed by hand applies within this long
 GAUGES_EVERY_S = 1.0  # how often the dispatcher publishes each tenant's share as metrics
 PRIORITY_STEPS = (0, 3, 6, 9)  # kombu's Redis transport: one list per priority step
 PRIORITY_SEP = "\x06\x16"
-CAPS = ("turns_in_flight", "weight")  # what `turnstile tenants set` accepts
+CAPS = ("turns_in_flight", "active_runs", "weight")  # what `turnstile tenants set` accepts
+REMOVABLE = ("turns_in_flight", "active_runs")  # NAME=none removes it; a weight is 1 by default
+LIVE = ("running", "suspended", "parked")  # a run in one of these is active
 
 
 class CapError(TurnstileError):
@@ -105,11 +107,16 @@ def _nudge(pipe: Any) -> None:
     pipe.ltrim(keys.FAIR_WAKE, 0, 0)  # one nudge is enough, however many came
 
 
-def release(client: redis.Redis, tenant: str, run_id: str, version: int) -> None:
-    """The step's delivery is done (committed, skipped, failed): give its slot back and nudge
-    the dispatcher, so the tenant's next step goes now."""
+def release(
+    client: redis.Redis, tenant: str, run_id: str, version: int, *, ended: bool = False
+) -> None:
+    """The step's delivery is done (committed, skipped, failed): give its slot back (and, if
+    the run `ended`, its place among the active runs) and nudge the dispatcher, so the
+    tenant's next step goes now."""
     pipe = client.pipeline(transaction=False)
     pipe.zrem(keys.slots(tenant), f"{run_id}:{version}")
+    if ended:
+        pipe.zrem(keys.active(tenant), run_id)
     _nudge(pipe)
     pipe.execute()
 
@@ -118,14 +125,14 @@ def release(client: redis.Redis, tenant: str, run_id: str, version: int) -> None
 
 
 def parse_caps(pairs: Iterable[str]) -> dict[str, int | None]:
-    """`turns_in_flight=20 weight=2` as settings; `turns_in_flight=none` removes the cap.
+    """`turns_in_flight=20 active_runs=100 weight=2` as settings; `NAME=none` removes a cap.
     Every pair is checked before anything is written."""
     out: dict[str, int | None] = {}
     for pair in pairs:
         name, sep, raw = pair.partition("=")
         if not sep or name not in CAPS:
             raise CapError(f"bad setting {pair!r}: expected NAME=VALUE, NAME one of {CAPS}")
-        if raw in ("none", "") and name == "turns_in_flight":
+        if raw in ("none", "") and name in REMOVABLE:
             out[name] = None
             continue
         if not raw.isdigit():
@@ -162,8 +169,10 @@ class TenantView:
     tenant: str
     waiting: int  # steps in its pending lists, every queue
     in_flight: int  # slots held: dispatched and not yet done
-    cap: int | None
+    cap: int | None  # on turns in flight
     weight: int
+    active_runs: int = 0  # runs whose first step went and that have not ended (as last seen)
+    runs_cap: int | None = None  # on active runs
 
 
 def tenant_view(client: redis.Redis, tenant: str, queues: Iterable[str]) -> TenantView:
@@ -172,14 +181,17 @@ def tenant_view(client: redis.Redis, tenant: str, queues: Iterable[str]) -> Tena
         pipe.llen(keys.pending(tenant, queue, "cont"))
         pipe.llen(keys.pending(tenant, queue, "start"))
     pipe.zcount(keys.slots(tenant), "(" + str(_now_ms(client)), "+inf")
-    pipe.hmget(keys.caps(tenant), "turns_in_flight", "weight")
-    *lengths, in_flight, (cap, weight) = pipe.execute()
+    pipe.hmget(keys.caps(tenant), "turns_in_flight", "weight", "active_runs")
+    pipe.zcard(keys.active(tenant))
+    *lengths, in_flight, (cap, weight, runs_cap), active = pipe.execute()
     return TenantView(
         tenant,
         sum(int(n) for n in lengths),
         int(in_flight),
         int(cap) if cap else None,
         int(weight) if weight else 1,
+        int(active),
+        int(runs_cap) if runs_cap else None,
     )
 
 
@@ -300,6 +312,7 @@ class Dispatcher:
             keys=[
                 keys.pending(tenant, queue, "cont"), keys.pending(tenant, queue, "start"),
                 keys.pending_index(tenant), keys.slots(tenant), keys.caps(tenant),
+                keys.active(tenant),
             ],
             args=[self.slot_extra_ms],
         )  # fmt: skip
@@ -308,7 +321,22 @@ class Dispatcher:
             return entry
         if reply[0] == "empty":
             self._drop(tenant, queue)
+        elif reply[0] == "capped_runs" and self.prune(tenant):
+            return self._take(tenant, queue)
         return None
+
+    def prune(self, tenant: str) -> int:
+        """Drop the runs that ended from the tenant's active set; how many were dropped. Run
+        when the set is at its cap, so it reads at most the cap's worth of runs (a run that
+        ended by a path that did not drop it is found here, so no cap fills up for good)."""
+        run_ids = [str(r) for r in self.client.zrange(keys.active(tenant), 0, -1)]
+        pipe = self.client.pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.hget(keys.run(tenant, run_id), "status")
+        ended = [r for r, status in zip(run_ids, pipe.execute(), strict=True) if status not in LIVE]
+        if ended:
+            self.client.zrem(keys.active(tenant), *ended)
+        return len(ended)
 
     def _drop(self, tenant: str, queue: str) -> None:
         """Drop a tenant with nothing pending from the queue's set, then look again: a step

@@ -127,8 +127,14 @@ def slots(tenant: str) -> str:
 
 
 def caps(tenant: str) -> str:
-    """Hash: the tenant's scheduling settings (turns_in_flight, weight); not spend."""
+    """Hash: the tenant's scheduling settings (turns_in_flight, active_runs, weight); not spend."""
     return _t(tenant, "caps")
+
+
+def active(tenant: str) -> str:
+    """Sorted set: run id -> when its first step was dispatched (ms), until the run ends: the
+    tenant's active runs, against its cap."""
+    return _t(tenant, "active")
 
 
 FAIR_QUEUES = f"{PREFIX}:fair:queues"  # set: the queues that may have pending steps

@@ -101,10 +101,10 @@ def test_a_capped_tenant_never_has_more_than_its_cap_in_flight(redis_url: str, u
     queue, tenant = f"cap-{unique}", f"c-{unique}"
     client = client_for(redis_url)
     fair.set_caps(client.client, tenant, {"turns_in_flight": 5})
-    ids = [client.submit(tenant, USER, "support", GOAL, SLOW_TOOLS, queue=queue)
-           for _ in range(24)]  # fmt: skip
     peak = {"inflight": 0, "slots": 0}
     with running_workers(redis_url, [queue], 2, concurrency=4, stop_timeout_s=20):
+        ids = [client.submit(tenant, USER, "support", GOAL, SLOW_TOOLS, queue=queue)
+               for _ in range(24)]  # fmt: skip
 
         def sampled_done() -> bool:
             peak["inflight"] = max(peak["inflight"], client.client.hlen(keys.inflight(tenant)))
@@ -115,6 +115,35 @@ def test_a_capped_tenant_never_has_more_than_its_cap_in_flight(redis_url: str, u
     assert all(client.run_hash(r)[1]["outcome"] == "completed" for r in ids)
     assert peak["inflight"] <= 5 and peak["slots"] <= 5
     assert peak["inflight"] >= 2  # the runs did overlap: the cap, not chance, held them
+
+
+def test_a_cap_on_active_runs_holds_new_runs_back(redis_url: str, unique: str) -> None:
+    """A tenant capped at 2 active runs never has more than 2 runs started and not ended
+    (sampled from the runs themselves), though 8 pool processes are free, and all finish."""
+    queue, tenant = f"runs-{unique}", f"r-{unique}"
+    client = client_for(redis_url)
+    fair.set_caps(client.client, tenant, {"active_runs": 2})
+    ids: list[str] = []
+    peak = [0]
+
+    def started_and_live() -> int:
+        pipe = client.client.pipeline(transaction=False)
+        for run_id in ids:
+            pipe.hmget(keys.run(tenant, run_id), "status", "version")
+        return sum(1 for status, version in pipe.execute()
+                   if status != "stopped" and int(version) > 1)  # fmt: skip
+
+    with running_workers(redis_url, [queue], 2, concurrency=4, stop_timeout_s=20):
+        ids.extend(client.submit(tenant, USER, "support", GOAL, SLOW_TOOLS, queue=queue)
+                   for _ in range(8))  # fmt: skip
+
+        def done() -> bool:
+            peak[0] = max(peak[0], started_and_live())
+            return settled(client, ids)
+
+        wait_until(done, timeout_s=80, every_s=0.01, what="the capped runs end")
+    assert all(client.run_hash(r)[1]["outcome"] == "completed" for r in ids)
+    assert 1 <= peak[0] <= 2
 
 
 def test_removing_a_cap_lets_the_waiting_steps_go(redis_url: str, unique: str) -> None:
@@ -162,6 +191,7 @@ BAD_CAPS = [
     (["turns_in_flight=0"], "turns_in_flight must be a whole number >= 1"),
     (["weight=0"], "weight must be a whole number >= 1"),
     (["weight=none"], "weight must be a whole number >= 1"),
+    (["active_runs=-5"], "active_runs must be a whole number >= 1"),
     (["turns_in_flight=3", "speed=9"], "bad setting 'speed=9'"),
     (["turns_in_flight"], "bad setting 'turns_in_flight'"),
 ]

@@ -41,6 +41,7 @@ def test_caps_parse_and_none_removes_a_cap() -> None:
     """`turns_in_flight=20 weight=2` are settings; `turns_in_flight=none` removes the cap."""
     assert parse_caps(["turns_in_flight=20", "weight=2"]) == {"turns_in_flight": 20, "weight": 2}
     assert parse_caps(["turns_in_flight=none"]) == {"turns_in_flight": None}
+    assert parse_caps(["active_runs=100", "active_runs=none"]) == {"active_runs": None}
 
 
 @pytest.mark.parametrize(
