@@ -11,6 +11,7 @@ exited but the ones killed, and each tenant's ledger holds exactly what its runs
 
 from __future__ import annotations
 
+import base64
 import random
 import time
 from collections import Counter
@@ -20,7 +21,7 @@ import pytest
 
 from jobs.support.scenarios import BY_LETTER, GOAL, USER
 from tests.integration.workers import WorkerProcess, client_for, wait_until
-from worker import control
+from worker import control, deadletters
 from worker.api import Client, DecisionRefusedError
 from worker.app import STEP_TASK, producer
 from worker.control import Scope
@@ -229,8 +230,9 @@ def _unsettled(client: Client, tenant: str) -> dict[str, list[str]]:
 
 def test_chaos(durable_server: EmbeddedServer, unique: str) -> None:
     """Under kills, restarts, a pause, cancels, duplicates and junk on the queue, every run
-    ends exactly once, nothing is refunded twice, no worker exits by itself, and each
-    tenant's committed ledger totals equal the sum of its runs' recorded usage."""
+    ends exactly once, nothing is refunded twice, no worker exits by itself, each tenant's
+    committed ledger totals equal the sum of its runs' recorded usage, and every junk entry is
+    in the queue's dead letters."""
     drill = Drill(durable_server, unique)
     try:
         for extra in (DUPLICATING, {}, {}):
@@ -255,4 +257,12 @@ def test_chaos(durable_server: EmbeddedServer, unique: str) -> None:
         problems += _ledger_problems(
             client, tenant, [r for r, t in drill.runs.items() if t == tenant]
         )
+    kept = [_raw_bytes(letter) for letter in deadletters.listing(client.client, drill.queue, 1000)]
+    problems += [f"not in the dead letters: {entry!r}" for entry in MALFORMED if entry not in kept]
     assert problems == [], "\n".join(problems)
+
+
+def _raw_bytes(letter: deadletters.DeadLetter) -> bytes:
+    if letter.raw_encoding == "base64":
+        return base64.b64decode(letter.raw)
+    return letter.raw.encode("utf-8", "surrogateescape")
