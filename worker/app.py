@@ -189,8 +189,9 @@ def build_services(config: Settings) -> Services:
             log.warning("chaos_send_dropped", version=msg.version)
             return
         try:
-            for _ in range(config.chaos_send_copies):
-                route(msg, soft_s, hard_s)
+            route(msg, soft_s, hard_s)
+            for _ in range(config.chaos_send_copies - 1):  # the drill's duplicates, as they
+                send_step(msg, soft_s, hard_s)  # come: past the pending list, which folds them
         except Exception as exc:  # the lease the commit set makes the sweeper send it later
             log.warning("enqueue_failed", error=str(exc), version=msg.version)
 
