@@ -4,6 +4,7 @@ turns in flight than its cap, and a dispatcher that loses a step loses nothing."
 
 from __future__ import annotations
 
+import socket
 import statistics
 import threading
 import time
@@ -183,6 +184,27 @@ def test_a_step_lost_by_the_dispatcher_is_sent_again(redis_url: str, unique: str
     with running_workers(redis_url, [queue], 1, stop_timeout_s=20):
         wait_until(lambda: settled(client, [run_id]), timeout_s=40, what="the run ends")
     assert client.run_hash(run_id)[1]["outcome"] == "completed"
+
+
+def test_a_submission_with_fair_share_needs_no_broker(redis_url: str, unique: str) -> None:
+    """With fair share on, a client whose broker is down still queues the step (in its
+    tenant's pending list, in the store): `sent` is true, and the workers' dispatcher, whose
+    broker is up, sends it; the run completes."""
+    queue, tenant = f"nob-{unique}", f"n-{unique}"
+    dead = f"redis://127.0.0.1:{_free_port()}/0"
+    client = client_for(redis_url, broker_url=dead)
+    made = client.submit_run(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue)
+    assert made.created and made.sent and client.deferred == []
+    with running_workers(redis_url, [queue], 1, stop_timeout_s=20):
+        wait_until(lambda: settled(client, [made.run_id]), timeout_s=40, what="the run ends")
+    assert client.run_hash(made.run_id)[1]["outcome"] == "completed"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 BAD_CAPS = [
