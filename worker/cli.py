@@ -11,6 +11,7 @@ from rich.table import Table
 
 from ledger.cli import ledger_app
 from worker.cli_common import BrokerUrl, JsonFlag, RedisUrl, client, fail
+from worker.cli_http import register as register_http
 from worker.cli_ops import register as register_ops
 
 app = typer.Typer(
@@ -21,6 +22,7 @@ app = typer.Typer(
 )
 app.add_typer(ledger_app, name="ledger")
 register_ops(app)
+register_http(app)
 
 
 @app.callback()
