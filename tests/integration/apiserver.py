@@ -95,3 +95,32 @@ def make_key(
 def http(server: ApiServer, key: str | None) -> httpx.Client:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     return httpx.Client(base_url=server.url, headers=headers, timeout=30)
+
+
+def sse_events(
+    client: httpx.Client,
+    path: str,
+    *,
+    last_event_id: str | None = None,
+    stop_after: int | None = None,
+    timeout_s: float = 60.0,
+) -> list[tuple[str, str, str]]:
+    """(id, event, data) of each event on an SSE stream, until the server closes it, or the
+    client hangs up after `stop_after` events."""
+    headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+    out: list[tuple[str, str, str]] = []
+    fields: dict[str, str] = {}
+    with client.stream("GET", path, headers=headers, timeout=timeout_s) as reply:
+        assert reply.status_code == 200, reply.read()
+        assert reply.headers["content-type"].startswith("text/event-stream")
+        for line in reply.iter_lines():
+            if line == "":
+                if "data" in fields:
+                    out.append((fields.get("id", ""), fields.get("event", ""), fields["data"]))
+                    if stop_after is not None and len(out) >= stop_after:
+                        return out
+                fields = {}
+            elif not line.startswith(":"):
+                name, _, value = line.partition(":")
+                fields[name] = value.removeprefix(" ")
+    return out
