@@ -6,13 +6,14 @@ balancer; only the webhook dispatcher coordinates, through a lease in the store.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
 
 from worker.app import connect, sender
-from worker.http import context, problems, routes_ops, routes_runs
+from worker.http import context, dispatch, problems, routes_ops, routes_runs, webhooks
 from worker.http.context import Api, ApiClient
 from worker.http.problems import response
 from worker.http.ratelimit import RateLimiter
@@ -92,15 +93,22 @@ def create_app(config: Settings, api_settings: ApiSettings | None = None) -> Fas
     )
     api = Api(client, api_settings, limiter)
 
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        with dispatch.background(store, api_settings):
+            yield
+
     app = FastAPI(
         title="Turnstile",
         version="1",
         summary="Runs, live events, decisions and webhooks for long LLM agent runs.",
+        lifespan=lifespan,
     )
     app.state.api = api
     problems.install(app)
     context.install(app)
     app.include_router(routes_runs.router)
     app.include_router(routes_ops.router)
+    app.include_router(webhooks.router)
     app.add_middleware(BodyCap, max_bytes=api_settings.max_body_bytes)
     return app

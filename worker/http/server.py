@@ -5,11 +5,13 @@ from __future__ import annotations
 import uvicorn
 
 from worker.http.app import create_app
+from worker.logs import configure
 from worker.http.settings import ApiSettings
 from worker.settings import Settings
 
 
 def serve(config: Settings, api_settings: ApiSettings) -> None:
+    configure(config.log_format, config.log_level)
     app = create_app(config, api_settings)
     uvicorn.run(
         app, host=api_settings.host, port=api_settings.port, log_level="warning",
