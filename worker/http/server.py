@@ -5,8 +5,8 @@ from __future__ import annotations
 import uvicorn
 
 from worker.http.app import create_app
-from worker.logs import configure
 from worker.http.settings import ApiSettings
+from worker.logs import configure
 from worker.settings import Settings
 
 
