@@ -4,11 +4,14 @@ a submit, keep tenants apart, and the operator endpoints."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import msgspec
 import pytest
 
@@ -195,12 +198,16 @@ def test_a_tenant_key_sees_and_changes_nothing_of_another_tenant(
         forgot = web.delete("/v1/memory", params={"user": USER}).json()["forgotten"]
         taken = web.post("/v1/runs", json={"user": USER, "goal": GOAL, "run_id": run_id,
                                            "queue": f"idle-{unique}"})  # fmt: skip
+        # A's run for B's user, with a goal that matches B's note, recalls nothing of it.
+        body = {"user": USER, "goal": "email about ord_1004", "queue": f"idle-{unique}"}
+        mine = web.post("/v1/runs", json=body).json()["run_id"]
     assert [r.status_code for r in not_found] == [404] * 5
     assert {r.json()["code"] for r in not_found} == {"run_not_found"}
     assert [r.status_code for r in forbidden] == [403] * 6
     assert own_runs == suspended == [] and own_ledger == {"tenant": a, "dimensions": {}}
     assert notes == [] and forgot == 0
     assert taken.status_code == 409 and b not in taken.text
+    assert client.state(mine).memory == []
     assert _snapshot(client, b, run_id, USER) == before
 
 
@@ -267,3 +274,37 @@ def test_runs_are_listed_page_by_page_by_cursor(
     assert sorted([r for p in running for r in p]) == sorted(made)
     assert bad.status_code == 400 and bad.json()["code"] == "invalid_cursor"
     assert wrong_status.status_code == 422
+
+
+def test_many_followers_of_a_quiet_run_hold_up_no_other_request(
+    redis_url: str, api: ApiServer, unique: str
+) -> None:
+    """Sixty SSE streams open on a run that does not move (its queue has no worker): a submit
+    and a read still answer at once, as the followers wait on the event loop, not on the
+    server's threads (of which there are forty)."""
+    tenant = f"t-{unique}"
+    key = make_key(redis_url, tenant)
+    body = {"user": USER, "goal": GOAL, "queue": f"idle-{unique}"}
+    with http(api, key) as web:
+        run_id = web.post("/v1/runs", json=body).json()["run_id"]
+
+    async def follow_and_submit() -> tuple[int, float]:
+        headers = {"Authorization": f"Bearer {key}"}
+        async with httpx.AsyncClient(base_url=api.url, headers=headers, timeout=30) as aweb:
+            replies = [
+                await aweb.send(aweb.build_request("GET", f"/v1/runs/{run_id}/events"),
+                                stream=True)
+                for _ in range(60)
+            ]  # fmt: skip
+            try:
+                assert {r.status_code for r in replies} == {200}
+                started = time.monotonic()
+                made = await aweb.post("/v1/runs", json=body)
+                read = await aweb.get(f"/v1/runs/{made.json()['run_id']}")
+                return read.status_code, time.monotonic() - started
+            finally:
+                for reply in replies:
+                    await reply.aclose()
+
+    status, took_s = asyncio.run(follow_and_submit())
+    assert status == 200 and took_s < 3.0

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
 
+import redis.asyncio as aioredis
 from fastapi import FastAPI
 
 from worker.app import connect, sender
@@ -91,12 +92,17 @@ def create_app(config: Settings, api_settings: ApiSettings | None = None) -> Fas
     limiter = RateLimiter(
         store, limit=api_settings.submits_per_window, window_s=api_settings.rate_window_s
     )
-    api = Api(client, api_settings, limiter)
+    streams = aioredis.Redis.from_url(
+        config.redis_url, decode_responses=True, socket_timeout=config.redis_timeout_s,
+        socket_connect_timeout=min(1.0, config.redis_timeout_s),
+    )  # fmt: skip
+    api = Api(client, api_settings, limiter, streams)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         with dispatch.background(store, api_settings):
             yield
+        await streams.aclose()
 
     app = FastAPI(
         title="Turnstile",

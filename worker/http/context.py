@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import redis
+import redis.asyncio as aioredis
 from fastapi import Depends, FastAPI, Path, Request
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -61,6 +62,7 @@ class Api:
     client: ApiClient
     settings: ApiSettings
     limiter: RateLimiter
+    streams: aioredis.Redis  # for SSE: a quiet run's follower waits on the loop, not a thread
 
     @property
     def redis(self) -> redis.Redis:

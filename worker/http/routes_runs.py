@@ -123,7 +123,7 @@ def run_events(
     tenant = run_tenant(ctx, key, run_id)
     start = sse.check_event_id(last_event_id if last_event_id is not None else after)
     block_ms = min(ctx.settings.sse_block_ms, int(ctx.client.config.redis_timeout_s * 1000) - 500)
-    frames = sse.stream(ctx.redis, tenant, run_id, after=start, block_ms=max(block_ms, 10))
+    frames = sse.stream(ctx.streams, tenant, run_id, after=start, block_ms=max(block_ms, 10))
     return StreamingResponse(
         frames, media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},

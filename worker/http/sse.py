@@ -10,11 +10,12 @@ stopped, resumed past its `finished` event, closes at once.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
 import redis
+import redis.asyncio as aioredis
 
 from jobs.outcomes import Status
 from worker import keys
@@ -50,13 +51,28 @@ def _kind(data: str) -> str:
     return kind if re.fullmatch(r"[a-z_]{1,40}", kind) else "message"
 
 
-def stream(r: redis.Redis, tenant: str, run_id: str, *, after: str, block_ms: int) -> Iterator[str]:
-    """SSE frames of the run's events after `after`, live, until its `finished` event."""
+async def stream(
+    r: aioredis.Redis, tenant: str, run_id: str, *, after: str, block_ms: int
+) -> AsyncIterator[str]:
+    """SSE frames of the run's events after `after`, live, until its `finished` event. Async,
+    so a client following a quiet run holds a connection, not one of the server's threads.
+    If the store goes away mid-stream, an `error` event ends it; the client resumes later
+    with Last-Event-ID."""
+    yield f"retry: {min(block_ms, 3000)}\n\n"
+    try:
+        async for chunk in _frames(r, tenant, run_id, after=after, block_ms=block_ms):
+            yield chunk
+    except (redis.ConnectionError, redis.TimeoutError):
+        yield 'event: error\ndata: {"code":"store_unavailable"}\n\n'
+
+
+async def _frames(
+    r: aioredis.Redis, tenant: str, run_id: str, *, after: str, block_ms: int
+) -> AsyncIterator[str]:
     key = keys.events(tenant, run_id)
     last = after
-    yield f"retry: {min(block_ms, 3000)}\n\n"
     while True:
-        reply: Any = r.xread({key: last}, count=BATCH, block=block_ms)
+        reply: Any = await r.xread({key: last}, count=BATCH, block=block_ms)
         entries = reply[0][1] if reply else []
         for entry_id, fields in entries:
             last = str(entry_id)
@@ -70,9 +86,9 @@ def stream(r: redis.Redis, tenant: str, run_id: str, *, after: str, block_ms: in
         # Quiet for a whole block. The commit writes a run's status and its events in one
         # script, so a run seen stopped now has its `finished` event in the stream already:
         # one more read either sends it or finds it was before `after`.
-        status = r.hget(keys.run(tenant, run_id), "status")
+        status = await r.hget(keys.run(tenant, run_id), "status")
         if status in (None, Status.STOPPED.value):
-            tail: Any = r.xread({key: last}, count=BATCH)
+            tail: Any = await r.xread({key: last}, count=BATCH)
             for entry_id, fields in tail[0][1] if tail else []:
                 data = str(fields.get("event", "{}"))
                 yield frame(str(entry_id), _kind(data), data)
