@@ -190,6 +190,7 @@ def test_a_tenant_key_sees_and_changes_nothing_of_another_tenant(
             web.get("/v1/runs", params={"tenant": b}), web.get("/v1/ledger", params={"tenant": b}),
             web.get("/v1/tenants"), web.get("/v1/queues"), web.post(f"/v1/tenants/{b}/pause"),
             web.post(f"/v1/queues/{queue}/drain"),
+            web.put(f"/v1/tenants/{b}/ceilings/cost_microusd", json={"value": 1}),
         ]  # fmt: skip
         own_runs = web.get("/v1/runs").json()["runs"]
         suspended = web.get("/v1/runs", params={"status": "suspended"}).json()["runs"]
@@ -203,7 +204,7 @@ def test_a_tenant_key_sees_and_changes_nothing_of_another_tenant(
         mine = web.post("/v1/runs", json=body).json()["run_id"]
     assert [r.status_code for r in not_found] == [404] * 5
     assert {r.json()["code"] for r in not_found} == {"run_not_found"}
-    assert [r.status_code for r in forbidden] == [403] * 6
+    assert [r.status_code for r in forbidden] == [403] * 7
     assert own_runs == suspended == [] and own_ledger == {"tenant": a, "dimensions": {}}
     assert notes == [] and forgot == 0
     assert taken.status_code == 409 and b not in taken.text
@@ -225,6 +226,7 @@ def test_operator_keys_act_across_tenants(
     op = make_key(redis_url, "ops", Role.OPERATOR, name=f"op-{unique}")
     with http(api, op) as web:
         view = web.get(f"/v1/runs/{run_id}")
+        capped = web.put(f"/v1/tenants/{tenant}/ceilings/tokens", json={"value": 90_000})
         ledger = web.get("/v1/ledger", params={"tenant": tenant}).json()
         tenants = {t["tenant"]: t for t in web.get("/v1/tenants").json()["tenants"]}
         queues = {q["name"] for q in web.get("/v1/queues").json()["queues"]}
@@ -235,6 +237,7 @@ def test_operator_keys_act_across_tenants(
         cancelled = web.post(f"/v1/runs/{run_id}/cancel", json={"reason": "customer called"})
     assert view.status_code == 200 and view.json()["tenant"] == tenant
     assert ledger["dimensions"]["steps"]["ceiling"] == 1000
+    assert capped.status_code == 200 and ledger["dimensions"]["tokens"]["ceiling"] == 90_000
     assert tenants[tenant]["dimensions"]["steps"]["ceiling"] == 1000 and queue in queues
     assert paused.json()["by"] == f"op-{unique}" and resumed.json()["cleared"] == ["paused"]
     assert unknown.status_code == 404 and not_paused.status_code == 409

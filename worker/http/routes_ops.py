@@ -14,7 +14,7 @@ from worker.control import Scope
 from worker.http.context import NAME, Caller, Ctx, Operator, tenant_scope
 from worker.http.problems import Problem
 from worker.http.routes_runs import PROBLEMS
-from worker.http.schemas import ControlBody, LedgerView
+from worker.http.schemas import CeilingBody, ControlBody, LedgerView
 
 router = APIRouter(responses=PROBLEMS)
 
@@ -62,6 +62,23 @@ def list_tenants(_: Operator, ctx: Ctx) -> dict[str, Any]:
         view = _ledger(ctx, tenant).model_dump()
         out.append({**view, "paused": paused or "", "paused_by": by or ""})
     return {"tenants": out}
+
+
+@router.put(
+    "/v1/tenants/{tenant}/ceilings/{dimension}", response_model=LedgerView, tags=["operators"]
+)
+def set_ceiling(
+    tenant: TenantPath,
+    dimension: Annotated[str, Path(pattern=r"^[a-z][a-z0-9_]{0,63}$")],
+    body: CeilingBody,
+    _: Operator,
+    ctx: Ctx,
+) -> LedgerView:
+    """Set one of a tenant's ceilings (`turnstile ledger set`); the ledger as it stands after."""
+    ctx.client.ledger.set_ceiling(
+        tenant, dimension, body.value, hard=body.hard, period=body.period.value
+    )
+    return _ledger(ctx, tenant)
 
 
 @router.get("/v1/queues", tags=["operators"])

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ledger.inputs import Period
 from worker.http.context import NAME, RUN_ID
 
 USER = r"^[A-Za-z0-9_.@:\-]{1,128}$"
@@ -128,3 +129,9 @@ class MemoryBody(Strict):
     text: str = Field(min_length=1, max_length=2000)
     source: str = Field(default="user_message", pattern=NAME)
     ttl_s: float = Field(default=90 * 86400, gt=0, le=10 * 365 * 86400)
+
+
+class CeilingBody(Strict):
+    value: int = Field(ge=0, le=2**53, description="Cost in micro-dollars, or a count.")
+    hard: bool = Field(default=True, description="Hard: reservations beyond it are refused.")
+    period: Period = Period.NONE
