@@ -20,6 +20,7 @@ from tests.integration.apiserver import ApiServer, http, make_key, running_api, 
 from tests.integration.workers import WorkerProcess, client_for, running_workers, wait_until
 from worker import keys
 from worker.api import Client
+from worker.http import keys as http_keys
 from worker.http.apikeys import Role
 from worker.shop import RedisShop
 
@@ -160,6 +161,7 @@ def _snapshot(client: Client, tenant: str, run_id: str, user: str) -> list[objec
         msgspec.to_builtins(client.ledger.read(tenant)),
         [n.text for n in client.memory.live_notes(f"{tenant}/{user}", 4e9)],
         sorted(client.client.smembers(keys.by_status(tenant, "suspended"))),
+        sorted(client.client.smembers(http_keys.tenant_webhooks(tenant))),
     ]
 
 
@@ -176,6 +178,7 @@ def test_a_tenant_key_sees_and_changes_nothing_of_another_tenant(
         run_id = web_b.post("/v1/runs", json=body).json()["run_id"]
         note = {"user": USER, "text": "prefers email about order ord_1004"}
         assert web_b.post("/v1/memory", json=note).status_code == 201
+        hook = web_b.post("/v1/webhooks", json={"url": "https://b.example/hook"}).json()["id"]
     wait_until(lambda: _status(client, b, run_id) == "suspended", what="B's run suspends")
     digest = client.state(run_id).pending.digest  # type: ignore[union-attr]
     before = _snapshot(client, b, run_id, USER)
@@ -185,6 +188,7 @@ def test_a_tenant_key_sees_and_changes_nothing_of_another_tenant(
             web.get(run), web.get(f"{run}/events"),
             web.post(f"{run}/approve", json={"digest": digest}),
             web.post(f"{run}/deny", json={"reason": "no"}), web.post(f"{run}/cancel"),
+            web.delete(f"/v1/webhooks/{hook}"),
         ]  # fmt: skip
         forbidden = [
             web.get("/v1/runs", params={"tenant": b}), web.get("/v1/ledger", params={"tenant": b}),
@@ -197,16 +201,17 @@ def test_a_tenant_key_sees_and_changes_nothing_of_another_tenant(
         own_ledger = web.get("/v1/ledger").json()
         notes = web.get("/v1/memory", params={"user": USER}).json()["notes"]
         forgot = web.delete("/v1/memory", params={"user": USER}).json()["forgotten"]
+        hooks = web.get("/v1/webhooks").json()["webhooks"]
         taken = web.post("/v1/runs", json={"user": USER, "goal": GOAL, "run_id": run_id,
                                            "queue": f"idle-{unique}"})  # fmt: skip
         # A's run for B's user, with a goal that matches B's note, recalls nothing of it.
         body = {"user": USER, "goal": "email about ord_1004", "queue": f"idle-{unique}"}
         mine = web.post("/v1/runs", json=body).json()["run_id"]
-    assert [r.status_code for r in not_found] == [404] * 5
-    assert {r.json()["code"] for r in not_found} == {"run_not_found"}
+    assert [r.status_code for r in not_found] == [404] * 6
+    assert {r.json()["code"] for r in not_found} == {"run_not_found", "webhook_not_found"}
     assert [r.status_code for r in forbidden] == [403] * 7
     assert own_runs == suspended == [] and own_ledger == {"tenant": a, "dimensions": {}}
-    assert notes == [] and forgot == 0
+    assert notes == [] and forgot == 0 and hooks == []
     assert taken.status_code == 409 and b not in taken.text
     assert client.state(mine).memory == []
     assert _snapshot(client, b, run_id, USER) == before

@@ -20,6 +20,7 @@ from jobs.support.scenarios import BY_LETTER, GOAL, USER
 from tests.integration.apiserver import ApiServer, http, make_key, running_api
 from tests.integration.workers import WorkerProcess, client_for, running_workers, wait_until
 from worker.api import Client
+from worker.http import keys as http_keys
 from worker.http.webhooks import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
 
 pytestmark = pytest.mark.integration
@@ -137,6 +138,11 @@ def test_a_receiver_gets_needs_approval_and_finished_signed(
         assert approved.status_code == 200, approved.text
         wait_until(lambda: receiver.bodies("run.finished") != [], what="finished")
         listed = web.get("/v1/webhooks").json()["webhooks"]
+        removed = web.delete(f"/v1/webhooks/{made.json()['id']}")
+        removed_again = web.delete(f"/v1/webhooks/{made.json()['id']}")
+        left = web.get("/v1/webhooks").json()["webhooks"]
+    assert (removed.status_code, removed_again.status_code, left) == (204, 404, [])
+    assert not client.client.sismember(http_keys.WEBHOOK_TENANTS, tenant)
     assert _signed(receiver, secret)
     assert held["run_id"] == run_id and held["tenant"] == tenant
     assert held["event"]["tool"] == "issue_refund"

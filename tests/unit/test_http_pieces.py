@@ -3,11 +3,16 @@ body against the kernel's Budget, SSE framing, one-line problem details."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import re
 
+import httpx
+from fastapi import FastAPI
+
 from jobs.budget import Budget
+from worker.http import problems
 from worker.http.context import RUN_ID
 from worker.http.dispatch import backoff_s, delivery_id
 from worker.http.problems import one_line
@@ -72,3 +77,23 @@ def test_a_problem_detail_is_one_short_line() -> None:
     """Whatever an error says, its detail is one line, cut to a bounded length."""
     assert one_line("a\nb\r\n  c") == "a b c"
     assert len(one_line("x" * 1000)) == 300
+
+
+def test_an_unexpected_error_is_a_one_line_problem_not_a_traceback() -> None:
+    """A bug in a route answers 500 as a problem document with one line, never a traceback."""
+    app = FastAPI()
+    problems.install(app)
+
+    @app.get("/boom")
+    def boom() -> None:
+        raise RuntimeError("secret internals\nline two")
+
+    async def call() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as web:
+            return await web.get("/boom")
+
+    reply = asyncio.run(call())
+    assert reply.status_code == 500
+    assert reply.headers["content-type"] == "application/problem+json"
+    assert reply.json()["code"] == "internal" and "secret" not in reply.text

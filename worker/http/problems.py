@@ -6,12 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from worker.errors import TurnstileError
+
+log = structlog.get_logger("turnstile.api")
 
 MEDIA_TYPE = "application/problem+json"
 TYPE_BASE = "https://turnstile.dev/problems/"
@@ -97,7 +100,14 @@ async def _on_http(_: Request, exc: Exception) -> JSONResponse:
     return response(exc.status_code, codes.get(exc.status_code, "http_error"), detail, headers)
 
 
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    """A bug: logged with its traceback on the server; the client gets one line."""
+    log.error("unexpected_error", path=request.url.path, exc_info=exc)
+    return response(500, "internal", "the server failed on this request; it is logged")
+
+
 def install(app: FastAPI) -> None:
+    app.add_exception_handler(Exception, _on_unexpected)
     app.add_exception_handler(Problem, _on_problem)
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(StarletteHTTPException, _on_http)

@@ -148,4 +148,11 @@ def delete_webhook(endpoint_id: EndpointId, key: Caller, ctx: Ctx) -> Response:
     pipe.hdel(keys.WEBHOOKS, endpoint_id)
     pipe.hdel(keys.WEBHOOK_STATUS, endpoint_id)
     pipe.execute()
+    if not r.scard(keys.tenant_webhooks(key.tenant)):
+        # No endpoint left: the dispatcher forgets the tenant, and a later endpoint starts
+        # from its own registration instead of announcing every run made in between.
+        pipe = r.pipeline(transaction=False)
+        pipe.srem(keys.WEBHOOK_TENANTS, key.tenant)
+        pipe.delete(keys.cursor(key.tenant), keys.watch(key.tenant), keys.done(key.tenant))
+        pipe.execute()
     return Response(status_code=204)
