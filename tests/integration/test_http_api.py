@@ -237,7 +237,7 @@ def test_operator_keys_act_across_tenants(
         queues = {q["name"] for q in web.get("/v1/queues").json()["queues"]}
         paused = web.post(f"/v1/tenants/{tenant}/pause")
         unknown = web.post(f"/v1/tenants/nobody-{unique}/pause")
-        resumed = web.post(f"/v1/tenants/{tenant}/resume")
+        resumed = web.post(f"/v1/tenants/{tenant}/resume", json={"by": "alice"})
         not_paused = web.post(f"/v1/tenants/{tenant}/resume")
         cancelled = web.post(f"/v1/runs/{run_id}/cancel", json={"reason": "customer called"})
     assert view.status_code == 200 and view.json()["tenant"] == tenant
@@ -245,6 +245,7 @@ def test_operator_keys_act_across_tenants(
     assert capped.status_code == 200 and ledger["dimensions"]["tokens"]["ceiling"] == 90_000
     assert tenants[tenant]["dimensions"]["steps"]["ceiling"] == 1000 and queue in queues
     assert paused.json()["by"] == f"op-{unique}" and resumed.json()["cleared"] == ["paused"]
+    assert resumed.json()["by"] == f"op-{unique} (alice)"
     assert unknown.status_code == 404 and not_paused.status_code == 409
     assert cancelled.json()["result"] == "cancelled" and cancelled.json()["outcome"] == "cancelled"
     events = [e for _, e in client.store.events(tenant, run_id) if e["type"] == "decision"]

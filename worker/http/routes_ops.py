@@ -88,7 +88,8 @@ def list_queues(_: Operator, ctx: Ctx) -> dict[str, Any]:
 
 
 def _by(key: Operator, body: ControlBody | None) -> str:
-    return (body.by if body and body.by else None) or key.name
+    """Who acted, for the record: always the key's name, with the person it names if any."""
+    return f"{key.name} ({body.by})" if body and body.by else key.name
 
 
 @router.post("/v1/queues/{queue}/pause", tags=["operators"])

@@ -120,7 +120,7 @@ class LedgerView(BaseModel):
 
 class ControlBody(Strict):
     by: str | None = Field(
-        default=None, max_length=128, description="For the record; the key's name if left out."
+        default=None, max_length=128, description="Who asked, recorded after the key's name."
     )
 
 
