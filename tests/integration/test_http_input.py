@@ -4,6 +4,8 @@ right 4xx as a one-line problem document, and nothing is written; a store outage
 from __future__ import annotations
 
 import json
+import signal
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -193,3 +195,25 @@ def test_a_store_outage_is_a_503_not_a_500(unique: str) -> None:
             assert web.get("/healthz").status_code == 200
             server.start()
             wait_until(lambda: web.get("/readyz").status_code == 200, what="ready again")
+
+
+def test_a_stop_is_not_held_by_open_event_streams(redis_url: str, unique: str) -> None:
+    """SIGTERM with an event stream open on a run that does not move: the server ends the
+    stream (its client resumes elsewhere with Last-Event-ID) and exits, instead of waiting
+    for the run."""
+    tenant = f"t-{unique}"
+    key = make_key(redis_url, tenant)
+    with running_api(redis_url) as server:
+        with http(server, key) as web:
+            body = {"user": USER, "goal": GOAL, "queue": f"idle-{unique}"}
+            run_id = web.post("/v1/runs", json=body).json()["run_id"]
+            with web.stream("GET", f"/v1/runs/{run_id}/events") as reply:
+                assert reply.status_code == 200
+                next(reply.iter_lines())
+                assert server.process is not None
+                server.process.terminate()
+                started = time.monotonic()
+                server.process.wait(15)
+        assert time.monotonic() - started < 10
+        # uvicorn re-raises the signal it stopped on once it has stopped cleanly.
+        assert server.process.returncode in (0, -signal.SIGTERM)
