@@ -10,6 +10,7 @@ from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import StreamingResponse
 
 from worker import control
+from worker.api import SubmissionError
 from worker.http import listing, sse
 from worker.http.context import Caller, Ctx, RunIdPath, memory_user, run_tenant, tenant_scope
 from worker.http.problems import Problem
@@ -66,8 +67,6 @@ def submit_run(
     run_id = body.run_id
     if idempotency_key is not None:
         run_id = idempotent_run_id(key.tenant, idempotency_key)
-    if ctx.redis.hget(queue_control(body.queue), "draining"):
-        raise Problem(409, "queue_draining", f"queue {body.queue!r} is draining: no new runs")
     budget = body.budget.model_dump(exclude_none=True) if body.budget else None
     try:
         made = ctx.client.submit(
@@ -79,9 +78,15 @@ def submit_run(
         raise Problem(
             409, "run_id_conflict", f"run id {run_id!r} is taken by another submission"
         ) from None
+    except SubmissionError as exc:
+        # The client refuses a draining queue too; looked up only then, so it is a 409.
+        if ctx.redis.hget(queue_control(body.queue), "draining"):
+            raise Problem(409, "queue_draining", str(exc)) from None
+        raise
     response.headers["Location"] = f"/v1/runs/{made}"
-    status = ctx.redis.hget(run(key.tenant, made), "status") or "running"
-    return _submitted(key.tenant, made, str(status))
+    # A fresh id is a fresh run; a given one may name a run that has moved on since.
+    status = ctx.redis.hget(run(key.tenant, made), "status") if run_id else None
+    return _submitted(key.tenant, made, str(status or "running"))
 
 
 @router.get("/v1/runs/{run_id}", tags=["runs"])
