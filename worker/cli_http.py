@@ -29,18 +29,18 @@ def api(
 ) -> None:
     """Serve the HTTP API (OpenAPI at /openapi.json) and deliver webhooks. Stateless: run as
     many as you like behind a load balancer."""
-    from worker.http.server import serve
+    from worker.http.server import build, serve
     from worker.http.settings import ApiSettings
     from worker.settings import Settings
 
     if not redis_url:
         fail("no store: set TURNSTILE_REDIS_URL or pass --redis-url", code=2)
     try:
-        config = Settings(redis_url=redis_url, broker_url=broker_url)
         api_settings = ApiSettings(host=host, port=port)
+        app = build(Settings(redis_url=redis_url, broker_url=broker_url), api_settings)
     except ValueError as exc:
         fail(f"bad setting: {' '.join(str(exc).split())}", code=2)
-    serve(config, api_settings)
+    serve(app, api_settings)
 
 
 @keys_app.command("create")

@@ -217,3 +217,10 @@ def test_a_stop_is_not_held_by_open_event_streams(redis_url: str, unique: str) -
         assert time.monotonic() - started < 10
         # uvicorn re-raises the signal it stopped on once it has stopped cleanly.
         assert server.process.returncode in (0, -signal.SIGTERM)
+
+
+def test_turnstile_api_with_a_bad_store_url_says_so_in_one_line() -> None:
+    """`turnstile api` with a store URL it cannot use exits 2 with one line, no traceback."""
+    result = runner.invoke(app, ["api", "--redis-url", "foo://nowhere"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: bad setting") and result.stderr.count("\n") == 1

@@ -298,13 +298,19 @@ class Dispatcher(threading.Thread):
         return False
 
     def run(self) -> None:
+        failing = False
         while not self.stopping.is_set():
             try:
                 if self._lead():
                     self.scanner.tick()
                     self.sender.tick()
+                if failing:
+                    log.info("webhook_dispatch_recovered")
+                failing = False
             except (redis.RedisError, msgspec.DecodeError) as exc:
-                log.warning("webhook_dispatch_error", error=one_line(str(exc)))
+                if not failing:  # once per outage, not every tick
+                    log.warning("webhook_dispatch_error", error=one_line(str(exc)))
+                failing = True
             self.stopping.wait(self.settings.webhook_tick_s)
 
     def stop(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uvicorn
+from fastapi import FastAPI
 
 from worker.http.app import create_app
 from worker.http.settings import ApiSettings
@@ -10,9 +11,13 @@ from worker.logs import configure
 from worker.settings import Settings
 
 
-def serve(config: Settings, api_settings: ApiSettings) -> None:
+def build(config: Settings, api_settings: ApiSettings) -> FastAPI:
+    """The app, with logging set up; a ValueError names a setting that cannot work."""
     configure(config.log_format, config.log_level)
-    app = create_app(config, api_settings)
+    return create_app(config, api_settings)
+
+
+def serve(app: FastAPI, api_settings: ApiSettings) -> None:
     uvicorn.run(
         app, host=api_settings.host, port=api_settings.port, log_level="warning",
         proxy_headers=True, server_header=False,
