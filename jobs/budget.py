@@ -7,7 +7,7 @@ lets the next turn overshoot.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import msgspec
 
@@ -50,20 +50,56 @@ class Budget(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         return problems
 
 
+LEDGER_FIELDS = ("steps", "tool_calls", "tokens", "cost_microusd")  # the built-in dimensions
+
+
 class Usage(msgspec.Struct, kw_only=True):
-    """Consumption, or an exposure to reserve: one integer per budget dimension."""
+    """Consumption, or an exposure to reserve: one integer per budget dimension, and one per
+    dimension a job declared for its tools to charge (`extra`, e.g. refund_cents)."""
 
     steps: int = 0
     tool_calls: int = 0
     tokens: int = 0
     elapsed_ms: int = 0
     cost_microusd: int = 0
+    extra: dict[str, int] = msgspec.field(default_factory=dict)
 
     def __add__(self, other: Usage) -> Usage:
-        return Usage(**{f: getattr(self, f) + getattr(other, f) for f in self.__struct_fields__})
+        return self._combine(other, 1)
 
     def __sub__(self, other: Usage) -> Usage:
-        return Usage(**{f: getattr(self, f) - getattr(other, f) for f in self.__struct_fields__})
+        return self._combine(other, -1)
+
+    def _combine(self, other: Usage, sign: int) -> Usage:
+        names = sorted(set(self.extra) | set(other.extra))
+        extra = {n: self.extra.get(n, 0) + sign * other.extra.get(n, 0) for n in names}
+        return Usage(
+            **{f: getattr(self, f) + sign * getattr(other, f) for f in _COUNTED},
+            extra={n: v for n, v in extra.items() if v},
+        )
+
+    def charge(self, amounts: Mapping[str, int]) -> None:
+        """Add to the job dimensions. A new dict, never an update in place: a shallow copy of
+        a usage (the step's `before`) must not move with it."""
+        extra = dict(self.extra)
+        for name, amount in amounts.items():
+            if amount:
+                extra[name] = extra.get(name, 0) + amount
+        self.extra = extra
+
+    def ledger_amounts(self) -> dict[str, int]:
+        """The amounts a tenant's ledger reserves or settles: the built-in four and the
+        job's own dimensions."""
+        return {**{f: getattr(self, f) for f in LEDGER_FIELDS}, **self.extra}
+
+    @classmethod
+    def from_ledger_amounts(cls, amounts: Mapping[str, int]) -> Usage:
+        fields = {f: amounts.get(f, 0) for f in LEDGER_FIELDS}
+        extra = {k: v for k, v in amounts.items() if k not in LEDGER_FIELDS and v}
+        return cls(**fields, extra=extra)
+
+
+_COUNTED = ("steps", "tool_calls", "tokens", "elapsed_ms", "cost_microusd")
 
 
 def est_tokens(text: str) -> int:

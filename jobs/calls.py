@@ -45,8 +45,15 @@ def call_digest(call: Call) -> str:
     return hashlib.sha256(canonical).hexdigest()[:16]
 
 
-def call_key(state: RunState, call: Call, *, step: int, index: int) -> str:
-    """One key per logical write: a repeated plan step is the same write, not a new one."""
+def call_key(
+    state: RunState, call: Call, *, step: int, index: int, tool: Tool | None = None
+) -> str:
+    """One key per logical write: a repeated plan step is the same write, not a new one. A tool
+    that names its key arguments gets one key per value of those arguments instead."""
+    if tool is not None and tool.key_args:
+        picked = [call.args.get(name) for name in tool.key_args]
+        digest = hashlib.sha256(msgspec.json.encode(picked, order="sorted")).hexdigest()[:16]
+        return f"{state.run_id}:{call.name}:{digest}"
     if call.plan_step:
         return f"{state.run_id}:{call.plan_step}"
     return f"{state.run_id}:{step}.{index}"
@@ -59,6 +66,7 @@ class Outcome:
     halt: Guard | None = None
     held: HeldCall | None = None
     unknown: Call | None = None
+    exhausted: str | None = None  # a job dimension the tenant's ledger had no room for
 
 
 @dataclass
@@ -118,7 +126,7 @@ def _vet_one(state: RunState, job: Job, batch: Batch, index: int) -> None:
         batch.observations[index] = error("blocked", guard.detail)
         return
     verdict = tighten(job.policy(call, tool, state), tool)
-    key = call_key(state, call, step=batch.step, index=index)
+    key = call_key(state, call, step=batch.step, index=index, tool=tool)
     if verdict.decision is Permit.DENY:
         batch.observations[index] = error("denied", verdict.reason)
     elif verdict.decision is Permit.ASK and batch.outcome.held is None:
@@ -155,18 +163,30 @@ def fit(state: RunState, job: Job, batch: Batch, gate: Gate) -> None:
         else:
             kept.append(planned)
             cost += planned.tool.cost_bound_microusd
-    allowance = budget.turn_tool_calls
-    if len(kept) > allowance:
-        extra = kept[allowance:]
-        asked = Usage(
-            tool_calls=len(extra),
-            cost_microusd=sum(p.tool.cost_bound_microusd for p in extra),
-        )
-        if not gate.extend(asked):
-            for planned in extra:
-                batch.observations[planned.index] = error("over_budget", "tenant")
-            kept = kept[:allowance]
-    batch.approved = kept
+    batch.approved = _extend(batch, kept, budget.turn_tool_calls, gate)
+
+
+def _extend(batch: Batch, kept: list[Planned], allowance: int, gate: Gate) -> list[Planned]:
+    """Ask the gate, in one request, for the calls beyond the per-turn allowance and for the
+    bounds of every job-dimension charge (refund_cents, ...) the kept calls may make. Refused
+    over a job dimension, the run stops (`exhausted`); over anything else, the calls past the
+    allowance and the charging calls are observed, not run."""
+    extra = kept[allowance:]
+    asked = Usage(
+        tool_calls=len(extra),
+        cost_microusd=sum(p.tool.cost_bound_microusd for p in extra),
+    )
+    for planned in kept:
+        asked.charge(planned.tool.charge_bounds(planned.call.args))
+    if (not extra and not asked.extra) or gate.extend(asked):
+        return kept
+    rejected = getattr(gate, "rejected", None)
+    if asked.extra and (rejected in asked.extra or rejected is None):
+        batch.outcome.exhausted = rejected or min(asked.extra)
+    dropped = [p for p in kept if p in extra or p.tool.charges]
+    for planned in dropped:
+        batch.observations[planned.index] = error("over_budget", "tenant")
+    return [p for p in kept if p not in dropped]
 
 
 @dataclass
@@ -178,6 +198,7 @@ class Done:
     latency_ms: int
     cost_microusd: int
     span: Span
+    charges: dict[str, int] = field(default_factory=dict)  # to the job's ledger dimensions
 
 
 def _seconds_to_ms(seconds: float) -> int:
@@ -240,6 +261,9 @@ class Invoker:
         measured_s: float,
     ) -> Done:
         tool = planned.tool
+        charges = tool.charge_bounds(planned.call.args)  # what may have been spent, unless told
+        if isinstance(output, ToolOutput) and output.charges is not None:
+            charges = {d: max(0, int(output.charges.get(d, 0))) for d in tool.charges}
         if isinstance(output, BaseException):
             latency_s = measured_s
             result = error("tool_raised", f"{type(output).__name__}: {output}"[:200])
@@ -260,7 +284,7 @@ class Invoker:
             latency_s, failed = ctx.timeout_s, not tool.mutates
         span.t1 = round(span.t0 + latency_s, 6)
         span.status = str(result.get("code") or result["status"])
-        return Done(result, failed, _seconds_to_ms(latency_s), max(0, int(cost)), span)
+        return Done(result, failed, _seconds_to_ms(latency_s), max(0, int(cost)), span, charges)
 
 
 def apply(state: RunState, planned: Planned, done: Done, job: Job) -> None:
@@ -268,6 +292,7 @@ def apply(state: RunState, planned: Planned, done: Done, job: Job) -> None:
     allow-listed facts, and track the dependency's failures in a row."""
     state.usage.tool_calls += 1
     state.usage.cost_microusd += done.cost_microusd
+    state.usage.charge(done.charges)
     result, call = done.result, planned.call
     step = next((s for s in state.plan if s.id == call.plan_step), None)
     if result["status"] == "ok":

@@ -19,3 +19,8 @@ class UnknownJobError(KernelError):
 
 class ParamsError(KernelError):
     """Job parameters that the job cannot run with."""
+
+
+class JobDefinitionError(KernelError):
+    """A job or tool declared wrongly: a schema that is not JSON Schema, a charge to an
+    undeclared dimension, tools listed under names that are not theirs."""

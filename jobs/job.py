@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
 from typing import Any
 
-from jobs.budget import Budget
+import msgspec
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from jobs.budget import LEDGER_FIELDS, Budget
+from jobs.errors import JobDefinitionError, ParamsError
 from jobs.model import Model
 from jobs.state import Call, RunState
 from jobs.tools import Tool
@@ -94,6 +100,20 @@ def _no_params_check(params: Mapping[str, Any]) -> None:
     return None
 
 
+NO_PARAMS: Mapping[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+JOB_NAME = re.compile(r"[a-z][a-z0-9_.\-]{0,63}")
+
+
+@dataclass(frozen=True)
+class Example:
+    """A run the job's demo submits (`turnstile demo --job NAME`)."""
+
+    label: str
+    goal: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    budget: Budget | None = None
+
+
 @dataclass(frozen=True, eq=False)
 class Job:
     name: str
@@ -104,9 +124,79 @@ class Job:
     policy: PolicyFn = allow_all
     guardrail: GuardFn = no_guard
     deny_as_observation: bool = False  # a denial is shown to the model instead of ending
-    check_params: Callable[[Mapping[str, Any]], None] = _no_params_check
+    check_params: Callable[[Mapping[str, Any]], None] = _no_params_check  # beyond the schema
+    description: str = ""
+    # JSON Schema (2020-12) of the run's params: unknown keys, wrong types and values out of
+    # range are refused at submit, before anything is written.
+    params_schema: Mapping[str, Any] = field(default_factory=lambda: dict(NO_PARAMS))
+    # Ledger dimensions of the job's own (e.g. refund_cents), charged by its tools
+    # (Tool.charges) and capped per tenant like the built-in four.
+    dimensions: tuple[str, ...] = ()
+    drill_params: tuple[str, ...] = ()  # act on the worker process only; replay drops them
+    shared_params: tuple[str, ...] = ()  # make runs share a world; replay refuses them
+    examples: tuple[Example, ...] = ()
+    _params_validator: Draft202012Validator = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not JOB_NAME.fullmatch(self.name):
+            raise JobDefinitionError(
+                f"job name {self.name!r}: lower-case letters, digits, '.', '_', '-', at most 64"
+            )
+        for key, tool in self.tools.items():
+            if not isinstance(tool, Tool) or tool.name != key:
+                raise JobDefinitionError(f"job {self.name!r}: {key!r} is not a Tool of that name")
+            undeclared = sorted(set(tool.charges) - set(self.dimensions))
+            if undeclared:
+                raise JobDefinitionError(
+                    f"job {self.name!r}: tool {key!r} charges undeclared dimensions {undeclared}"
+                )
+        for dimension in self.dimensions:
+            if dimension in LEDGER_FIELDS or not re.fullmatch(r"[a-z][a-z0-9_]{0,63}", dimension):
+                raise JobDefinitionError(
+                    f"job {self.name!r}: bad dimension {dimension!r} (lower-case, digits and _, "
+                    f"not one of {', '.join(LEDGER_FIELDS)})"
+                )
+        try:
+            Draft202012Validator.check_schema(self.params_schema)
+        except SchemaError as exc:
+            raise JobDefinitionError(
+                f"job {self.name!r}: its params schema is not valid JSON Schema: {exc.message}"
+            ) from exc
+        if self.params_schema.get("type") != "object":
+            raise JobDefinitionError(f"job {self.name!r}: its params schema must be an object")
+        object.__setattr__(
+            self, "_params_validator", Draft202012Validator(msgspec.to_builtins(self.params_schema))
+        )
+
+    def validate_params(self, params: Mapping[str, Any]) -> None:
+        """Raise ParamsError naming the first bad key: unknown, mistyped or out of range."""
+        errors = sorted(  # an unknown key first: a typo also makes its right name missing
+            self._params_validator.iter_errors(dict(params)),
+            key=lambda e: (e.validator != "additionalProperties", list(map(str, e.absolute_path)),
+                           e.message),
+        )  # fmt: skip
+        if errors:
+            raise ParamsError(_params_message(self, errors[0]))
+        self.check_params(params)
 
     @cached_property
     def tool_cost_bound_microusd(self) -> int:
         """The most one call of this job can cost: what a per-turn allowance reserves."""
         return max((t.cost_bound_microusd for t in self.tools.values()), default=0)
+
+
+def _params_message(job: Job, exc: Any) -> str:
+    """One line naming the key: `params.amount_cent: unknown key (known: ...)`."""
+    where = ".".join(str(p) for p in exc.absolute_path)
+    if exc.validator == "additionalProperties":
+        known = sorted(exc.schema.get("properties", {}))
+        extra = sorted(set(exc.instance) - set(exc.schema.get("properties", {})))
+        place = f"params.{where}." if where else "params."
+        return (
+            f"{place}{extra[0] if extra else '?'}: unknown key for job {job.name!r} "
+            f"(known: {', '.join(known) or 'none'})"
+        )
+    if exc.validator == "required" and isinstance(exc.instance, Mapping):
+        missing = next((k for k in exc.validator_value if k not in exc.instance), "?")
+        return f"params.{where + '.' if where else ''}{missing}: required by job {job.name!r}"
+    return f"params.{where or '(all)'}: {exc.message}"[:300]

@@ -28,14 +28,23 @@ from jobs.calls import (
 from jobs.clock import Clock
 from jobs.job import Job
 from jobs.loops import NO_CALL, oscillating, repeated, stalled, turn_signature
-from jobs.model import Model, ModelRequest, ModelResponse, ModelTimeout
+from jobs.model import (
+    Model,
+    ModelRequest,
+    ModelResponse,
+    ModelStop,
+    ModelTimeout,
+    ToolSpec,
+    is_provider_model,
+    provider_overhead_tokens,
+)
 from jobs.outcomes import Detector, Outcome, Resource, Status
 from jobs.plans import accept_plan, open_steps, validate_plan
 from jobs.replies import Batch as BatchReply
 from jobs.replies import Final, OneCall, Plan, calls_of, jsonable, parse_reply, reply_tokens
 from jobs.state import HeldCall, RunState
 from jobs.tools import ToolContext, error
-from jobs.trace import ROOT_ID, Trace
+from jobs.trace import ROOT_ID, Span, Trace
 
 READ_POOL_SIZE = 8  # concurrent reads in one turn; spec 002's reference uses the same cap
 
@@ -221,10 +230,16 @@ def _calls_turn(
     if batch.outcome.halt is not None:
         return finish(state, Outcome.GUARDRAIL_STOP, batch.outcome.halt.detail, "guardrail")
     fit(state, rt.job, batch, rt.gate)
+    if batch.outcome.exhausted is not None:
+        dimension = batch.outcome.exhausted
+        state.last_result = error("over_budget", f"tenant.{dimension}")
+        reason = f"the tenant's {dimension} ceiling has no room for this turn's calls"
+        return finish(state, Outcome.BUDGET_EXHAUSTED, reason, f"tenant.{dimension}")
     _run_reads(state, rt, batch, [p for p in batch.approved if not p.tool.mutates])
     _run_writes(state, rt, batch, [p for p in batch.approved if p.tool.mutates])
     observations = [o for o in batch.observations if o is not None]
     assert len(observations) == len(calls), "every proposed call yields one observation"
+    state.last_calls = list(calls)
     state.last_result = (
         observations[0]
         if len(calls) == 1
@@ -283,6 +298,7 @@ def _dispatch(state: RunState, rt: Runtime, raw: Any, oversize: bool, step: int)
         if oversize
         else parse_reply(raw, max_batch=state.budget.max_batch)
     )
+    state.last_calls = []  # a calls turn sets them again
     if isinstance(reply, OneCall | BatchReply):
         return _calls_turn(state, rt, reply, step)
     state.recent = [*state.recent, NO_CALL][-max(1, state.budget.oscillation_window) :]
@@ -307,12 +323,53 @@ class _Replied:
 def _model_failed(state: RunState, exc: Exception) -> Move | None:
     failures = state.failures.get("model", 0) + 1
     state.failures["model"] = failures
+    state.last_calls = []
     state.last_result = error("model_error", f"{type(exc).__name__}: {exc}"[:200])
     if failures >= state.budget.max_tool_failures:
         return finish(
             state, Outcome.TOOL_FAILURE, f"the model failed {failures} times in a row", "model"
         )
     return None
+
+
+def _request(state: RunState, rt: Runtime, view: str, step: int) -> ModelRequest:
+    return ModelRequest(
+        view,
+        state.budget.max_output_tokens,
+        _remaining_ms(state) / 1000,
+        step,
+        tools=tuple(ToolSpec(t.name, t.description, t.schema) for t in rt.job.tools.values()),
+        previous_calls=tuple(state.last_calls),
+        last_result=state.last_result,
+    )
+
+
+def _charge(state: RunState, tokens_in: int, tokens_out: int, cost_microusd: int | None) -> None:
+    """Count a call's tokens, and its cost: as the provider priced it, else at the budget's
+    rates."""
+    state.usage.tokens += tokens_in + tokens_out
+    state.usage.cost_microusd += (
+        model_cost_microusd(input_tokens=tokens_in, output_tokens=tokens_out, budget=state.budget)
+        if cost_microusd is None
+        else cost_microusd
+    )
+
+
+def _model_stopped(
+    state: RunState, rt: Runtime, span: Span, stop: ModelStop, measured_s: float
+) -> Move:
+    """The provider's answer ended the run: charge what it billed, record why."""
+    spent = stop.spent
+    latency_ms = _ms(measured_s if spent.latency_s is None else spent.latency_s)
+    latency_ms = min(latency_ms, _remaining_ms(state))
+    _spend_time(state, rt.clock, latency_ms, measured_s)
+    _charge(state, spent.input_tokens or 0, spent.output_tokens or 0, spent.cost_microusd)
+    rt.trace.end(
+        span, "stop", latency_s=latency_ms / 1000, outcome=stop.outcome.value,
+        reason=stop.reason, detail=stop.detail, provider_usage=spent.usage_attrs(),
+    )  # fmt: skip
+    state.last_calls = []
+    return finish(state, stop.outcome, stop.reason, stop.detail)
 
 
 def _call_model(
@@ -326,11 +383,11 @@ def _call_model(
     t0 = rt.clock.now()
     response: ModelResponse | None = None
     try:
-        response = rt.model.next(
-            ModelRequest(view, budget.max_output_tokens, remaining_ms / 1000, step)
-        )
+        response = rt.model.next(_request(state, rt, view, step))
     except ModelTimeout:
         latency_ms = remaining_ms + 1
+    except ModelStop as stop:
+        return _model_stopped(state, rt, span, stop, rt.clock.now() - t0)
     except Exception as exc:  # a provider error is an observation; repeated, a tool_failure
         failed_ms = _ms(rt.clock.now() - t0)
         _spend_time(state, rt.clock, failed_ms, rt.clock.now() - t0)
@@ -355,22 +412,19 @@ def _call_model(
     est_out = reply_tokens(raw)
     oversize = response.output_tokens is None and est_out > budget.max_output_tokens
     tokens_in = est_in if response.input_tokens is None else response.input_tokens
-    tokens_out = budget.max_output_tokens if oversize else (response.output_tokens or est_out)
+    reported_out = response.output_tokens
+    tokens_out = budget.max_output_tokens if oversize else reported_out
+    if tokens_out is None:
+        tokens_out = est_out
     _spend_time(state, rt.clock, latency_ms, measured_s)
-    state.usage.tokens += tokens_in + tokens_out
-    state.usage.cost_microusd += model_cost_microusd(
-        input_tokens=tokens_in, output_tokens=tokens_out, budget=budget
-    )
-    reported = None
-    if response.input_tokens is not None or response.output_tokens is not None:
-        reported = [response.input_tokens, response.output_tokens]
+    _charge(state, tokens_in, tokens_out, response.cost_microusd)
     rt.trace.end(
         span,
         input_tokens=tokens_in,
         output_tokens=tokens_out,
         reply=raw,
         latency_s=latency_ms / 1000,
-        reported_usage=reported,
+        provider_usage=response.usage_attrs(),
     )
     return _Replied(raw, oversize)
 
@@ -405,6 +459,7 @@ def _run_held(state: RunState, rt: Runtime) -> Move | None:
             state, rt, Planned(0, held.call, tool, held.key), f"r{step}.c1", approved=True
         )
     state.last_result = result
+    state.last_calls = [held.call]
     rt.trace.end(span, str(result.get("code") or result["status"]))
     if result["status"] == "needs_approval":
         state.pending = held
@@ -442,12 +497,21 @@ def _after(state: RunState, before: str, stop: Move | None) -> Move | None:
     return None
 
 
+def est_input_tokens(state: RunState, job: Job, view: str) -> int:
+    """The model call's input, estimated: the view, and for a provider model what its request
+    carries besides (the tool definitions, the previous exchange, the contract's own text)."""
+    tokens = est_tokens(view)
+    if is_provider_model(state.params.get("model")):
+        tokens += provider_overhead_tokens(job.tools.values(), state.last_result)
+    return tokens
+
+
 def exposure(state: RunState, job: Job, view: str | None = None) -> tuple[Resource | None, Usage]:
     """The next turn's worst case, as a shared ledger should hold it, and the first dimension
     of the run's own budget it does not fit (None: admitted). A held call that will run first
     is part of it. `view` is `job.render(state)`, when the caller has it already."""
     worst = turn_exposure(
-        input_tokens=est_tokens(job.render(state) if view is None else view),
+        input_tokens=est_input_tokens(state, job, job.render(state) if view is None else view),
         budget=state.budget,
         tool_cost_bound_microusd=job.tool_cost_bound_microusd,
     )
@@ -455,13 +519,14 @@ def exposure(state: RunState, job: Job, view: str | None = None) -> tuple[Resour
         held = job.tools.get(state.pending.call.name)
         worst.tool_calls += 1
         worst.cost_microusd += held.cost_bound_microusd if held else 0
+        worst.charge(held.charge_bounds(state.pending.call.args) if held else {})
     return first_unfit(consumed=state.usage, reserve=worst, budget=state.budget), worst
 
 
 def admit(state: RunState, job: Job, view: str) -> Resource | None:
     """The first budget dimension the next turn does not fit, or None when it is admitted."""
     exposure = turn_exposure(
-        input_tokens=est_tokens(view),
+        input_tokens=est_input_tokens(state, job, view),
         budget=state.budget,
         tool_cost_bound_microusd=job.tool_cost_bound_microusd,
     )
@@ -495,7 +560,7 @@ def turn(state: RunState, rt: Runtime, *, view: str | None = None) -> Move:
     before = state.signature()
     span = rt.trace.start(f"t{step}", "turn", f"turn {step}", ROOT_ID)
     with rt.trace.current(span):
-        replied = _call_model(state, rt, view, est_tokens(view), step)
+        replied = _call_model(state, rt, view, est_input_tokens(state, rt.job, view), step)
         if isinstance(replied, _Replied):
             stop = _after(state, before, _dispatch(state, rt, replied.raw, replied.oversize, step))
         elif replied is None:

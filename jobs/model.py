@@ -2,15 +2,33 @@
 
 A model is shown the rendered view of the state and returns one reply: a plan, one tool call,
 a batch of calls, or a final answer. It may report its latency and token usage; when it does
-not, the kernel measures the time and estimates the tokens.
+not, the kernel measures the time and estimates the tokens. A provider adapter (the
+`providers` package, which this module never imports) also reports cached and reasoning
+tokens and the call's cost at its model's prices, and ends the run with `ModelStop` when the
+provider's answer leaves nothing for the model to do (a refusal, a rejected key).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+import msgspec
+
+from jobs.budget import est_tokens
+from jobs.outcomes import Outcome
+from jobs.state import Call
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool as a model is told about it: what a provider turns into a function definition."""
+
+    name: str
+    description: str
+    schema: Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -19,18 +37,85 @@ class ModelRequest:
     max_output_tokens: int
     timeout_s: float  # the run's remaining active time
     step: int  # the 1-based number of this turn, so a stateless model can count
+    tools: tuple[ToolSpec, ...] = ()
+    # The previous turn's calls, whose observations are in `last_result`: a provider that
+    # pairs each tool call with its result re-creates that one exchange from them.
+    previous_calls: tuple[Call, ...] = ()
+    last_result: Any = None
 
 
 @dataclass(frozen=True)
 class ModelResponse:
     reply: Any  # the parsed JSON the model produced; validated by the kernel, not trusted
     latency_s: float | None = None
-    input_tokens: int | None = None  # provider usage, when the provider reports it
-    output_tokens: int | None = None
+    input_tokens: int | None = None  # provider usage, when the provider reports it: all input
+    output_tokens: int | None = None  # all output, reasoning included
+    cached_input_tokens: int | None = None  # of input_tokens, read from the provider's cache
+    cache_write_tokens: int | None = None  # of input_tokens, written to the provider's cache
+    reasoning_tokens: int | None = None  # of output_tokens, spent on reasoning
+    cost_microusd: int | None = None  # the reported usage at the model's prices
+    provider: str | None = None  # e.g. "openai", for the trace
+    model: str | None = None  # the model as the provider named it in its answer
+    finish_reason: str | None = None
+
+    def usage_attrs(self) -> dict[str, Any] | None:
+        """What the provider reported, as span attributes; None when it reported nothing."""
+        fields = {
+            name: getattr(self, name) for name in USAGE_FIELDS if getattr(self, name) is not None
+        }
+        return fields or None
+
+
+USAGE_FIELDS = (
+    "input_tokens",
+    "output_tokens",
+    "cached_input_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+    "cost_microusd",
+    "provider",
+    "model",
+    "finish_reason",
+)
+
+
+def is_provider_model(kind: object) -> bool:
+    """Whether a `model` parameter names a real model, `provider:model` (`openai:gpt-4.1-mini`),
+    rather than one of a job's stand-ins."""
+    return isinstance(kind, str) and ":" in kind
+
+
+CONTRACT_TOKENS = 600  # a provider request's own text: system prompt, plan and final functions
+
+
+def provider_overhead_tokens(tools: Iterable[Any], last_result: Any) -> int:
+    """What a provider request carries besides the view, estimated: the tools as function
+    definitions, the previous exchange (its results again), and the contract's own text."""
+    definitions = json.dumps(
+        [[t.name, t.description, t.schema] for t in tools], sort_keys=True, default=str
+    )
+    return est_tokens(definitions) + est_tokens(json.dumps(last_result)) + CONTRACT_TOKENS
 
 
 class ModelTimeout(Exception):  # noqa: N818 - named for what happened, like TimeoutError
     """Raised by a model adapter whose call outlived the timeout it was given."""
+
+
+class ModelStop(Exception):  # noqa: N818 - the model's side stopped the run
+    """Raised by a model adapter when the provider's answer ends the run: a refusal, a rejected
+    key, a request over the context window, a rate limit that outlasts the deadline. Carries the
+    outcome, a reason a person can act on, and what the provider billed for the attempts."""
+
+    def __init__(
+        self,
+        outcome: Outcome,
+        reason: str,
+        detail: str,
+        spent: ModelResponse | None = None,
+    ) -> None:
+        super().__init__(reason)
+        self.outcome, self.reason, self.detail = outcome, reason, detail
+        self.spent = spent or ModelResponse(None)
 
 
 class Model(Protocol):
@@ -83,6 +168,15 @@ class RecordedFailure(Exception):  # noqa: N818 - it is the failure, replayed
     """A model failure as it was recorded in a trace, raised again on replay."""
 
 
+def _reported(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """A model span's reported usage as response fields (older spans carry a pair)."""
+    usage = attrs.get("provider_usage")
+    if isinstance(usage, Mapping):
+        return {k: v for k, v in usage.items() if k in USAGE_FIELDS}
+    reported = attrs.get("reported_usage") or [None, None]
+    return {"input_tokens": reported[0], "output_tokens": reported[1]}
+
+
 def responses_from_spans(spans: Sequence[Any]) -> list[ModelResponse | Exception]:
     """The model's side of a run, recovered from its model spans, in order: what `Replay`
     needs to run the kernel again without the model."""
@@ -93,13 +187,14 @@ def responses_from_spans(spans: Sequence[Any]) -> list[ModelResponse | Exception
         attrs = span.attrs
         if span.status == "error":
             out.append(RecordedFailure(attrs.get("error", "model error")))
+        elif span.status == "stop":
+            spent = ModelResponse(None, attrs.get("latency_s"), **_reported(attrs))
+            outcome = msgspec.convert(attrs["outcome"], Outcome)
+            out.append(ModelStop(outcome, attrs["reason"], attrs["detail"], spent))
         elif span.status == "deadline" and attrs.get("timeout"):
             out.append(ModelTimeout())
         elif span.status == "deadline":
             out.append(ModelResponse(None, attrs["latency_s"]))
         else:
-            reported = attrs.get("reported_usage") or [None, None]
-            out.append(
-                ModelResponse(attrs.get("reply"), attrs["latency_s"], reported[0], reported[1])
-            )
+            out.append(ModelResponse(attrs.get("reply"), attrs["latency_s"], **_reported(attrs)))
     return out

@@ -35,6 +35,7 @@ class Batch(msgspec.Struct, tag="tools", tag_field="type"):
 
 
 Reply = Final | Plan | OneCall | Batch
+MALFORMED = "malformed"  # a reply an adapter could not read: never valid, its problem is shown
 
 
 def jsonable(raw: Any) -> Any:
@@ -50,7 +51,11 @@ def reply_tokens(raw: Any) -> int:
 
 
 def parse_reply(raw: Any, *, max_batch: int) -> Reply | str:
-    """The typed reply, or a one-line reason why the raw reply is not a valid one."""
+    """The typed reply, or a one-line reason why the raw reply is not a valid one. A provider
+    adapter reports a reply it could not read (arguments that are not JSON, a cut reply) as
+    `{"type": "malformed", "problem": ...}`, and the problem is the reason."""
+    if isinstance(raw, dict) and raw.get("type") == MALFORMED:
+        return str(raw.get("problem"))[:300]
     try:
         reply: Reply = msgspec.convert(raw, type=Reply)
     except msgspec.ValidationError as exc:

@@ -38,7 +38,7 @@ def new_run(
     if len(goal) > MAX_GOAL_CHARS:
         raise ParamsError(f"goal is {len(goal)} characters; at most {MAX_GOAL_CHARS}")
     params = dict(params or {})
-    job.check_params(params)
+    job.validate_params(params)
     budget = budget or job.budget
     problems = budget.validate()
     if problems:

@@ -66,6 +66,7 @@ class RunState(msgspec.Struct, kw_only=True):
     plan: list[PlanStep] = msgspec.field(default_factory=list)
     facts: dict[str, Any] = msgspec.field(default_factory=dict)
     last_result: Any = None
+    last_calls: list[Call] = msgspec.field(default_factory=list)  # the calls behind last_result
     usage: Usage = msgspec.field(default_factory=Usage)
     seen: dict[str, int] = msgspec.field(default_factory=dict)  # call signature -> proposals
     recent: list[str] = msgspec.field(default_factory=list)  # signatures of the last turns

@@ -14,6 +14,9 @@ from typing import Any
 
 import msgspec
 from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from jobs.errors import JobDefinitionError
 
 MAX_RESULT_BYTES = 256 * 1024  # a result bigger than this is refused rather than carried in state
 RESULT_STATUSES = frozenset({"ok", "error", "needs_approval", "unknown"})
@@ -39,6 +42,7 @@ class ToolOutput:
     result: Any
     latency_s: float | None = None  # reported (simulated) latency; measured when None
     cost_microusd: int | None = None  # actual cost; the declared bound when None
+    charges: Mapping[str, int] | None = None  # actual job-dimension charges; the bounds when None
 
 
 ToolFn = Callable[[ToolContext], ToolOutput]
@@ -48,7 +52,8 @@ ToolFn = Callable[[ToolContext], ToolOutput]
 class Tool:
     name: str
     fn: ToolFn
-    schema: Mapping[str, Any]
+    schema: Mapping[str, Any]  # JSON Schema (2020-12) of the arguments, checked before a call
+    description: str = ""  # what the tool does, for the model's adapter
     mutates: bool = False
     reversible: bool = True
     cost_bound_microusd: int = 0
@@ -57,11 +62,39 @@ class Tool:
     fact_scope: str | None = None  # argument whose value prefixes the fact names
     done_text: str = ""  # for the closing message: what a done step achieved
     open_text: str = ""  # and what a step that is not done did not
+    # Job ledger dimensions this tool charges, each to the bound reserved before the call: an
+    # integer, or the name of an integer argument whose value is the bound (refund_cents ->
+    # "amount_cents"). The tool reports what it actually charged in ToolOutput.charges.
+    charges: Mapping[str, int | str] = field(default_factory=dict)
+    # Arguments that make up the idempotency key of a write: the same values are the same
+    # write, whatever the turn. Empty: one key per plan step (or per turn and position).
+    key_args: tuple[str, ...] = ()
     _validator: Draft202012Validator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        canonical = msgspec.json.encode(self.schema, order="sorted").decode()
-        object.__setattr__(self, "_validator", _validator(canonical))
+        try:
+            canonical = msgspec.json.encode(self.schema, order="sorted").decode()
+            validator = _validator(canonical)
+        except (SchemaError, TypeError, ValueError) as exc:
+            message = getattr(exc, "message", str(exc))
+            raise JobDefinitionError(
+                f"tool {self.name!r}: its schema is not valid JSON Schema: {message}"[:300]
+            ) from exc
+        object.__setattr__(self, "_validator", validator)
+        for dimension, bound in self.charges.items():
+            if not isinstance(bound, int | str) or isinstance(bound, bool):
+                raise JobDefinitionError(
+                    f"tool {self.name!r}: the bound of {dimension!r} must be an integer or "
+                    "the name of an integer argument"
+                )
+
+    def charge_bounds(self, args: Mapping[str, Any]) -> dict[str, int]:
+        """What a call with these (validated) arguments may charge to each job dimension."""
+        out = {}
+        for dimension, bound in self.charges.items():
+            value = args.get(bound, 0) if isinstance(bound, str) else bound
+            out[dimension] = max(0, int(value)) if isinstance(value, int | float) else 0
+        return out
 
     def argument_problems(self, args: Any) -> list[str]:
         problems = []

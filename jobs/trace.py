@@ -113,3 +113,34 @@ def span_tree(spans: list[Span]) -> list[tuple[int, Span]]:
 
     walk(None, 0)
     return out
+
+
+def semconv(span: Span, request_model: str | None = None) -> dict[str, Any]:
+    """OpenTelemetry GenAI semantic-convention attributes of a model or tool span (empty for
+    other kinds): what a tracing backend shows for an LLM call and a tool execution."""
+    attrs = span.attrs
+    if span.kind == "tool":
+        return {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": span.name}
+    if span.kind != "model":
+        return {}
+    usage = attrs.get("provider_usage") or {}
+    provider, _, model = (request_model or "").rpartition(":")
+    out: dict[str, Any] = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": usage.get("provider") or provider or "turnstile",
+        "gen_ai.request.model": model or request_model or "unknown",
+    }
+    pairs = (
+        ("gen_ai.usage.input_tokens", attrs.get("input_tokens")),
+        ("gen_ai.usage.output_tokens", attrs.get("output_tokens")),
+        ("gen_ai.usage.cache_read.input_tokens", usage.get("cached_input_tokens")),
+        ("gen_ai.usage.cache_creation.input_tokens", usage.get("cache_write_tokens")),
+        ("gen_ai.usage.reasoning.output_tokens", usage.get("reasoning_tokens")),
+        ("gen_ai.response.model", usage.get("model")),
+    )
+    out.update({k: v for k, v in pairs if v is not None})
+    if usage.get("finish_reason"):
+        out["gen_ai.response.finish_reasons"] = [usage["finish_reason"]]
+    if span.status not in ("ok", "open"):
+        out["error.type"] = str(attrs.get("detail") or span.status)
+    return out

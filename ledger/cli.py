@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Annotated
 
@@ -14,7 +14,7 @@ from rich.table import Table
 
 from ledger.client import Ledger
 from ledger.errors import LedgerError
-from ledger.inputs import Period
+from ledger.inputs import DEFAULT_DIMENSIONS, Period
 
 ledger_app = typer.Typer(
     help="Read and set a tenant's budget ceilings.",
@@ -38,12 +38,22 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
+_extra_dimensions: list[Callable[[], Sequence[str]]] = []
+
+
+def use_dimensions(source: Callable[[], Sequence[str]]) -> None:
+    """Name the dimensions beyond the built-in four that `set` accepts: the turnstile CLI
+    passes its job registry's (a job's own, such as refund_cents)."""
+    _extra_dimensions[:] = [source]
+
+
 @contextmanager
 def _ledger(url: str | None) -> Iterator[Ledger]:
     if not url:
         raise _fail("no ledger store: set TURNSTILE_REDIS_URL or pass --redis-url", code=2)
+    extra = tuple(d for source in _extra_dimensions for d in source())
     try:
-        ledger = Ledger.from_url(url)
+        ledger = Ledger.from_url(url, dimensions=(*DEFAULT_DIMENSIONS, *extra))
     except ValueError as exc:  # redis-py's word for a malformed URL
         raise _fail(f"bad ledger store URL {url!r}: {exc}", code=2) from None
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Self
 
@@ -84,6 +85,17 @@ def _unavailable(exc: Exception) -> bool:
         return True
     # A script running past its time limit makes the server answer BUSY to everyone.
     return isinstance(exc, ResponseError) and str(exc).startswith("BUSY")
+
+
+def period_buckets(ms: int) -> set[str]:
+    """The day and the month bucket (UTC) that a moment falls in, as lib.lua names them."""
+    at = datetime.fromtimestamp(ms / 1000, UTC)
+    return {at.strftime("%Y-%m-%d"), at.strftime("%Y-%m")}
+
+
+def _items_at(reply: object, index: int) -> object:
+    items = replies.checked(reply)
+    return items[index] if len(items) > index else []
 
 
 def connect(
@@ -347,6 +359,37 @@ class Ledger:
         except redis.RedisError as exc:
             raise LedgerUnavailable(f"ledger store unavailable: {exc}") from exc
         return total
+
+    def prune_periods(self, tenant: str) -> tuple[str, ...]:
+        """Forget the usage figures of period buckets that ended before the previous period
+        (days before yesterday, months before last month) and that no pending or expired,
+        unsettled reservation was made in; returns the buckets pruned (see prune.lua).
+
+        The expired reservations are found here with HSCAN, outside the script, so a big
+        records hash never blocks the server: no reservation is ever made in an old bucket,
+        so one seen settled or not at all cannot come to need it later."""
+        keys = self._tenant(tenant)
+        old = replies.buckets(self._run("prune", keys, ["old", self._maxlen]))
+        if not old:
+            return ()
+        needed = self._buckets_in_use(keys[2], set(old))
+        asked = [b for b in old if b not in needed]
+        if not asked:
+            return ()
+        reply = self._run("prune", keys, ["prune", self._maxlen, uuid.uuid4().hex, *asked])
+        return replies.buckets(_items_at(reply, 1))
+
+    def _buckets_in_use(self, records_key: str, old: set[str]) -> set[str]:
+        """The old buckets that a pending or expired (unsettled) reservation was made in."""
+        found: set[str] = set()
+        try:
+            for _, raw in self._client.hscan_iter(records_key, match="r:*", count=REAP_BATCH):
+                value = replies.text(raw)
+                if value[:1] in ("P", "X"):
+                    found |= old & period_buckets(int(value.split("|")[2]))
+        except redis.RedisError as exc:
+            raise LedgerUnavailable(f"ledger store unavailable: {exc}") from exc
+        return found
 
     def journal(self, tenant: str, *, count: int | None = None) -> list[JournalEntry]:
         """The tenant's journal, oldest first (the last `count` entries if given)."""

@@ -155,6 +155,16 @@ def reap(reply: object) -> tuple[int, int, int]:
     return integer(items[0]), integer(items[1]), integer(items[2])
 
 
+def checked(reply: object) -> Sequence[object]:
+    """The reply's items, after raising for an {'invalid', message} refusal."""
+    return _checked(reply)
+
+
+def buckets(reply: object) -> tuple[str, ...]:
+    """A list of period bucket names (prune.lua)."""
+    return tuple(text(b) for b in _checked(reply))
+
+
 def rebuild(reply: object) -> RebuildResult:
     items = _checked(reply)
     return RebuildResult(pending=integer(items[0]), corrected_fields=integer(items[1]))

@@ -10,12 +10,14 @@ from __future__ import annotations
 from functools import cache
 from importlib import resources
 
-OPERATIONS = ("reserve", "settle", "release", "set_ceiling", "read", "reap", "rebuild")
+OPERATIONS = (
+    "reserve", "settle", "release", "set_ceiling", "read", "reap", "rebuild", "prune",
+)  # fmt: skip
 
 
 @cache
 def _source(name: str) -> str:
-    return resources.files("ledger").joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    return resources.files(__package__ or "").joinpath(f"{name}.lua").read_text(encoding="utf-8")
 
 
 def library_source() -> str:

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 import redis
 
+import providers
 from jobs.budget import Budget
 from jobs.closing import closing_message
 from jobs.decisions import approve as kernel_approve
@@ -26,17 +27,19 @@ from jobs.outcomes import Status
 from jobs.runs import new_run
 from jobs.state import RunState
 from ledger.client import Ledger
+from ledger.inputs import DEFAULT_DIMENSIONS
+from providers.prices import PRICES_FILE_ENV
 from worker import keys
 from worker.app import connect, sender
 from worker.errors import TurnstileError
 from worker.memory import RedisMemory
-from worker.registry import Jobs
+from worker.registry import Registry
 from worker.settings import Settings
 from worker.step import StepMessage, next_hold, now_iso, time_limits
 from worker.store import Change, RunStore, SubmissionConflictError, fingerprint
 
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-RUN_TENANTS = f"{keys.PREFIX}:run-tenants"  # run id -> tenant, so a run id alone finds its run
+RUN_TENANTS = keys.RUN_TENANTS
 
 
 class SubmissionError(TurnstileError):
@@ -68,9 +71,12 @@ def _budget(raw: Budget | Mapping[str, Any] | None, default: Budget) -> Budget:
 class Client:
     def __init__(self, client: redis.Redis, config: Settings, send: Send) -> None:
         self.client, self.config, self.send = client, config, send
-        self.ledger = Ledger(client, grace_s=config.ledger_grace_s)
+        self.jobs = Registry(client)  # the jobs this process can see: entry points, TURNSTILE_JOBS
+        self.ledger = Ledger(
+            client, grace_s=config.ledger_grace_s,
+            dimensions=(*DEFAULT_DIMENSIONS, *self.jobs.dimensions()),
+        )  # fmt: skip
         self.store = RunStore(client, self.ledger)
-        self.jobs = Jobs(client)
         self.memory = RedisMemory(client)
 
     # -- submitting ------------------------------------------------------------------------
@@ -94,6 +100,7 @@ class Client:
             queue=queue, run_id=run_id,
         )  # fmt: skip
         self._check_tenant_allows(tenant, state.budget)
+        self._check_model_priced(tenant, state.params)
         if self.client.hget(keys.queue_control(queue), "draining"):
             raise SubmissionError(f"queue {queue!r} is draining: it takes no new runs")
         digest = fingerprint([tenant, user, job, goal, state.params, state.budget, queue])
@@ -126,6 +133,8 @@ class Client:
             raise SubmissionError(
                 f"goal must be text of at most {self.config.max_goal_chars} characters"
             )
+        if params is not None and not isinstance(params, Mapping):
+            raise SubmissionError(f"params must be a JSON object, not {type(params).__name__}")
         try:
             size = len(msgspec.json.encode(params or {}))
         except (TypeError, ValueError) as exc:
@@ -136,7 +145,9 @@ class Client:
             )
         try:
             definition = self.jobs.get(job)
-            chosen = _budget(budget, definition.budget)
+            chosen = providers.budget_for(
+                params or {}, _budget(budget, definition.budget), default=budget is None
+            )
             if chosen.deadline_ms > self.config.max_deadline_s * 1000:
                 raise SubmissionError(
                     f"deadline above the {self.config.max_deadline_s:.0f} s a run may have"
@@ -158,6 +169,16 @@ class Client:
                     f"budget asks for {asked[dimension]} {dimension}; "
                     f"tenant {tenant!r} allows {state.ceiling}"
                 )
+
+    def _check_model_priced(self, tenant: str, params: Mapping[str, Any]) -> None:
+        """A tenant with a cost ceiling only runs models whose spend can be priced."""
+        spec = providers.unpriced(params)
+        cost = self.ledger.read(tenant).get("cost_microusd") if spec else None
+        if spec and cost is not None and cost.ceiling is not None:
+            raise SubmissionError(
+                f"model {spec!r} has no price and tenant {tenant!r} has a cost ceiling: add its"
+                f" price to the file named in {PRICES_FILE_ENV}"
+            )
 
     def _claim_run_id(self, run_id: str, tenant: str) -> str:
         pipe = self.client.pipeline(transaction=False)

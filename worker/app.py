@@ -1,5 +1,11 @@
 """The Celery app and the step task: at least once, never pickle, never lose a message.
 
+Nothing is built on import: `worker_app()` builds the worker's app, registers the step task
+and connects the worker's signal handlers when a worker starts (`turnstile worker`, or
+`celery -A worker.app:app`, whose attribute lookup builds it). A service that imports the
+client keeps its own `celery.current_app`; it sends through `producer()`, an app of its own
+that is never made current.
+
 Acks are late and a lost worker's message is rejected back to the queue, so a step that dies
 mid-turn is delivered again; the version compare-and-set in the store makes every extra
 delivery harmless. Prefetch is one: a worker holds only the message it is running.
@@ -20,6 +26,7 @@ import structlog
 from celery import Celery, Task, signals
 
 from ledger.client import Ledger
+from ledger.inputs import DEFAULT_DIMENSIONS
 from worker import metrics
 from worker.logs import configure as configure_logging
 from worker.registry import Jobs
@@ -70,7 +77,30 @@ def make_app(config: Settings, *, broker_url: str | None = None, main: bool = Tr
     return celery
 
 
-app = make_app(settings())
+_worker: dict[str, Celery] = {}
+_worker_lock = threading.Lock()
+
+
+def worker_app() -> Celery:
+    """The worker's app, built once per process on first use, with the step task and the
+    worker's signal handlers: this is where a worker starts, never at import."""
+    with _worker_lock:
+        if "app" not in _worker:
+            celery = make_app(settings())
+            celery.task(
+                name=STEP_TASK, bind=True, acks_late=True, reject_on_worker_lost=True,
+                max_retries=None,
+            )(step_task)  # fmt: skip
+            _connect_signals()
+            _worker["app"] = celery
+        return _worker["app"]
+
+
+def __getattr__(name: str) -> Any:
+    """`celery -A worker.app:app` finds the worker's app by this lookup, which builds it."""
+    if name == "app":
+        return worker_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @functools.lru_cache(maxsize=8)
@@ -115,14 +145,18 @@ def _options(msg: StepMessage, soft_s: float, hard_s: float) -> dict[str, Any]:
 
 
 def send_step(msg: StepMessage, soft_s: float, hard_s: float) -> None:
-    step_task.apply_async(**_options(msg, soft_s, hard_s))
+    worker_app().send_task(STEP_TASK, **_options(msg, soft_s, hard_s))
 
 
 def build_services(config: Settings) -> Services:
     if config.redis_url is None:
         raise StoreUnavailable("no store: set TURNSTILE_REDIS_URL")
     client = connect(config.redis_url, config)
-    ledger = Ledger.from_url(config.redis_url, grace_s=config.ledger_grace_s)
+    jobs = Jobs(client)
+    ledger = Ledger.from_url(
+        config.redis_url, grace_s=config.ledger_grace_s,
+        dimensions=(*DEFAULT_DIMENSIONS, *jobs.dimensions()),
+    )  # fmt: skip
     store = RunStore(client, ledger)
 
     sends = iter(range(1, 2**62))
@@ -142,7 +176,7 @@ def build_services(config: Settings) -> Services:
         settings=config,
         store=store,
         ledger=ledger,
-        jobs=Jobs(client),
+        jobs=jobs,
         send=send,
         heartbeat=Heartbeat(config.inflight_lease_s / 3),
     )
@@ -164,7 +198,6 @@ def compute_backoff(attempts: int, *, base_s: float, max_s: float, jitter: float
     return max(0.0, delay * (1 + random.uniform(-jitter, jitter)))
 
 
-@app.task(name=STEP_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None)
 def step_task(self: Task, *args: Any, **kwargs: Any) -> str:  # type: ignore[type-arg]
     """Run one turn of a run. Malformed messages are logged and acked; the run, where it can
     be told, ends `error` with the reason."""
@@ -212,7 +245,6 @@ def _fail_named_run(kwargs: dict[str, Any], reason: str) -> None:
 _sweeper_stop = threading.Event()
 
 
-@signals.worker_ready.connect
 def _start_sweeper(sender: Any = None, **kwargs: Any) -> None:
     config = settings()
     log.info("worker_ready", hostname=getattr(sender, "hostname", ""), pid=os.getpid())
@@ -225,18 +257,15 @@ def _start_sweeper(sender: Any = None, **kwargs: Any) -> None:
     ).start()
 
 
-@signals.worker_shutdown.connect
 def _stop_sweeper(sender: Any = None, **kwargs: Any) -> None:
     _sweeper_stop.set()
 
 
-@signals.worker_process_init.connect
 def _child_init(**kwargs: Any) -> None:
     config = settings()
     configure_logging(config.log_format, config.log_level)
 
 
-@signals.worker_init.connect
 def _main_init(**kwargs: Any) -> None:
     config = settings()
     configure_logging(config.log_format, config.log_level)
@@ -246,11 +275,29 @@ def _main_init(**kwargs: Any) -> None:
 # -- metrics: served by the main process, written by every pool process ---------------------
 
 
-@signals.worker_ready.connect
 def _serve_metrics(**kwargs: Any) -> None:
     metrics.serve(settings().metrics_port)
 
 
-@signals.worker_process_shutdown.connect
 def _child_exit(pid: int | None = None, **kwargs: Any) -> None:
     metrics.process_dead(pid or os.getpid())
+
+
+def _connect_signals() -> None:
+    """The worker's handlers, connected when its app is built (weak=False: module functions)."""
+    signals.worker_ready.connect(_start_sweeper, weak=False)
+    signals.worker_ready.connect(_log_jobs, weak=False)
+    signals.worker_shutdown.connect(_stop_sweeper, weak=False)
+    signals.worker_process_init.connect(_child_init, weak=False)
+    signals.worker_init.connect(_main_init, weak=False)
+    signals.worker_ready.connect(_serve_metrics, weak=False)
+    signals.worker_process_shutdown.connect(_child_exit, weak=False)
+
+
+def _log_jobs(**kwargs: Any) -> None:
+    """Once per worker: the jobs it can run, and one line for each plugin that is broken."""
+    config = settings()
+    client = connect(config.redis_url, config) if config.redis_url else None
+    registry = Jobs(client)
+    registry.log_broken()
+    log.info("worker_jobs", jobs=registry.names(), dimensions=list(registry.dimensions()))

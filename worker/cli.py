@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ledger.cli import ledger_app
+from ledger.cli import ledger_app, use_dimensions
 from worker.cli_common import BrokerUrl, JsonFlag, RedisUrl, client, fail
 from worker.cli_http import register as register_http
 from worker.cli_ops import register as register_ops
@@ -21,6 +21,14 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(ledger_app, name="ledger")
+
+
+def _job_dimensions() -> tuple[str, ...]:
+    from worker.registry import Registry
+
+    return Registry(None).dimensions()
+
+
 register_ops(app)
 register_http(app)
 
@@ -28,13 +36,20 @@ register_http(app)
 @app.callback()
 def _root() -> None:
     """Turnstile: durable agent runs on Celery with a shared per-tenant budget ledger."""
+    use_dimensions(_job_dimensions)  # `ledger set acme refund_cents=...`: jobs' own dimensions
 
 
 @app.command()
 def scenarios(as_json: JsonFlag = False) -> None:
     """Run spec 000's scenarios A-H in this process, on a simulated clock, and print the table."""
+    from jobs.errors import UnknownJobError
     from jobs.support.scenarios import BY_LETTER, table
+    from worker.registry import Registry
 
+    try:
+        Registry(None).get("support")  # the scenarios are the support job's, as registered
+    except UnknownJobError as exc:
+        fail(str(exc))
     rows = table()
     if as_json:
         typer.echo(json.dumps(rows))
@@ -68,14 +83,32 @@ def demo(
     ] = 8,
     as_json: JsonFlag = False,
     redis_url: RedisUrl = None,
+    job: Annotated[
+        str, typer.Option("--job", envvar="TURNSTILE_DEMO_JOB", help="The job whose runs to show.")
+    ] = "support",
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            envvar="TURNSTILE_DEMO_MODEL",
+            help="A real model, provider:model (openai:gpt-4.1-mini, anthropic:claude-sonnet-4-6),"
+            " instead of the scripted stand-in; its SDK reads OPENAI_*/ANTHROPIC_* variables.",
+        ),
+    ] = None,
 ) -> None:
-    """Run support runs end to end: a private server (unless TURNSTILE_REDIS_URL names one),
-    two worker processes, scenarios A-H and runs over a tenant's cap."""
+    """Run a job's runs end to end: a private server (unless TURNSTILE_REDIS_URL names one),
+    two worker processes, and, for support, scenarios A-H and runs over a tenant's cap; for
+    another job, the example runs it declares."""
+    from jobs.errors import KernelError
     from worker.demo import run_demo
     from worker.errors import TurnstileError
 
     try:
-        result = run_demo(extra_runs=runs, as_json=as_json, redis_url=redis_url)
+        result = run_demo(
+            extra_runs=runs, as_json=as_json, redis_url=redis_url, job=job, model=model
+        )
+    except KernelError as exc:
+        fail(str(exc))
     except TurnstileError as exc:
         fail(str(exc))
     if as_json:
@@ -101,6 +134,15 @@ def worker(
     ] = "WARNING",
     redis_url: RedisUrl = None,
     broker_url: BrokerUrl = None,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            "--name",
+            "-n",
+            envvar="TURNSTILE_WORKER_NAME",
+            help="The worker's node name (Celery's -n), e.g. w1@%h.",
+        ),
+    ] = None,
 ) -> None:
     """Start a Celery worker for Turnstile's steps: acks late, prefetch 1, JSON only, events on.
     SIGTERM finishes the turns in flight before exiting."""
@@ -111,15 +153,67 @@ def worker(
     os.environ["TURNSTILE_REDIS_URL"] = redis_url
     if broker_url:
         os.environ["TURNSTILE_BROKER_URL"] = broker_url
-    from worker.app import app as celery_app
+    from worker.app import worker_app
     from worker.settings import settings
 
     settings.cache_clear()
+    celery_app = worker_app()
     celery_app.conf.update(broker_url=broker_url or redis_url)
-    celery_app.worker_main(
-        ["worker", "-Q", queues, "-c", str(concurrency), "-E", "-l", loglevel,
-         "--without-gossip", "--without-mingle"]
-    )  # fmt: skip
+    argv = ["worker", "-Q", queues, "-c", str(concurrency), "-E", "-l", loglevel,
+            "--without-gossip", "--without-mingle"]  # fmt: skip
+    if name:
+        argv += ["-n", name]
+    celery_app.worker_main(argv)
+
+
+@app.command()
+def jobs(
+    name: Annotated[str | None, typer.Argument(help="One job: its params and tools.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """List the jobs this process can see (entry points `turnstile.jobs` and TURNSTILE_JOBS),
+    with their params schema and tools; a plugin that failed is shown as broken, with why."""
+    from worker.registry import Registry
+
+    rows = Registry(None).describe()
+    if name is not None:
+        rows = [r for r in rows if r["name"] == name]
+        if not rows:
+            known = ", ".join(sorted(r["name"] for r in Registry(None).describe() if r["name"]))
+            fail(f"unknown job {name!r}; known jobs: {known or 'none'}")
+    if as_json:
+        typer.echo(json.dumps(rows if name is None else rows[0]))
+        return
+    Console().print(_jobs_table(rows) if name is None else _job_detail(rows[0]))
+
+
+def _jobs_table(rows: list[dict[str, object]]) -> Table:
+    out = Table("job", "status", "tools", "dimensions", "from")
+    for row in rows:
+        ok = row["status"] == "ok"
+        tools = ", ".join(t["name"] for t in row["tools"]) if ok else str(row["error"])  # type: ignore[attr-defined]
+        dims = ", ".join(row["dimensions"]) if ok else ""  # type: ignore[arg-type]
+        out.add_row(str(row["name"] or "?"), str(row["status"]), tools, dims, str(row["source"]))
+    return out
+
+
+def _job_detail(row: dict[str, object]) -> Table:
+    if row["status"] != "ok":
+        out = Table("job", "status", "error", "from")
+        out.add_row(str(row["name"] or "?"), "broken", str(row["error"]), str(row["source"]))
+        return out
+    out = Table(
+        "param", "schema", title=f"{row['name']}: {row['description']}", title_justify="left"
+    )
+    schema = row["params_schema"]
+    assert isinstance(schema, dict)
+    for key, sub in sorted(schema.get("properties", {}).items()):
+        out.add_row(key, json.dumps(sub))
+    for t in row["tools"]:  # type: ignore[attr-defined]
+        flags = "write" if t["mutates"] else "read"
+        flags += "" if t["reversible"] else ", irreversible"
+        out.add_row(f"tool {t['name']}", f"{flags}; {t['description']} {json.dumps(t['schema'])}")
+    return out
 
 
 def _params(pairs: list[str]) -> dict[str, object]:

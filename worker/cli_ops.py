@@ -79,7 +79,15 @@ OutcomeFilter = Annotated[
     typer.Option("--outcome", envvar="TURNSTILE_OUTCOME", show_default=False,
                  help="completed, budget_exhausted, cancelled, ... (see DESIGN.md)."),
 ]  # fmt: skip
-Limit = Annotated[int, typer.Option("--limit", envvar="TURNSTILE_LIMIT", min=1, max=10_000)]
+Limit = Annotated[
+    int, typer.Option("--limit", envvar="TURNSTILE_LIMIT", min=1, max=10_000,
+                      help="Runs on one page.")
+]  # fmt: skip
+Cursor = Annotated[
+    str | None,
+    typer.Option("--cursor", envvar="TURNSTILE_CURSOR", show_default=False,
+                 help="Continue a listing: the next_cursor a page gave."),
+]  # fmt: skip
 WatchTimeout = Annotated[
     float | None,
     typer.Option("--timeout-s", envvar="TURNSTILE_WATCH_TIMEOUT_S", min=0, show_default=False,
@@ -307,17 +315,22 @@ def runs(
     status: StatusFilter = None,
     outcome: OutcomeFilter = None,
     limit: Limit = 100,
+    cursor: Cursor = None,
     as_json: JsonFlag = False,
     redis_url: RedisUrl = None,
     broker_url: BrokerUrl = None,
 ) -> None:
-    """Runs, newest first: one tenant's with --tenant, every tenant's without."""
+    """Runs, newest first, a page at a time: one tenant's with --tenant, every tenant's
+    without. A page that is not the last ends with the cursor of the next."""
     from worker import control
 
     with client(redis_url, broker_url) as c:
-        rows = control.list_runs(c, tenant=tenant, status=status, outcome=outcome, limit=limit)
+        page = control.page_runs(
+            c, tenant=tenant, status=status, outcome=outcome, limit=limit, cursor=cursor
+        )
+    rows = page.rows
     if as_json:
-        _json([dataclasses.asdict(r) for r in rows])
+        _json({"runs": [dataclasses.asdict(r) for r in rows], "next_cursor": page.next_cursor})
         return
     whole = [Column(name, no_wrap=True) for name in ("run", "tenant")]  # copied, never cut
     table = Table(*whole, "status", "outcome", "detail", "queue", "steps", "tokens")
@@ -327,6 +340,8 @@ def runs(
             _n(r.steps), _n(r.tokens),
         )  # fmt: skip
     _console().print(table)
+    if page.next_cursor:
+        typer.echo(f"more: --cursor {page.next_cursor}")
 
 
 def status(

@@ -15,6 +15,7 @@ as who set it, and `resumed_at` / `resumed_by` for the last resume.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import time
 from collections.abc import Iterator
@@ -86,8 +87,25 @@ def _s(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+SCAN_COUNT = 500  # members asked for per SSCAN call: indexes are read in slices
+
+
 def tenants(c: Client) -> list[str]:
-    return sorted(_s(t) for t in c.client.smembers(keys.TENANTS))
+    """Every tenant with runs, by name, read in slices (a tenant is far fewer keys than its
+    runs; the runs themselves are only ever read a page at a time)."""
+    return sorted({_s(t) for t in c.client.sscan_iter(keys.TENANTS, count=SCAN_COUNT)})
+
+
+def _scan(c: Client, key: str) -> Iterator[list[str]]:
+    """A set's members in slices of about SCAN_COUNT (SSCAN: a member present throughout is
+    seen, maybe twice)."""
+    cursor = 0
+    while True:
+        cursor, members = c.client.sscan(key, cursor, count=SCAN_COUNT)
+        if members:
+            yield [_s(m) for m in members]
+        if int(cursor) == 0:
+            return
 
 
 def check_known(c: Client, scope: Scope) -> None:
@@ -181,16 +199,16 @@ def _gates_clear(c: Client, tenant: str, queue: str, cache: dict[str, bool]) -> 
 
 def parked_runs(c: Client, scope: Scope) -> list[tuple[str, str, str]]:
     """(tenant, run id, queue) of every parked run in scope; a queue's look across tenants."""
-    out = []
+    out = set()
     for tenant in [scope.tenant] if scope.tenant is not None else tenants(c):
-        ids = sorted(_s(r) for r in c.client.smembers(keys.by_status(tenant, "parked")))
-        pipe = c.client.pipeline(transaction=False)
-        for run_id in ids:
-            pipe.hget(keys.run(tenant, run_id), "queue")
-        for run_id, queue in zip(ids, pipe.execute(), strict=True):
-            if scope.queue is None or _s(queue) == scope.queue:
-                out.append((tenant, run_id, _s(queue)))
-    return out
+        for ids in _scan(c, keys.by_status(tenant, "parked")):
+            pipe = c.client.pipeline(transaction=False)
+            for run_id in ids:
+                pipe.hget(keys.run(tenant, run_id), "queue")
+            for run_id, queue in zip(ids, pipe.execute(), strict=True):
+                if scope.queue is None or _s(queue) == scope.queue:
+                    out.add((tenant, run_id, _s(queue)))
+    return sorted(out)
 
 
 def _resumed_hold(c: Client, state: RunState | None, version: int) -> str:
@@ -323,14 +341,16 @@ class QueueView:
 
 
 def _running_on(c: Client, queue: str) -> int:
-    count = 0
+    seen: set[tuple[str, str]] = set()
     for tenant in tenants(c):
-        ids = list(c.client.smembers(keys.by_status(tenant, "running")))
-        pipe = c.client.pipeline(transaction=False)
-        for run_id in ids:
-            pipe.hget(keys.run(tenant, _s(run_id)), "queue")
-        count += sum(_s(q) == queue for q in pipe.execute())
-    return count
+        for ids in _scan(c, keys.by_status(tenant, "running")):
+            pipe = c.client.pipeline(transaction=False)
+            for run_id in ids:
+                pipe.hget(keys.run(tenant, run_id), "queue")
+            seen |= {
+                (tenant, r) for r, q in zip(ids, pipe.execute(), strict=True) if _s(q) == queue
+            }
+    return len(seen)
 
 
 def queue_view(c: Client, queue: str) -> QueueView:
@@ -365,9 +385,10 @@ def wait_drained(
     scope = Scope(queue=queue)
     check_known(c, scope)
     while True:
-        left = len(live_inflight(c, scope))
+        view = queue_view(c, queue)  # the counts returned are the ones the check saw
+        left = view.in_flight
         if left == 0:
-            return queue_view(c, queue)
+            return view
         if deadline is not None and time.monotonic() >= deadline:
             raise DrainTimeoutError(
                 f"queue {queue!r} still has {left} turn(s) in flight after {timeout_s:g} s; "
@@ -470,6 +491,182 @@ def _check_filter(status: str | None, outcome: str | None) -> None:
         )
 
 
+Key = tuple[int, str, str]
+"""A run's place in a listing: (created ms, tenant, run id). Listings are newest first, that
+is in descending key order, across tenants."""
+Bound = tuple[int, str]  # (created ms, run id) within one tenant: entries below it come next
+
+PAGE_MAX = 10_000  # rows one page may ask for
+SMALL_INDEX = 10_000
+"""A filter's index up to this size (parked, suspended, running runs: the live ones) is read
+whole in slices and sorted; a bigger one (stopped runs, an outcome) is walked in the tenant's
+runs index instead, which such runs mostly fill."""
+WALK_CHUNK = 200  # runs read per round trip on a walk
+WALK_BUDGET = 5_000  # runs one page examines per tenant on a walk; then it may come back short
+TOP_ID = "\U0010ffff"  # above every run id
+
+
+@dataclass(frozen=True)
+class RunsPage:
+    """One page of a listing; `next_cursor` continues it, None when there is nothing more."""
+
+    rows: list[RunRow]
+    next_cursor: str | None
+
+
+def encode_cursor(key: Key) -> str:
+    return base64.urlsafe_b64encode(msgspec.json.encode(list(key))).decode().rstrip("=")
+
+
+def decode_cursor(text: str) -> Key:
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        ms, tenant, run_id = msgspec.json.decode(raw, type=tuple[int, str, str])
+    except (ValueError, msgspec.DecodeError, msgspec.ValidationError):
+        raise ControlError(f"bad cursor {text!r}: pass the next_cursor a listing gave") from None
+    return ms, tenant, run_id
+
+
+def _bound(after: Key | None, tenant: str) -> Bound | None:
+    """The first page of `tenant` after the global `after`, as a bound within the tenant."""
+    if after is None:
+        return None
+    ms, cursor_tenant, run_id = after
+    if tenant == cursor_tenant:
+        return ms, run_id
+    # Same created ms: a smaller tenant name comes later (all its ties are to come), a
+    # bigger one earlier (none are).
+    return (ms, TOP_ID) if tenant < cursor_tenant else (ms, "")
+
+
+def _chunk(c: Client, tenant: str, bound: Bound | None, n: int) -> list[Bound]:
+    """Up to n of the tenant's runs below `bound`, newest first, from its runs index."""
+    key = keys.runs(tenant)
+    if bound is None:
+        raw: list[Any] = c.client.zrevrangebyscore(
+            key, "+inf", "-inf", start=0, num=n, withscores=True
+        )
+        return [(int(score), _s(m)) for m, score in raw]
+    ms, run_id = bound
+    ties = sorted((_s(m) for m in c.client.zrangebyscore(key, ms, ms)), reverse=True)
+    older: list[Any] = c.client.zrevrangebyscore(
+        key, f"({ms}", "-inf", start=0, num=n, withscores=True
+    )
+    out = [(ms, m) for m in ties if m < run_id] + [(int(sc), _s(m)) for m, sc in older]
+    return out[:n]
+
+
+def _members(c: Client, sets: list[str], ids: list[str]) -> list[bool]:
+    """Whether each id is in every one of `sets`."""
+    keep = [True] * len(ids)
+    for key in sets:
+        flags = c.client.smismember(key, ids) if ids else []
+        keep = [k and bool(f) for k, f in zip(keep, flags, strict=True)]
+    return keep
+
+
+@dataclass
+class _Found:
+    entries: list[Key]  # matching runs of the tenant, newest first, at most the page's size
+    stopped_at: Key | None = None  # a walk that ran out of budget: nothing below is known
+
+
+def _walk(c: Client, tenant: str, sets: list[str], bound: Bound | None, want: int) -> _Found:
+    found = _Found([])
+    examined = 0
+    while examined < WALK_BUDGET:
+        chunk = _chunk(c, tenant, bound, WALK_CHUNK)
+        if not chunk:
+            return found
+        keep = _members(c, sets, [r for _, r in chunk])
+        for entry, matches in zip(chunk, keep, strict=True):
+            bound = entry
+            if matches:
+                found.entries.append((entry[0], tenant, entry[1]))
+                if len(found.entries) == want:
+                    return found
+        examined += len(chunk)
+    if bound is not None:
+        found.stopped_at = (bound[0], tenant, bound[1])
+    return found
+
+
+def _small(c: Client, tenant: str, sets: list[str], bound: Bound | None, want: int) -> _Found:
+    """Read the smallest filter index whole (in slices) and order it by creation."""
+    smallest, *others = sorted(sets, key=lambda k: int(c.client.scard(k)))
+    ids = sorted({run_id for part in _scan(c, smallest) for run_id in part})
+    ids = [r for r, k in zip(ids, _members(c, others, ids), strict=True) if k]
+    scores = c.client.zmscore(keys.runs(tenant), ids) if ids else []
+    entries = sorted(
+        (
+            (int(score), run_id)
+            for run_id, score in zip(ids, scores, strict=True)
+            if score is not None
+        ),
+        reverse=True,
+    )
+    below = [e for e in entries if bound is None or e < bound]
+    return _Found([(ms, tenant, run_id) for ms, run_id in below[:want]])
+
+
+def _filter_sets(tenant: str, status: str | None, outcome: str | None) -> list[str]:
+    sets = [keys.by_status(tenant, status)] if status else []
+    return sets + ([keys.by_outcome(tenant, outcome)] if outcome else [])
+
+
+def _candidates(c: Client, tenant: str, sets: list[str], after: Key | None, want: int) -> _Found:
+    bound = _bound(after, tenant)
+    if sets and min(int(c.client.scard(k)) for k in sets) <= SMALL_INDEX:
+        return _small(c, tenant, sets, bound, want)
+    return _walk(c, tenant, sets, bound, want)
+
+
+def page_runs(
+    c: Client,
+    *,
+    tenant: str | None = None,
+    status: str | None = None,
+    outcome: str | None = None,
+    limit: int = 100,
+    cursor: str | None = None,
+) -> RunsPage:
+    """One page of runs, newest first: with a tenant, only that tenant's; without one, every
+    tenant's (an operator's view). Reads at most `limit` runs per tenant from its indexes (a
+    filtered walk through many finished runs examines at most WALK_BUDGET, and may return a
+    short page), then loads only the page's runs. `cursor` is a page's `next_cursor`."""
+    _check_filter(status, outcome)
+    if not 1 <= limit <= PAGE_MAX:
+        raise ControlError(f"limit must be between 1 and {PAGE_MAX}")
+    after = decode_cursor(cursor) if cursor else None
+    if tenant is not None:
+        check_known(c, Scope(tenant=tenant))
+    entries: list[Key] = []
+    stops: list[Key] = []
+    for t in [tenant] if tenant is not None else tenants(c):
+        found = _candidates(c, t, _filter_sets(t, status, outcome), after, limit + 1)
+        entries += found.entries
+        stops += [found.stopped_at] if found.stopped_at else []
+    entries.sort(reverse=True)
+    # Below the newest place a walk stopped, that tenant's runs are not known yet.
+    stop = max(stops, default=None)
+    known = [e for e in entries if stop is None or e >= stop]
+    page = known[:limit]
+    # One more than the page was asked of each tenant: a page with nothing after it says so.
+    next_key = page[-1] if len(known) > limit else stop
+    return RunsPage(_rows(c, page), encode_cursor(next_key) if next_key else None)
+
+
+def _rows(c: Client, page: list[Key]) -> list[RunRow]:
+    pipe = c.client.pipeline(transaction=False)
+    for _, t, run_id in page:
+        pipe.hgetall(keys.run(t, run_id))
+    return [
+        _row(t, run_id, {_s(k): _s(v) for k, v in raw.items()})
+        for (_, t, run_id), raw in zip(page, pipe.execute(), strict=True)
+        if raw
+    ]
+
+
 def list_runs(
     c: Client,
     *,
@@ -478,27 +675,8 @@ def list_runs(
     outcome: str | None = None,
     limit: int = 100,
 ) -> list[RunRow]:
-    """Runs, newest first. With a tenant, only that tenant's runs; without one, every
-    tenant's (an operator's view)."""
-    _check_filter(status, outcome)
-    if tenant is not None:
-        check_known(c, Scope(tenant=tenant))
-    rows: list[RunRow] = []
-    for t in [tenant] if tenant is not None else tenants(c):
-        sets = [keys.by_status(t, status)] if status else []
-        sets += [keys.by_outcome(t, outcome)] if outcome else []
-        if sets:
-            ids = [_s(r) for r in c.client.sinter(sets)]
-        else:
-            ids = [_s(r) for r in c.client.zrevrange(keys.runs(t), 0, limit - 1)]
-        pipe = c.client.pipeline(transaction=False)
-        for run_id in ids:
-            pipe.hgetall(keys.run(t, run_id))
-        for run_id, raw in zip(ids, pipe.execute(), strict=True):
-            if raw:
-                rows.append(_row(t, run_id, {_s(k): _s(v) for k, v in raw.items()}))
-    rows.sort(key=lambda r: (-r.created_ms, r.tenant, r.run_id))
-    return rows[:limit]
+    """The first page of `page_runs`: the newest `limit` runs."""
+    return page_runs(c, tenant=tenant, status=status, outcome=outcome, limit=limit).rows
 
 
 def events(c: Client, tenant: str, run_id: str) -> list[tuple[str, dict[str, Any]]]:

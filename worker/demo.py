@@ -23,13 +23,18 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+import providers
 from jobs.budget import Budget
+from jobs.errors import KernelError
 from jobs.support.scenarios import GOAL, SCENARIOS, USER
+from providers.prices import PRICES_FILE_ENV
 from worker.api import Client, connect_client
 from worker.embedded import EmbeddedServer
 from worker.errors import TurnstileError
+from worker.registry import Registry
 from worker.settings import Settings
 from worker.shop import RedisShop
+from worker.tracing import ENDPOINT_ENV
 
 WORKERS = 2
 READY_TIMEOUT_S = 60.0
@@ -37,6 +42,10 @@ SETTLE_TIMEOUT_S = 300.0
 # One support run costs about 4,060 micro-dollars (spec 000's tokens at $3/$15 per million
 # tokens, plus the email); the capped tenant's ceiling admits about half of its runs.
 COST_PER_RUN_MICROUSD = 4_060
+
+
+# Settings of the demo's own that its workers need as well.
+PASSED_ON = (PRICES_FILE_ENV, ENDPOINT_ENV)
 
 
 class DemoError(TurnstileError):
@@ -60,18 +69,22 @@ class WorkerProcesses:
 
     def start(self) -> None:
         env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")},
+            **{
+                k: v
+                for k, v in os.environ.items()
+                if not k.startswith("TURNSTILE_") or k == "TURNSTILE_JOBS"
+            },
             "TURNSTILE_REDIS_URL": self.redis_url,
             "TURNSTILE_LOG_FORMAT": "json",
             "TURNSTILE_DEFAULT_QUEUE": self.queue,
             "TURNSTILE_SWEEP_INTERVAL_S": "1",
+            **{k: os.environ[k] for k in PASSED_ON if k in os.environ},
         }
         with self.log_path.open("ab") as log:
             for i in range(self.count):
                 args = [
-                    sys.executable, "-m", "celery", "-A", "worker.app:app", "worker",
-                    "-Q", self.queue, "-c", "1", "-n", f"demo{i}-{uuid.uuid4().hex[:6]}@%h",
-                    "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING",
+                    sys.executable, "-m", "turnstile", "worker", "--queues", self.queue,
+                    "--concurrency", "1", "--name", f"demo{i}-{uuid.uuid4().hex[:6]}@%h",
                 ]  # fmt: skip
                 self.processes.append(
                     subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
@@ -105,29 +118,55 @@ def demo_server(redis_url: str | None) -> Iterator[str]:
         yield server.url
 
 
-def submit_runs(client: Client, *, extra_runs: int, suffix: str, queue: str) -> list[DemoRun]:
+def submit_runs(
+    client: Client, *, extra_runs: int, suffix: str, queue: str, model: str | None = None
+) -> list[DemoRun]:
     """Scenarios A-H for one tenant, and `extra_runs` normal runs for a tenant whose cost
-    ceiling admits about half of them."""
+    ceiling admits about half of them. With a real `model`, one support run on it replaces
+    the scenarios (they are provocations scripted for the stand-in model) and the capped
+    runs use it too, capped only if the model has a price."""
     scenarios = f"acme-{suffix}"
     capped = f"capped-{suffix}"
     ceiling = max(1, extra_runs * COST_PER_RUN_MICROUSD // 2)
-    client.ledger.set_ceiling(capped, "cost_microusd", ceiling)
+    params: dict[str, Any] = {"model": model} if model else {}
+    if not (model and providers.unpriced(params)):
+        client.ledger.set_ceiling(capped, "cost_microusd", ceiling)
     runs = []
-    for s in SCENARIOS:
+    if model:
+        run_id = client.submit(scenarios, USER, "support", GOAL, params, queue=queue)
+        runs.append(DemoRun(run_id, scenarios, f"support on {model}"))
+    for s in SCENARIOS if not model else ():
         run_id = client.submit(
             scenarios, USER, "support", GOAL, s.params, budget=s.budget, queue=queue
         )
         runs.append(DemoRun(run_id, scenarios, f"{s.letter} {s.title}"))
     budget = Budget(max_cost_microusd=ceiling)
     for i in range(extra_runs):
-        run_id = client.submit(capped, USER, "support", GOAL, {}, budget=budget, queue=queue)
+        run_id = client.submit(capped, USER, "support", GOAL, params, budget=budget, queue=queue)
         runs.append(DemoRun(run_id, capped, f"capped #{i + 1}"))
     return runs
+
+
+def submit_examples(client: Client, job: str, *, suffix: str, queue: str) -> list[DemoRun]:
+    """The example runs a job declares, for one tenant."""
+    definition = client.jobs.get(job)
+    if not definition.examples:
+        raise DemoError(f"job {job!r} declares no example runs to show")
+    tenant = f"{job}-{suffix}"
+    return [
+        DemoRun(
+            client.submit(tenant, USER, job, ex.goal, dict(ex.params), budget=ex.budget,
+                          queue=queue),
+            tenant, ex.label,
+        )
+        for ex in definition.examples
+    ]  # fmt: skip
 
 
 def _row(client: Client, run: DemoRun) -> dict[str, Any]:
     stored = client.run_hash(run.run_id, run.tenant)[1]
     state = client.state(run.run_id, run.tenant)
+    support = state.job == "support"
     return {
         "run_id": run.run_id,
         "tenant": run.tenant,
@@ -139,7 +178,8 @@ def _row(client: Client, run: DemoRun) -> dict[str, Any]:
         "tool_calls": state.usage.tool_calls,
         "tokens": state.usage.tokens,
         "cost_microusd": state.usage.cost_microusd,
-        "effects": RedisShop(client.client).effects(run.run_id),
+        "effects": RedisShop(client.client).effects(run.run_id) if support else [],
+        "answer": state.answer,
     }
 
 
@@ -217,7 +257,28 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)  # unwinds the ExitStack: workers and server are stopped
 
 
-def run_demo(*, extra_runs: int, as_json: bool, redis_url: str | None) -> dict[str, Any]:
+def check_model(model: str) -> None:
+    """A real model the demo can run: a known provider, and its key set for the workers."""
+    try:
+        provider, _ = providers.parse(model)
+    except KernelError as exc:
+        raise DemoError(str(exc)) from exc
+    key = f"{provider.upper()}_API_KEY"
+    if not os.environ.get(key):
+        raise DemoError(f"--model {model} needs {key} (any value for a local server)")
+
+
+def run_demo(
+    *,
+    extra_runs: int,
+    as_json: bool,
+    redis_url: str | None,
+    job: str = "support",
+    model: str | None = None,
+) -> dict[str, Any]:
+    Registry(None).get(job)  # an unknown or broken job is refused before anything starts
+    if model:
+        check_model(model)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     console = Console(stderr=as_json)
     suffix = uuid.uuid4().hex[:6]
@@ -231,7 +292,12 @@ def run_demo(*, extra_runs: int, as_json: bool, redis_url: str | None) -> dict[s
         workers.start()
         console.print(f"[dim]{WORKERS} worker processes ready; their log: {workers.log_path}[/dim]")
         client = connect_client(Settings(redis_url=url))
-        runs = submit_runs(client, extra_runs=extra_runs, suffix=suffix, queue=queue)
+        if job == "support":
+            runs = submit_runs(
+                client, extra_runs=extra_runs, suffix=suffix, queue=queue, model=model
+            )
+        else:
+            runs = submit_examples(client, job, suffix=suffix, queue=queue)
         live = None if as_json else Live(console=console, refresh_per_second=8, transient=True)
         if live is not None:
             live.start()

@@ -12,6 +12,8 @@ PREFIX = "turnstile"
 
 TENANTS = f"{PREFIX}:tenants"  # every tenant that has runs: the sweeper's starting point
 SWEEP_LOCK = f"{PREFIX}:sweeper:lock"
+RETENTION_LOCK = f"{PREFIX}:retention:lock"  # one retention pass at a time, once an interval
+RUN_TENANTS = f"{PREFIX}:run-tenants"  # hash: run id -> tenant, so a run id alone finds its run
 
 
 def _t(tenant: str, name: str) -> str:

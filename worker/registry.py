@@ -1,39 +1,200 @@
-"""The jobs a worker can run, by name, built once per process over its store."""
+"""The jobs a process can run, found as plugins: ONE registry for the worker, submit, replay,
+the demo, the scenarios and the Python client.
+
+A job is registered, never edited in: through the entry-point group `turnstile.jobs` (the
+name is the job's name; the object is a Job or a factory returning one) or through
+`TURNSTILE_JOBS=module:attr[,module:attr]`. A factory may take one argument, the worker's
+Redis client; it is given None when the job is built to run in this process alone (replay,
+listing), and should then use an in-memory world.
+
+A plugin that fails (does not import, its factory raises or returns something else, its
+tool schema is not JSON Schema, its name is taken twice) is recorded as broken with one line
+saying why; the other jobs are unaffected.
+"""
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any
 
+import msgspec
 import redis
+import structlog
 
 from jobs.errors import UnknownJobError
 from jobs.job import Job
-from jobs.support.job import NAME as SUPPORT
-from jobs.support.job import support_job
-from worker.shop import RedisShop
 
-JobFactory = Callable[[redis.Redis], Job]
+log = structlog.get_logger("turnstile.registry")
 
-
-def _support(client: redis.Redis) -> Job:
-    return support_job(RedisShop(client))
+GROUP = "turnstile.jobs"
+ENV = "TURNSTILE_JOBS"
 
 
-FACTORIES: dict[str, JobFactory] = {SUPPORT: _support}
+@dataclass
+class Plugin:
+    """One registration: where it came from, and the job it gave or why it gave none."""
+
+    source: str  # "entry point support = turnstile.support:support", "TURNSTILE_JOBS m:attr"
+    name: str | None  # the registered name (an entry point's), or None until built
+    load: Callable[[], Any] = field(repr=False)
+    job: Job | None = None
+    error: str | None = None
 
 
-class Jobs:
-    def __init__(self, client: redis.Redis) -> None:
+def _import_ref(ref: str) -> Callable[[], Any]:
+    module, sep, attr = ref.partition(":")
+
+    def load() -> Any:
+        if not sep or not module.strip() or not attr.strip():
+            raise ValueError(f"expected module:attr, got {ref!r}")
+        obj: Any = importlib.import_module(module.strip())
+        for part in attr.strip().split("."):
+            obj = getattr(obj, part)
+        return obj
+
+    return load
+
+
+def candidates(spec: str | None = None) -> list[Plugin]:
+    """Every registration this process can see, in a stable order; nothing is imported yet."""
+    found = [
+        Plugin(f"entry point {ep.name} = {ep.value}", ep.name, ep.load)
+        for ep in sorted(entry_points(group=GROUP), key=lambda e: (e.name, e.value))
+    ]
+    spec = os.environ.get(ENV, "") if spec is None else spec
+    for ref in (part.strip() for part in spec.split(",")):
+        if ref:
+            found.append(Plugin(f"{ENV} {ref}", None, _import_ref(ref)))
+    return found
+
+
+def _takes_client(factory: Callable[..., Any]) -> bool:
+    try:
+        params = list(inspect.signature(factory).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return any(
+        p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params
+    )
+
+
+def build(plugin: Plugin, client: redis.Redis | None) -> Job:
+    """The plugin's job, built over this client (None: an in-process world of its own)."""
+    obj = plugin.load()
+    if not isinstance(obj, Job):
+        if not callable(obj):
+            raise TypeError(f"{type(obj).__name__} is neither a Job nor a factory of one")
+        obj = obj(client) if _takes_client(obj) else obj()
+    if not isinstance(obj, Job):
+        raise TypeError(f"the factory returned {type(obj).__name__}, not a Job")
+    if plugin.name is not None and obj.name != plugin.name:
+        raise ValueError(f"registered as {plugin.name!r} but the job is named {obj.name!r}")
+    return obj
+
+
+def _reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__
+
+
+class Registry:
+    """The jobs of this process, built once over one Redis client (None: in-process only)."""
+
+    def __init__(self, client: redis.Redis | None = None, *, spec: str | None = None) -> None:
         self.client = client
-        self._built: dict[str, Job] = {}
+        self.plugins = candidates(spec)
+        for plugin in self.plugins:
+            try:
+                plugin.job = build(plugin, client)
+                plugin.name = plugin.job.name
+            except Exception as exc:  # any failure of a plugin is that plugin's, not ours
+                plugin.error = _reason(exc)
+        self._mark_duplicates()
+        self._jobs = {p.name: p.job for p in self.plugins if p.job is not None and p.name}
 
-    @staticmethod
-    def names() -> list[str]:
-        return sorted(FACTORIES)
+    def _mark_duplicates(self) -> None:
+        by_name: dict[str, list[Plugin]] = {}
+        for plugin in self.plugins:
+            if plugin.error is None and plugin.name:
+                by_name.setdefault(plugin.name, []).append(plugin)
+        for name, claimants in by_name.items():
+            if len(claimants) > 1:
+                sources = "; ".join(p.source for p in claimants)
+                for plugin in claimants:
+                    plugin.job, plugin.error = (
+                        None,
+                        f"job name {name!r} is registered twice: {sources}",
+                    )
+
+    def names(self) -> list[str]:
+        return sorted(self._jobs)
+
+    def broken(self) -> list[Plugin]:
+        return [p for p in self.plugins if p.error is not None]
+
+    def log_broken(self) -> None:
+        """One line per broken plugin, naming it and the reason."""
+        for plugin in self.broken():
+            log.error("job_plugin_broken", plugin=plugin.source, reason=plugin.error)
 
     def get(self, name: str) -> Job:
-        if name not in FACTORIES:
-            raise UnknownJobError(f"unknown job {name!r}; known jobs: {', '.join(self.names())}")
-        if name not in self._built:
-            self._built[name] = FACTORIES[name](self.client)
-        return self._built[name]
+        job = self._jobs.get(name)
+        if job is not None:
+            return job
+        known = ", ".join(self.names()) or "none"
+        why = next((p.error for p in self.broken() if p.name == name), None)
+        if why is not None:
+            raise UnknownJobError(f"job {name!r} is broken ({why}); known jobs: {known}")
+        raise UnknownJobError(f"unknown job {name!r}; known jobs: {known}")
+
+    def fresh(self, name: str) -> Job:
+        """The job built anew for a run in this process alone (replay): a world of its own."""
+        self.get(name)  # refuses a broken or unknown job with the list of known ones
+        plugin = next(p for p in self.plugins if p.name == name and p.job is not None)
+        return build(plugin, None)
+
+    def dimensions(self) -> tuple[str, ...]:
+        """The ledger dimensions the jobs declare, beyond the built-in four."""
+        return tuple(sorted({d for job in self._jobs.values() for d in job.dimensions}))
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Every registration, ok or broken, with its params schema and tools."""
+        rows = [describe_plugin(p) for p in self.plugins]
+        return sorted(rows, key=lambda r: (r["name"] or "", r["source"]))
+
+
+def describe_plugin(plugin: Plugin) -> dict[str, Any]:
+    row: dict[str, Any] = {"name": plugin.name, "source": plugin.source}
+    if plugin.job is None:
+        return {**row, "status": "broken", "error": plugin.error}
+    job = plugin.job
+    return {
+        **row,
+        "status": "ok",
+        "description": job.description,
+        "params_schema": msgspec.to_builtins(job.params_schema),
+        "dimensions": list(job.dimensions),
+        "budget": msgspec.to_builtins(job.budget),
+        "tools": [
+            {
+                "name": t.name,
+                "description": t.description,
+                "schema": msgspec.to_builtins(t.schema),
+                "mutates": t.mutates,
+                "reversible": t.reversible,
+                "cost_bound_microusd": t.cost_bound_microusd,
+                "timeout_s": t.timeout_s,
+                "charges": dict(t.charges),
+                "key_args": list(t.key_args),
+            }
+            for t in job.tools.values()
+        ],
+    }
+
+
+Jobs = Registry  # the name the step's services use

@@ -17,12 +17,13 @@ worker died) and a larger batch the tenant's ledger refused.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
+from jobs.budget import Usage
+from jobs.calls import Gate, Unlimited
 from jobs.clock import SimClock
 from jobs.decisions import approve, cancel, deny
 from jobs.errors import KernelError, StateFormatError
@@ -31,18 +32,13 @@ from jobs.kernel import Runtime, finish, turn
 from jobs.model import Replay, responses_from_spans
 from jobs.outcomes import Outcome, Status
 from jobs.state import RunState
-from jobs.support.job import NAME as SUPPORT
-from jobs.support.job import support_job
-from jobs.support.shop import InMemoryShop
 from jobs.tools import Tool, ToolContext, ToolOutput
 from jobs.trace import Span, Trace
 from worker.api import Client
 from worker.control import resolve
 from worker.errors import TurnstileError
+from worker.registry import Registry
 
-# Failure drills act on the worker's process (sleep in a tool, kill the process), not on the
-# run's state; replay runs without them.
-DRILL_PARAMS = ("sleep_s", "die_in")
 CUT_OFF = "the turn outlived its time limit"  # the step's reason when its soft limit fired
 
 
@@ -99,20 +95,25 @@ def first_difference(stored: Any, replayed: Any, path: str = "") -> Difference |
 _MISSING = object()
 
 
-def _without_drills(tool: Tool) -> Tool:
+def _without_drills(tool: Tool, drills: tuple[str, ...]) -> Tool:
+    """Failure drills act on the worker's process (sleep in a tool, kill the process), not on
+    the run's state; replay runs without the params the job names as drills."""
+
     def fn(ctx: ToolContext) -> ToolOutput:
-        params = {k: v for k, v in ctx.params.items() if k not in DRILL_PARAMS}
+        params = {k: v for k, v in ctx.params.items() if k not in drills}
         return tool.fn(dataclasses.replace(ctx, params=params))
 
     return dataclasses.replace(tool, fn=fn)
 
 
-def _support() -> Job:
-    job = support_job(InMemoryShop())
-    return dataclasses.replace(job, tools={n: _without_drills(t) for n, t in job.tools.items()})
-
-
-JOBS: Mapping[str, Callable[[], Job]] = {SUPPORT: _support}
+def replay_job(registry: Registry, name: str) -> Job:
+    """The run's job from the registry, built anew with a world of its own, without drills."""
+    try:
+        job = registry.fresh(name)
+    except KernelError as exc:
+        raise ReplayError(str(exc)) from exc
+    tools = {n: _without_drills(t, job.drill_params) for n, t in job.tools.items()}
+    return dataclasses.replace(job, tools=tools)
 
 
 @dataclass
@@ -123,11 +124,12 @@ class _Replaying:
     turns: int = 0
     notes: list[str] = field(default_factory=list)
 
-    def turn(self, event: dict[str, Any]) -> None:
+    def turn(self, event: dict[str, Any], after: dict[str, Any]) -> None:
         recorded = msgspec.convert(event.get("spans") or [], list[Span])
         model = Replay(responses_from_spans(recorded))
         clock = SimClock(self.state.usage.elapsed_ms / 1000)
-        runtime = Runtime(job=self.job, model=model, clock=clock, trace=Trace(clock))
+        runtime = Runtime(job=self.job, model=model, clock=clock, trace=Trace(clock),
+                          gate=_gate_as_recorded(event, after))  # fmt: skip
         self.turns += 1
         try:
             turn(self.state, runtime)
@@ -188,6 +190,28 @@ class _Replaying:
             self.notes.append(text)
 
 
+class _Refused:
+    """The tenant's ledger as the turn met it: no room in `rejected`, so the turn's calls that
+    charge it end the run as they did (budget_exhausted, tenant.<dimension>)."""
+
+    def __init__(self, rejected: str) -> None:
+        self.rejected = rejected
+
+    def extend(self, extra: Usage) -> bool:
+        return False
+
+
+def _gate_as_recorded(turn_event: dict[str, Any], after: dict[str, Any]) -> Gate:
+    detail = str(after.get("detail") or "")
+    refused = (
+        after.get("type") == "finished"
+        and turn_event.get("status") == Status.STOPPED.value
+        and after.get("outcome") == Outcome.BUDGET_EXHAUSTED.value
+        and detail.startswith("tenant.")
+    )
+    return _Refused(detail.removeprefix("tenant.")) if refused else Unlimited()
+
+
 def _initial(events: list[dict[str, Any]]) -> RunState:
     if not events or events[0].get("type") != "submitted":
         raise ReplayError("the run's first event is not its submission: it cannot be replayed")
@@ -198,23 +222,25 @@ def _initial(events: list[dict[str, Any]]) -> RunState:
 
 
 def replay_events(
-    events: list[dict[str, Any]], stored: RunState | None = None
+    events: list[dict[str, Any]], stored: RunState | None = None, registry: Registry | None = None
 ) -> tuple[RunState, int, list[str]]:
     """Run the kernel again over a run's recorded events. Returns the replayed state, the
     number of turns replayed and notes on where replay and record parted."""
     state = _initial(events)
-    if state.job not in JOBS:
-        raise ReplayError(f"replay knows the jobs {', '.join(sorted(JOBS))}; not {state.job!r}")
-    if state.params.get("shop"):
-        raise ReplayError("the run used a shared shop; replay has the shop of one run only")
-    rp = _Replaying(state, JOBS[state.job](), stored)
+    job = replay_job(registry or Registry(None), state.job)
+    shared = [k for k in job.shared_params if state.params.get(k)]
+    if shared:
+        raise ReplayError(
+            f"the run shared its world with others ({shared[0]}); replay has a world of one run"
+        )
+    rp = _Replaying(state, job, stored)
     for index, event in enumerate(events[1:], start=1):
         kind = event.get("type")
         after = events[index + 1] if index + 1 < len(events) else {}
         if kind == "turn" and str(after.get("reason") or "").startswith(CUT_OFF):
             rp.cut_off(after)
         elif kind == "turn":
-            rp.turn(event)
+            rp.turn(event, after)
         elif kind == "decision":
             rp.decide(event)
         elif kind == "parked" and not state.terminal:
@@ -235,7 +261,7 @@ def replay_run(c: Client, run_id: str, tenant: str | None = None) -> ReplayResul
     except StateFormatError:
         stored = None
     recorded = [event for _, event in c.store.events(tenant, run_id)]
-    replayed, turns, notes = replay_events(recorded, stored)
+    replayed, turns, notes = replay_events(recorded, stored, c.jobs)
     theirs = msgspec.json.decode(stored_json) if stored is not None else None
     ours = msgspec.to_builtins(replayed)
     difference = first_difference(theirs, ours)

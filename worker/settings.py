@@ -36,6 +36,14 @@ class Settings(BaseSettings):
     retry_base_s: float = Field(default=0.5, gt=0)
     retry_max_s: float = Field(default=30.0, gt=0)
 
+    # A finished run (its hash, events, index entries) is removed this long after it ended:
+    # days to read, watch and replay it, without the store growing for good. Until then a
+    # run id submitted again is the same run; after, it is a new one.
+    retain_finished_s: float = Field(default=3 * 86400.0, ge=0)
+    # How often the retention pass runs (one worker's sweeper at a time): old runs, and the
+    # ledger's period buckets that have ended.
+    retention_interval_s: float = Field(default=60.0, gt=0)
+
     ledger_grace_s: float = Field(default=60.0, ge=0)
     redis_timeout_s: float = Field(default=5.0, gt=0)
 

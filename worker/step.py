@@ -42,13 +42,15 @@ from jobs.trace import Trace
 from ledger import replies as ledger_replies
 from ledger.client import Ledger
 from ledger.results import ReserveResult
-from worker import metrics
+from worker import metrics, tracing
 from worker.errors import TurnstileError
 from worker.registry import Jobs
 from worker.settings import Settings
 from worker.store import Change, Committed, Loaded, RunStore
 
 log = structlog.get_logger("turnstile.step")
+
+MAX_TRACEPARENT_CHARS = 128
 
 
 class LedgerDown(TurnstileError):  # noqa: N818 - the ledger is down, said plainly
@@ -61,14 +63,18 @@ class StepMessage:
     run_id: str
     version: int
     queue: str
+    traceparent: str = ""  # the run's W3C trace context, so all its turns share one trace
 
     def as_kwargs(self) -> dict[str, Any]:
-        return {
+        kwargs: dict[str, Any] = {
             "tenant": self.tenant,
             "run_id": self.run_id,
             "version": self.version,
             "queue": self.queue,
         }
+        if self.traceparent:
+            kwargs["traceparent"] = self.traceparent
+        return kwargs
 
 
 def parse_message(args: tuple[Any, ...], kwargs: dict[str, Any]) -> StepMessage | str:
@@ -84,7 +90,10 @@ def parse_message(args: tuple[Any, ...], kwargs: dict[str, Any]) -> StepMessage 
         return "version must be a positive integer"
     if not isinstance(queue, str) or not queue:
         return "queue must be a non-empty string"
-    return StepMessage(tenant, run_id, version, queue)
+    traceparent = kwargs.get("traceparent")  # optional; a bad one only costs the trace link
+    if not isinstance(traceparent, str) or len(traceparent) > MAX_TRACEPARENT_CHARS:
+        traceparent = ""
+    return StepMessage(tenant, run_id, version, queue, traceparent)
 
 
 def time_limits(state: RunState, settings: Settings) -> tuple[float, float]:
@@ -96,12 +105,8 @@ def time_limits(state: RunState, settings: Settings) -> tuple[float, float]:
 
 
 def ledger_amounts(usage: Usage) -> dict[str, int]:
-    return {
-        "steps": usage.steps,
-        "tool_calls": usage.tool_calls,
-        "tokens": usage.tokens,
-        "cost_microusd": usage.cost_microusd,
-    }
+    """The built-in four dimensions and whatever job dimensions the usage carries."""
+    return usage.ledger_amounts()
 
 
 def hold_id(run_id: str, step: int, version: int) -> str:
@@ -159,13 +164,19 @@ class LedgerGate:
             timeout_s,
         )
         self.reserved: Usage | None = None
+        self.rejected: str | None = None  # the dimension that refused, for tenant.<dimension>
 
     def extend(self, extra: Usage) -> bool:
+        """Admitted or not; an unreachable ledger is no refusal (the run would end as if its
+        tenant were out of budget): the step is retried, as when the load finds it down."""
         result = self.ledger.reserve(
             self.tenant, self.reservation_id, ledger_amounts(extra), timeout_s=self.timeout_s
         )
+        if result.status == "unavailable":
+            raise LedgerDown(result.detail)
         if result.admitted:
             self.reserved = extra
+        self.rejected = result.first_rejected
         return result.admitted
 
 
@@ -177,9 +188,9 @@ def split_actual(actual: Usage, holds: list[tuple[str, Usage]]) -> list[tuple[st
     for index, (reservation_id, held) in enumerate(holds):
         limit = ledger_amounts(held)
         last = index == len(holds) - 1
-        share = {d: left[d] if last else min(left[d], limit[d]) for d in left}
+        share = {d: left[d] if last else min(left[d], limit.get(d, 0)) for d in left}
         left = {d: left[d] - share[d] for d in left}
-        out.append((reservation_id, Usage(**share)))
+        out.append((reservation_id, Usage.from_ledger_amounts(share)))
     return out
 
 
@@ -469,7 +480,16 @@ class Step:
             "spans": msgspec.to_builtins(trace.spans), "at": now_iso(),
         }  # fmt: skip
         committed = self.finish_now(loaded, state, job, [event], settlements=settlements)
-        return self._next(committed, state, move)
+        done = self._next(committed, state, move)
+        model = str(state.params.get("model") or "") or None
+        tracing.export_turn(self._traceparent, trace.spans, clock, run_id=state.run_id, model=model)
+        if isinstance(move, Finished):
+            tracing.export_run_end(self._traceparent, state, model)
+        return done
+
+    @property
+    def _traceparent(self) -> str:
+        return self.msg.traceparent or tracing.run_traceparent(self.msg.run_id)
 
     def _renew_lease(self) -> None:
         self.services.store.renew(
@@ -499,9 +519,12 @@ class Step:
             return f"commit_{committed.kind}"
         if isinstance(move, Continue):
             self.services.send(
-                StepMessage(self.msg.tenant, self.msg.run_id, committed.version, self.msg.queue),
+                StepMessage(
+                    self.msg.tenant, self.msg.run_id, committed.version, self.msg.queue,
+                    self._traceparent,
+                ),
                 state,
-            )
+            )  # fmt: skip
             return "continued"
         if isinstance(move, Suspended):
             log.info("run_suspended", tool=move.held.call.name)

@@ -19,7 +19,7 @@ import structlog
 from jobs.errors import StateFormatError
 from jobs.state import RunState
 from ledger.client import Ledger
-from worker import keys
+from worker import keys, retention
 from worker.settings import Settings
 from worker.step import StepMessage, time_limits
 
@@ -82,6 +82,7 @@ class Sweeper:
         while not stop.wait(self.config.sweep_interval_s):
             try:
                 self.sweep()
+                retention.run_due(self.client, self.config, self.ledger)  # old runs, periods
             except Exception as exc:  # the store may be down: try again next interval
                 log.warning("sweep_failed", error=str(exc))
 

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from jobs.errors import ParamsError
 from jobs.job import GRANT_RULE, Guard, Job, Permit, Severity, Verdict
 from jobs.state import Call, RunState
-from jobs.support.models import check_model_params, make_model
+from jobs.support.models import MODELS, check_model_params, make_model
 from jobs.support.shop import ShopBackend
-from jobs.support.tools import DEFAULT_LATENCY_S, support_tools
+from jobs.support.tools import DEFAULT_LATENCY_S, REFUND_DIMENSION, support_tools
 from jobs.tools import Tool
 
 NAME = "support"
@@ -33,33 +31,49 @@ def guardrail(call: Call, state: RunState) -> Guard | None:
     return None
 
 
-def check_params(params: Mapping[str, Any]) -> None:
-    check_model_params(params)
-    latencies = params.get("tool_latency_s", {})
-    if not isinstance(latencies, Mapping) or not all(
-        name in DEFAULT_LATENCY_S and isinstance(v, int | float) and 0 <= v <= 600
-        for name, v in latencies.items()
-    ):
-        raise ParamsError("tool_latency_s must map support tool names to seconds (0 to 600)")
-    sleeps = params.get("sleep_s", {})
-    if not isinstance(sleeps, Mapping) or not all(
-        name in DEFAULT_LATENCY_S and isinstance(v, int | float) and 0 <= v <= 600
-        for name, v in sleeps.items()
-    ):
-        raise ParamsError("sleep_s must map support tool names to seconds (0 to 600)")
-    if params.get("die_in") not in (None, *DEFAULT_LATENCY_S):
-        raise ParamsError("die_in must name a support tool")
-    shop = params.get("shop")
-    if shop is not None and (not isinstance(shop, str) or not 0 < len(shop) <= 64):
-        raise ParamsError("shop must be a name of 1 to 64 characters")
+def _seconds_by_tool(maximum: int) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "propertyNames": {"enum": sorted(DEFAULT_LATENCY_S)},
+        "additionalProperties": {"type": "number", "minimum": 0, "maximum": maximum},
+    }
+
+
+# The run's params: one entry per key, so a new one is a line here (and its use in models.py
+# or tools.py). Unknown keys are refused.
+PARAMS_PROPERTIES: dict[str, dict[str, Any]] = {
+    "model": {"anyOf": [{"enum": list(MODELS)},
+                        {"type": "string", "pattern": "^[a-z][a-z0-9_-]*:[^\\s]{1,128}$"}],
+              "description": "a scripted model (policy or a provocation) or provider:model"},
+    "model_latency_s": {"type": "number", "minimum": 0, "maximum": 600},
+    "model_sleep_s": {"type": "number", "minimum": 0, "maximum": 3600,
+                      "description": "drill: the model really sleeps, ignoring its timeout"},
+    "order": {"type": "string", "minLength": 1, "maxLength": 64},
+    "amount_cents": {"type": "integer", "minimum": 1, "maximum": 10_000_000},
+    "tool_latency_s": _seconds_by_tool(600),
+    "sleep_s": {**_seconds_by_tool(600), "description": "drill: a tool really sleeps"},
+    "die_in": {"enum": sorted(DEFAULT_LATENCY_S),
+               "description": "drill: the call of this tool kills its worker process"},
+    "shop": {"type": "string", "minLength": 1, "maxLength": 64,
+             "description": "a shop shared by the runs that name it"},
+}  # fmt: skip
+
+
+def params_schema() -> dict[str, Any]:
+    return {"type": "object", "properties": PARAMS_PROPERTIES, "additionalProperties": False}
 
 
 def support_job(shop: ShopBackend) -> Job:
     return Job(
         name=NAME,
+        description="Refund a damaged item and confirm by email (spec 000's support agent).",
         tools=support_tools(shop),
         model=make_model,
+        check_params=check_model_params,  # a provider's name is checked beyond the pattern
         policy=policy,
         guardrail=guardrail,
-        check_params=check_params,
+        params_schema=params_schema(),
+        dimensions=(REFUND_DIMENSION,),
+        drill_params=("sleep_s", "die_in", "model_sleep_s"),
+        shared_params=("shop",),
     )

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jobs.errors import ParamsError
-from jobs.model import Model, ModelRequest, ModelResponse, Scripted
+from jobs.model import Model, ModelRequest, ModelResponse, Scripted, is_provider_model
 
 DEFAULT_MODEL_LATENCY_S = 1.5
 
@@ -94,8 +94,15 @@ MODELS = ("policy", *PROVOCATIONS)
 
 def check_model_params(params: Mapping[str, Any]) -> None:
     kind = params.get("model", "policy")
-    if kind not in MODELS:
-        raise ParamsError(f"unknown model {kind!r}; one of {', '.join(MODELS)}")
+    if is_provider_model(kind):
+        from providers import parse  # noqa: PLC0415 - the kernel never loads providers itself
+
+        parse(str(kind))
+    elif kind not in MODELS:
+        raise ParamsError(
+            f"unknown model {kind!r}; one of {', '.join(MODELS)}, or provider:model"
+            " (openai:gpt-4.1-mini, anthropic:claude-sonnet-4-5)"
+        )
     latency = params.get("model_latency_s", DEFAULT_MODEL_LATENCY_S)
     if not isinstance(latency, int | float) or isinstance(latency, bool) or not 0 <= latency <= 600:
         raise ParamsError("model_latency_s must be a number of seconds between 0 and 600")
@@ -112,6 +119,10 @@ def check_model_params(params: Mapping[str, Any]) -> None:
 def make_model(params: Mapping[str, Any]) -> Model:
     check_model_params(params)
     kind = params.get("model", "policy")
+    if is_provider_model(kind):
+        from providers import make  # noqa: PLC0415 - network adapters load only when asked for
+
+        return make(str(kind))
     latency = float(params.get("model_latency_s", DEFAULT_MODEL_LATENCY_S))
     if kind == "policy":
         return PolicyModel(

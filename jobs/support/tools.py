@@ -6,6 +6,7 @@ scenario can make one tool slow through the run's params (`tool_latency_s`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -26,6 +27,7 @@ TOOL_TIMEOUT_S = 30.0  # each call also gets no more than the run's remaining ti
 POLICY_SENTENCE = "Items may be returned within 30 days of arrival. "
 POLICY_TEXT = POLICY_SENTENCE * 90  # a deliberately large result, about 1,100 tokens
 
+REFUND_DIMENSION = "refund_cents"  # the job's own ledger dimension: money refunded
 _ORDER_ID = {"type": "string", "minLength": 1, "maxLength": 64}
 
 
@@ -100,7 +102,10 @@ def support_tools(shop: ShopBackend) -> dict[str, Tool]:
         return ToolOutput(result, latency_s(ctx, name))
 
     def issue_refund(ctx: ToolContext) -> ToolOutput:
-        return write(ctx, "issue_refund", int(ctx.args["amount_cents"]))
+        amount_cents = int(ctx.args["amount_cents"])
+        out = write(ctx, "issue_refund", amount_cents)
+        refunded = amount_cents if out.result.get("status") == "ok" else 0
+        return dataclasses.replace(out, charges={REFUND_DIMENSION: refunded})
 
     def send_status_email(ctx: ToolContext) -> ToolOutput:
         return write(ctx, "send_status_email", None)
@@ -108,6 +113,10 @@ def support_tools(shop: ShopBackend) -> dict[str, Tool]:
     tools = [
         Tool(
             name="get_order",
+            description=(
+                "Look up an order of the current customer: its status, its total and what was"
+                " already refunded, in cents."
+            ),
             fn=get_order,
             schema=_object({"order_id": _ORDER_ID}, ["order_id"]),
             facts=("order_status", "total_cents", "refunded_cents"),
@@ -118,6 +127,7 @@ def support_tools(shop: ShopBackend) -> dict[str, Tool]:
         ),
         Tool(
             name="search_policy",
+            description="Search the shop's returns and refunds policy text.",
             fn=search_policy,
             schema=_object(
                 {"q": {"type": "string", "maxLength": 500}, "order_id": _ORDER_ID}, ["q"]
@@ -127,6 +137,10 @@ def support_tools(shop: ShopBackend) -> dict[str, Tool]:
         ),
         Tool(
             name="issue_refund",
+            description=(
+                "Refund part or all of an order to the customer, in cents, with a short"
+                " reason. Cannot be undone."
+            ),
             fn=issue_refund,
             schema=_object(
                 {
@@ -138,6 +152,7 @@ def support_tools(shop: ShopBackend) -> dict[str, Tool]:
             ),
             mutates=True,
             reversible=False,
+            charges={REFUND_DIMENSION: "amount_cents"},
             facts=("refunded_cents",),
             fact_scope="order_id",
             timeout_s=TOOL_TIMEOUT_S,
@@ -146,6 +161,10 @@ def support_tools(shop: ShopBackend) -> dict[str, Tool]:
         ),
         Tool(
             name="send_status_email",
+            description=(
+                "Email the customer the current status of their order, refund included."
+                " Cannot be undone."
+            ),
             fn=send_status_email,
             schema=_object({"order_id": _ORDER_ID}, ["order_id"]),
             mutates=True,

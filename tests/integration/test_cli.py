@@ -133,7 +133,7 @@ def test_cancel_a_parked_run_and_a_running_one(
     wait_until(lambda: _status(client, run_id) == "parked", what="the run parks")
     parked = json.loads(ok(cli(redis_url, "runs", "--tenant", tenant, "--status", "parked",
                                "--json")).stdout)  # fmt: skip
-    assert run_id in [r["run_id"] for r in parked]
+    assert run_id in [r["run_id"] for r in parked["runs"]]
     assert "cancelled run" in ok(cli(redis_url, "cancel", run_id, "--by", "ops")).stdout
     assert client.state(run_id).outcome == "cancelled"
     resumed = json.loads(ok(cli(redis_url, "resume", "--tenant", tenant, "--json")).stdout)
@@ -207,14 +207,17 @@ def test_read_commands_show_one_tenant_only_when_scoped(
     wait_until(lambda: _status(client, a) == _status(client, b) == "stopped", what="both end")
 
     listed = json.loads(ok(cli(redis_url, "runs", "--tenant", mine, "--json")).stdout)
-    assert [r["run_id"] for r in listed] == [a] and listed[0]["outcome"] == "completed"
+    assert [r["run_id"] for r in listed["runs"]] == [a]
+    assert listed["runs"][0]["outcome"] == "completed" and listed["next_cursor"] is None
     via_env = json.loads(ok(cli(redis_url, "runs", "--json", TURNSTILE_TENANT=mine)).stdout)
-    assert [r["run_id"] for r in via_env] == [a]
-    everyone = {r["run_id"] for r in json.loads(ok(cli(redis_url, "runs", "--json")).stdout)}
+    assert [r["run_id"] for r in via_env["runs"]] == [a]
+    everyone = {
+        r["run_id"] for r in json.loads(ok(cli(redis_url, "runs", "--json")).stdout)["runs"]
+    }
     assert {a, b} <= everyone
     done = json.loads(ok(cli(redis_url, "runs", "--tenant", mine, "--outcome", "completed",
                              "--json")).stdout)  # fmt: skip
-    assert [r["run_id"] for r in done] == [a]
+    assert [r["run_id"] for r in done["runs"]] == [a]
     for command in ("status", "trace", "replay", "watch", "cancel"):
         refused(cli(redis_url, command, b, "--tenant", mine), f"no run {b!r} for tenant")
     table = ok(cli(redis_url, "runs", "--tenant", mine)).stdout

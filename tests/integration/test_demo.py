@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -16,33 +17,55 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
-def _orphans_since(started: float) -> list[str]:
-    """Servers and workers started since `started` whose parent is gone: what a demo that did
-    not clean up would leave behind (other tests' processes still have their parents)."""
+MARK = "DEMO_TEST_MARK"  # not TURNSTILE_*: the demo passes those on to nothing
+"""Set in the demo's environment with a value of the test's own; the server and the workers
+the demo starts inherit it, so they can be told apart from other tests' and other people's
+processes on the same machine."""
+
+
+def _marked(mark: str) -> list[str]:
+    """Live processes (zombies aside) with this test's mark in their environment."""
     found = []
-    for process in psutil.process_iter(["pid", "ppid", "cmdline", "create_time"]):
-        cmdline = " ".join(process.info["cmdline"] or [])
-        ours = "valkey-server" in cmdline or "celery" in cmdline
-        if ours and process.info["ppid"] == 1 and process.info["create_time"] >= started:
-            found.append(cmdline)
+    for process in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if process.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if process.environ().get(MARK) == mark:
+                found.append(f"{process.info['pid']}: {' '.join(process.info['cmdline'] or [])}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
     return found
+
+
+def _left_running(mark: str, timeout_s: float = 10.0) -> list[str]:
+    """What the demo started and did not stop: its marked processes that are still alive a
+    moment after it exited (a process it killed may take a moment to be reaped)."""
+    deadline = time.monotonic() + timeout_s
+    while (found := _marked(mark)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return found
+
+
+def _demo_env(mark: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    env[MARK] = mark
+    return env
 
 
 def test_demo_runs_on_a_bare_machine() -> None:
     """With only the project's own environment on PATH (no redis-server, no valkey-server)
     and no TURNSTILE_* variables, the demo starts its own server and two workers, runs the
     scenarios and the capped tenant's runs, prints its JSON and leaves nothing running."""
-    started = time.time()
+    mark = uuid.uuid4().hex
     bindir = Path(sys.executable).parent
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    env = _demo_env(mark)
     env["PATH"] = str(bindir)
     out = subprocess.run(
         [str(bindir / "turnstile"), "demo", "--runs", "4", "--json"],
         env=env, capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    time.sleep(0.5)
-    assert _orphans_since(started) == []  # everything it started, it stopped
+    assert _left_running(mark) == []  # everything it started, it stopped
     result = json.loads(out.stdout)
     runs = result["runs"]
     assert len(runs) == 12
@@ -55,14 +78,14 @@ def test_demo_runs_on_a_bare_machine() -> None:
         ceiling = dims["cost_microusd"]["ceiling"]
         assert ceiling is None or dims["cost_microusd"]["committed"] <= ceiling, tenant
     assert set(runs[0]) == {"run_id", "tenant", "outcome", "detail", "steps", "tool_calls",
-                            "tokens", "cost_microusd", "effects"}  # fmt: skip
+                            "tokens", "cost_microusd", "effects", "answer"}  # fmt: skip
 
 
 def test_a_terminated_demo_stops_what_it_started() -> None:
     """SIGTERM in the middle of the demo stops its workers and its server before it exits."""
-    started = time.time()
+    mark = uuid.uuid4().hex
     bindir = Path(sys.executable).parent
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    env = _demo_env(mark)
     demo = subprocess.Popen(
         [str(bindir / "turnstile"), "demo", "--runs", "200", "--json"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -71,8 +94,9 @@ def test_a_terminated_demo_stops_what_it_started() -> None:
     for line in demo.stderr:
         if "worker processes ready" in line:
             break
+    started = _marked(mark)
+    assert len(started) >= 3, started  # the server and two workers, seen by their mark
     demo.send_signal(signal.SIGTERM)
     assert demo.wait(60) == 128 + signal.SIGTERM
     demo.stderr.close()
-    time.sleep(0.5)
-    assert _orphans_since(started) == []
+    assert _left_running(mark) == []

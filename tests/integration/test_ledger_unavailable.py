@@ -7,6 +7,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from ledger import Ledger, LedgerUnavailable
 from worker.embedded import EmbeddedServer
@@ -63,14 +66,14 @@ def test_a_reserve_that_timed_out_but_ran_replays_on_retry(
     ledger.set_ceiling(unique, "tokens", 100)
     ledger.reserve(unique, "warm", {"tokens": 1}, timeout_s=60)  # loads the reserve script
     admin = Ledger.from_url(own_server.url, timeout_s=5)
-    # Keep the server busy for 0.6 s: the reserve waits in its socket, the client gives up
+    # Keep the server busy for 1 s: the reserve waits in its socket, the client gives up
     # after 0.2 s, and the server runs the reserve once the busy script ends.
     busy = threading.Thread(
         target=admin.client.eval,
-        args=("local s = os.clock() while os.clock() - s < 0.6 do end return 1", 0),
+        args=("local s = os.clock() while os.clock() - s < 1.0 do end return 1", 0),
     )
     busy.start()
-    time.sleep(0.1)
+    _wait_busy(own_server.port)
     started = time.monotonic()
     first = ledger.reserve(unique, "slow", {"tokens": 60}, timeout_s=60)
     assert first.status == "unavailable" and time.monotonic() - started < 1.0
@@ -80,6 +83,22 @@ def test_a_reserve_that_timed_out_but_ran_replays_on_retry(
     assert admin.read(unique)["tokens"].reserved == 61
     ledger.close()
     admin.close()
+
+
+def _wait_busy(port: int, timeout_s: float = 10.0) -> None:
+    """Return once the server stops answering at once: the busy script is running."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        probe = redis.Redis(
+            port=port, socket_connect_timeout=1.0, socket_timeout=0.2, retry=Retry(NoBackoff(), 0)
+        )
+        try:
+            probe.ping()
+        except redis.TimeoutError:
+            return
+        finally:
+            probe.close()
+    raise AssertionError("the busy script did not start")
 
 
 def test_scripts_survive_a_flushed_script_cache(own_server: EmbeddedServer, unique: str) -> None:

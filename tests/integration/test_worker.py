@@ -300,10 +300,16 @@ def test_store_and_ledger_down_no_turn_runs_and_runs_continue_after(unique: str)
                 )
                 for _ in range(4)
             ]
-            time.sleep(0.3)
+            # Stop the store once turns are under way (a turn is in flight, its tool sleeping),
+            # and start it again once the workers have seen it gone (a step retried).
+            wait_until(
+                lambda: client.client.hlen(keys.inflight("t")) > 0, what="a turn is in flight"
+            )
             store.stop()
-            time.sleep(3)
-            assert sum(len(w.events("step_retry")) for w in workers) > 0
+            wait_until(
+                lambda: sum(len(w.events("step_retry")) for w in workers) > 0,
+                timeout_s=30, what="a step retries while the store is down",
+            )  # fmt: skip
             store.start()
             client = client_for(store.url, broker_url=broker.url)
             wait_until(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -262,3 +263,14 @@ def test_dockerfile_runs_the_worker_as_a_non_root_user() -> None:
     assert users and users[-1] not in ("root", "0")
     assert 'ENTRYPOINT ["turnstile"]' in text and 'CMD ["worker"]' in text
     assert re.search(r"^STOPSIGNAL SIGTERM$", text, re.M)
+
+
+def test_dockerfile_copies_every_code_package_and_the_build_hook() -> None:
+    """The image installs the project, so it needs each package the wheel lists and the
+    build hook pyproject.toml names (hatchling loads it for every build)."""
+    project = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())
+    packages = project["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
+    text = (DEPLOY / "Dockerfile").read_text()
+    for package in packages:
+        assert re.search(rf"^COPY {package} \./{package}$", text, re.M), package
+    assert re.search(r"^COPY .*\bhatch_build\.py\b.* \./$", text, re.M)

@@ -1,0 +1,197 @@
+"""Anthropic Messages with `tool_use`. The base URL and key come from the SDK's own variables,
+ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY.
+
+Usage is normalised: Anthropic's `input_tokens` leaves out the tokens read from the cache
+(`cache_read_input_tokens`) and written to it (`cache_creation_input_tokens`), so all input is
+their sum; `output_tokens` includes thinking, which `output_tokens_details` breaks out.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import replace
+from typing import Any
+
+import anthropic
+
+from jobs.model import ModelRequest, ModelResponse, ModelStop
+from jobs.outcomes import Outcome
+from providers import contract
+from providers.prices import Price, Tokens, cost_microusd
+from providers.retry import Failure, retry_after_s, with_retries
+
+PROVIDER = "anthropic"
+_CONTEXT_WORDS = ("prompt is too long", "context window", "context length")
+
+
+def _body_error(exc: anthropic.APIStatusError) -> tuple[str, str]:
+    """(type, message) of an error body: {"type": "error", "error": {"type", "message"}}."""
+    body: dict[str, Any] = exc.body if isinstance(exc.body, dict) else {}
+    error = body.get("error")
+    inner: dict[str, Any] = error if isinstance(error, dict) else body
+    return str(inner.get("type") or ""), str(inner.get("message") or exc.message)[:200]
+
+
+def classify(exc: Exception) -> Failure | None:
+    """What a failed attempt means for the run."""
+    if isinstance(exc, anthropic.APITimeoutError):
+        return Failure("timeout", "the call timed out")
+    if isinstance(exc, anthropic.APIConnectionError):
+        return Failure("retry", f"anthropic unreachable: {exc}")
+    if not isinstance(exc, anthropic.APIStatusError):
+        return None
+    return _status_failure(exc)
+
+
+def _status_failure(exc: anthropic.APIStatusError) -> Failure:
+    kind, message = _body_error(exc)
+    status = exc.status_code
+    if status == 429:
+        wait = retry_after_s(exc.response.headers)
+        asked = f" (asked to wait {wait:g} s)" if wait is not None else ""
+        return Failure("retry", f"rate limited by anthropic{asked}: {message}", wait_s=wait)
+    failure = Failure(
+        "stop", f"anthropic rejected the request ({status} {kind}): {message}",
+        detail="provider.rejected",
+    )  # fmt: skip
+    if status in (401, 403):
+        failure = Failure(
+            "stop", f"anthropic refused the key ({status}): {message}; check ANTHROPIC_API_KEY",
+            detail="provider.authentication",
+        )  # fmt: skip
+    elif status == 400 and any(w in message.lower() for w in _CONTEXT_WORDS):
+        failure = Failure(
+            "stop", f"the request is longer than the model's context window: {message}",
+            detail="provider.context_length",
+        )  # fmt: skip
+    elif status in (408, 409) or status >= 500:  # 529: overloaded
+        failure = Failure("retry", f"anthropic failed ({status} {kind}): {message}")
+    return failure
+
+
+def request_messages(request: ModelRequest) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": request.view}]
+    past = contract.past_calls(request)
+    if past:
+        messages.append(
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments}
+                    for c in past
+                ],
+            }
+        )
+        messages.append(
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": c.id,
+                        "content": c.result_text,
+                        "is_error": c.failed,
+                    }
+                    for c in past
+                ],
+            }
+        )
+    return messages
+
+
+def request_tools(request: ModelRequest) -> list[dict[str, Any]]:
+    return [
+        {"name": f.name, "description": f.description, "input_schema": dict(f.parameters)}
+        for f in contract.functions(request.tools)
+    ]
+
+
+def usage_of(message: Any) -> Tokens:
+    usage = message.usage
+    cached = usage.cache_read_input_tokens or 0
+    written = usage.cache_creation_input_tokens or 0
+    details = getattr(usage, "output_tokens_details", None)
+    return Tokens(
+        input=usage.input_tokens + cached + written,
+        cached_input=cached,
+        cache_write=written,
+        output=usage.output_tokens,
+        reasoning=(getattr(details, "thinking_tokens", 0) or 0) if details else 0,
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _client(base_url: str | None, key: str, pid: int) -> anthropic.Anthropic:
+    """One SDK client per endpoint and key in a process, so turns reuse its connections. The
+    deadline governs retries, so the SDK's own are off."""
+    return anthropic.Anthropic(api_key=key, base_url=base_url, max_retries=0)
+
+
+class AnthropicMessages:
+    """One Anthropic model behind the kernel's `Model` interface."""
+
+    def __init__(self, model: str, price: Price | None) -> None:
+        self.model, self.price = model, price
+
+    def _sdk(self) -> anthropic.Anthropic:
+        key = os.environ.get("ANTHROPIC_API_KEY")
+        if not key:
+            raise ModelStop(
+                Outcome.ERROR, "no key for anthropic: set ANTHROPIC_API_KEY",
+                "provider.authentication",
+            )  # fmt: skip
+        return _client(os.environ.get("ANTHROPIC_BASE_URL"), key, os.getpid())
+
+    def next(self, request: ModelRequest) -> ModelResponse:
+        client = self._sdk()
+        messages, tools = request_messages(request), request_tools(request)
+
+        def attempt(timeout_s: float) -> Any:
+            return client.messages.create(  # type: ignore[call-overload]
+                model=self.model,
+                system=contract.SYSTEM,
+                messages=messages,
+                tools=tools,
+                tool_choice={"type": "any"},
+                max_tokens=request.max_output_tokens,
+                timeout=timeout_s,
+            )
+
+        message = with_retries(attempt, classify, timeout_s=request.timeout_s)
+        return self.response(message)
+
+    def response(self, message: Any) -> ModelResponse:
+        tokens = usage_of(message)
+        stop = message.stop_reason
+        spent = ModelResponse(
+            None,
+            input_tokens=tokens.input,
+            output_tokens=tokens.output,
+            cached_input_tokens=tokens.cached_input,
+            cache_write_tokens=tokens.cache_write,
+            reasoning_tokens=tokens.reasoning,
+            cost_microusd=cost_microusd(tokens, self.price) if self.price else 0,
+            provider=PROVIDER,
+            model=message.model,
+            finish_reason=stop,
+        )
+        if stop == "refusal":
+            raise ModelStop(
+                Outcome.GUARDRAIL_STOP, "the model refused to continue (stop_reason refusal)",
+                "provider.refusal", spent,
+            )  # fmt: skip
+        if stop == "model_context_window_exceeded":
+            raise ModelStop(
+                Outcome.ERROR, "the request filled the model's context window",
+                "provider.context_length", spent,
+            )  # fmt: skip
+        if stop == "max_tokens":
+            reply = contract.malformed(
+                "the reply was cut at the output cap; reply with one short function call"
+            )
+            return replace(spent, reply=reply)
+        blocks = message.content or []
+        calls = [(b.name, b.input) for b in blocks if b.type == "tool_use"]
+        text = " ".join(b.text for b in blocks if b.type == "text")
+        return replace(spent, reply=contract.reply_from(calls, text))

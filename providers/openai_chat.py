@@ -1,0 +1,219 @@
+"""OpenAI Chat Completions with tool calling: OpenAI itself and every server that speaks its
+wire format (vLLM, Ollama, llama.cpp, LiteLLM). The base URL and key come from the SDK's own
+variables, OPENAI_BASE_URL and OPENAI_API_KEY.
+
+Usage is the provider's: `prompt_tokens` counts all input, `cached_tokens` is part of it;
+`completion_tokens` counts all output, `reasoning_tokens` is part of it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import replace
+from typing import Any
+
+import openai
+
+from jobs.model import ModelRequest, ModelResponse, ModelStop
+from jobs.outcomes import Outcome
+from providers import contract
+from providers.prices import Price, Tokens, cost_microusd
+from providers.retry import Failure, retry_after_s, with_retries
+
+PROVIDER = "openai"
+
+
+def _body_error(exc: openai.APIStatusError) -> tuple[str, str]:
+    """(code, message) of an error body: {"error": {"message", "type", "code", ...}}."""
+    body = exc.body if isinstance(exc.body, dict) else {}
+    inner = body.get("error", body) if isinstance(body.get("error", body), dict) else body
+    code = str(inner.get("code") or inner.get("type") or "")
+    message = str(inner.get("message") or exc.message)
+    return code, message[:200]
+
+
+def classify(exc: Exception) -> Failure | None:
+    """What a failed attempt means for the run."""
+    if isinstance(exc, openai.APITimeoutError):
+        return Failure("timeout", "the call timed out")
+    if isinstance(exc, openai.APIConnectionError):
+        return Failure("retry", f"openai unreachable: {exc}")
+    if not isinstance(exc, openai.APIStatusError):
+        return None
+    return _status_failure(exc)
+
+
+def _status_failure(exc: openai.APIStatusError) -> Failure:
+    code, message = _body_error(exc)
+    status = exc.status_code
+    if status == 429 and code != "insufficient_quota":
+        wait = retry_after_s(exc.response.headers)
+        asked = f" (asked to wait {wait:g} s)" if wait is not None else ""
+        return Failure("retry", f"rate limited by openai{asked}: {message}", wait_s=wait)
+    failure = Failure(
+        "stop", f"openai rejected the request ({status}): {message}", detail="provider.rejected"
+    )
+    if status in (401, 403):
+        failure = Failure(
+            "stop", f"openai refused the key ({status}): {message}; check OPENAI_API_KEY",
+            detail="provider.authentication",
+        )  # fmt: skip
+    elif status == 429:
+        failure = Failure(
+            "stop", f"openai quota exhausted: {message}; check the plan and billing",
+            detail="provider.quota",
+        )  # fmt: skip
+    elif status == 400 and code == "context_length_exceeded":
+        failure = Failure(
+            "stop", f"the request is longer than the model's context window: {message}",
+            detail="provider.context_length",
+        )  # fmt: skip
+    elif status in (408, 409) or status >= 500:
+        failure = Failure("retry", f"openai failed ({status}): {message}")
+    return failure
+
+
+def request_messages(request: ModelRequest) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": contract.SYSTEM},
+        {"role": "user", "content": request.view},
+    ]
+    past = contract.past_calls(request)
+    if past:
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+                    }
+                    for c in past
+                ],
+            }
+        )
+        messages.extend(
+            {"role": "tool", "tool_call_id": c.id, "content": c.result_text} for c in past
+        )
+    return messages
+
+
+def request_tools(request: ModelRequest) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": f.name,
+                "description": f.description,
+                "parameters": dict(f.parameters),
+            },
+        }
+        for f in contract.functions(request.tools)
+    ]
+
+
+def usage_of(completion: Any) -> Tokens | None:
+    usage = completion.usage
+    if usage is None:
+        return None
+    prompt = usage.prompt_tokens_details
+    output = usage.completion_tokens_details
+    return Tokens(
+        input=usage.prompt_tokens,
+        cached_input=(prompt.cached_tokens or 0) if prompt else 0,
+        cache_write=(getattr(prompt, "cache_write_tokens", None) or 0) if prompt else 0,
+        output=usage.completion_tokens,
+        reasoning=(output.reasoning_tokens or 0) if output else 0,
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _client(base_url: str | None, key: str, pid: int) -> openai.OpenAI:
+    """One SDK client per endpoint and key in a process, so turns reuse its connections. The
+    deadline governs retries, so the SDK's own are off."""
+    return openai.OpenAI(api_key=key, base_url=base_url, max_retries=0)
+
+
+class OpenAIChat:
+    """One model of an OpenAI-compatible server, behind the kernel's `Model` interface."""
+
+    def __init__(self, model: str, price: Price | None) -> None:
+        self.model, self.price = model, price
+
+    def _sdk(self) -> openai.OpenAI:
+        key = os.environ.get("OPENAI_API_KEY")
+        if not key:
+            raise ModelStop(
+                Outcome.ERROR,
+                "no key for openai: set OPENAI_API_KEY (any value for a local server)",
+                "provider.authentication",
+            )
+        return _client(os.environ.get("OPENAI_BASE_URL"), key, os.getpid())
+
+    def next(self, request: ModelRequest) -> ModelResponse:
+        client = self._sdk()
+        messages, tools = request_messages(request), request_tools(request)
+
+        def attempt(timeout_s: float) -> Any:
+            return client.chat.completions.create(  # type: ignore[call-overload]
+                model=self.model,
+                messages=messages,
+                tools=tools,
+                tool_choice="required",
+                max_completion_tokens=request.max_output_tokens,
+                timeout=timeout_s,
+            )
+
+        completion = with_retries(attempt, classify, timeout_s=request.timeout_s)
+        return self.response(completion)
+
+    def response(self, completion: Any) -> ModelResponse:
+        tokens = usage_of(completion)
+        choice = completion.choices[0] if completion.choices else None
+        finish = choice.finish_reason if choice else None
+        spent = self._spent(tokens, completion.model, finish)
+        if choice is None:
+            return replace(spent, reply=contract.malformed("the reply had no choices"))
+        message = choice.message
+        if message.refusal:
+            raise ModelStop(
+                Outcome.GUARDRAIL_STOP, f"the model refused: {message.refusal[:200]}",
+                "provider.refusal", spent,
+            )  # fmt: skip
+        if finish == "content_filter":
+            raise ModelStop(
+                Outcome.GUARDRAIL_STOP, "the provider's content filter stopped the reply",
+                "provider.content_filter", spent,
+            )  # fmt: skip
+        if finish == "length":
+            reply = contract.malformed(
+                "the reply was cut at the output cap; reply with one short function call"
+            )
+        else:
+            calls = [
+                (c.function.name, c.function.arguments)
+                for c in message.tool_calls or []
+                if getattr(c, "function", None) is not None
+            ]
+            reply = contract.reply_from(calls, message.content or "")
+        return replace(spent, reply=reply)
+
+    def _spent(self, tokens: Tokens | None, model: str | None, finish: str | None) -> ModelResponse:
+        if tokens is None:
+            return ModelResponse(None, provider=PROVIDER, model=model, finish_reason=finish)
+        return ModelResponse(
+            None,
+            input_tokens=tokens.input,
+            output_tokens=tokens.output,
+            cached_input_tokens=tokens.cached_input,
+            cache_write_tokens=tokens.cache_write,
+            reasoning_tokens=tokens.reasoning,
+            cost_microusd=cost_microusd(tokens, self.price) if self.price else 0,
+            provider=PROVIDER,
+            model=model,
+            finish_reason=finish,
+        )

@@ -1,0 +1,113 @@
+"""A provider's HTTP endpoint in a process of its own, answering from recorded exchanges.
+
+    python -m tests.providers.wire_server SCRIPT.json [DELAY_S]
+
+It serves `POST /v1/chat/completions` (OpenAI) and `POST /v1/messages` (Anthropic): each request
+takes the next exchange of the script, a JSON list of {"status", "headers", "body", "delay_s",
+"cut"},
+and is answered with exactly that status, those headers and that body, after the delay (the
+exchange's own, else DELAY_S); a `cut` exchange sends half its body and closes. The
+requests it received are served back at `GET /_requests`, with the time each arrived, so a test
+can check what the SDK sent and how long it waited between attempts. It prints its port on the
+first line of its output.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+ENDPOINTS = ("/v1/chat/completions", "/v1/messages")
+
+
+class Script:
+    def __init__(self, exchanges: list[dict[str, Any]], delay_s: float = 0.0) -> None:
+        self.exchanges, self.delay_s = exchanges, delay_s
+        self.received: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def take(self, path: str, body: Any, headers: dict[str, str]) -> dict[str, Any] | None:
+        with self.lock:
+            index = len(self.received)
+            self.received.append(
+                {"path": path, "body": body, "headers": headers, "t": time.monotonic()}
+            )
+            return self.exchanges[index] if index < len(self.exchanges) else None
+
+
+def handler(script: Script) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+        def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _cut(self, status: int, body: Any) -> None:
+            """Half the body, then the connection closes: a reply cut in transit."""
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data[: len(data) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+
+        def do_GET(self) -> None:
+            if self.path == "/_requests":
+                with script.lock:
+                    self._send(200, script.received)
+            else:
+                self._send(404, {"error": {"message": "not found", "type": "not_found"}})
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("content-length") or 0)
+            body = json.loads(self.rfile.read(length) or b"null")
+            path = self.path.split("?")[0]
+            if path not in ENDPOINTS:
+                self._send(404, {"error": {"message": f"no route {path}", "type": "not_found"}})
+                return
+            keys = ("authorization", "x-api-key", "x-stainless-retry-count", "anthropic-version")
+            seen = {k: v for k, v in self.headers.items() if k.lower() in keys}
+            exchange = script.take(path, body, seen)
+            if exchange is None:
+                self._send(500, {"error": {"message": "the script has no more exchanges"}})
+                return
+            time.sleep(float(exchange.get("delay_s", script.delay_s)))
+            if exchange.get("cut"):
+                self._cut(int(exchange["status"]), exchange["body"])
+                return
+            try:
+                self._send(int(exchange["status"]), exchange["body"], exchange.get("headers"))
+            except (BrokenPipeError, ConnectionResetError):
+                return  # the client gave up waiting: what a hung provider looks like to it
+
+    return Handler
+
+
+def main() -> None:
+    delay_s = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
+    script = Script(json.loads(Path(sys.argv[1]).read_text()), delay_s)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler(script))
+    server.daemon_threads = True
+    print(server.server_address[1], flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,5 @@
+"""`python -m turnstile`: the same as the `turnstile` command."""
+
+from turnstile.cli import main
+
+main()

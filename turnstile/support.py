@@ -1,0 +1,16 @@
+"""The built-in support job's factory, registered through the `turnstile.jobs` entry point
+like any other job."""
+
+from __future__ import annotations
+
+import redis
+
+from jobs.job import Job
+from jobs.support.job import support_job
+from jobs.support.shop import InMemoryShop
+from worker.shop import RedisShop
+
+
+def support(client: redis.Redis | None = None) -> Job:
+    """Over the worker's store (a Redis shop), or, with no client, a shop of its own."""
+    return support_job(InMemoryShop() if client is None else RedisShop(client))
