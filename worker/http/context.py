@@ -117,7 +117,7 @@ def tenant_scope(key: ApiKey, tenant: str | None) -> str:
 def run_tenant(ctx: Api, key: ApiKey, run_id: str) -> str:
     """The run's tenant, if the key may see the run: another tenant's run is not found."""
     if key.operator:
-        tenant = ctx.redis.hget(f"{keys.PREFIX}:run-tenants", run_id)
+        tenant = ctx.redis.hget(keys.RUN_TENANTS, run_id)
         if tenant:
             return str(tenant)
     elif ctx.redis.exists(keys.run(key.tenant, run_id)):
