@@ -89,11 +89,8 @@ def test_missing_unknown_and_revoked_keys_are_refused(
         (b'{"user": "cu_ana", "goal": "g", "budget": {"max_stepz": 3}}', 422, "unknown_field"),
         (b'{"goal": "g"}', 422, "missing_field"),
         (b'{"user": "cu_ana", "goal": "g", "job": "nope"}', 422, "unknown_job"),
-        (
-            b'{"user": "cu_ana", "goal": "g", "params": {"model": "nope"}}',
-            422,
-            "invalid_submission",
-        ),
+        (b'{"user": "u", "goal": "g", "params": {"model": "nope"}}', 422, "invalid_submission"),
+        (b'{"user": "u", "goal": "g", "params": {"amount_cent": 1}}', 422, "invalid_submission"),
         (b'{"user": "cu_ana", "goal": "g", "budget": {"max_steps": -1}}', 422, "invalid_request"),
         (b'{"user": "cu_ana", "goal": "g", "run_id": "r\\u0001x"}', 422, "invalid_request"),
         (b'{"user": "cu ana", "goal": "g"}', 422, "invalid_request"),
@@ -105,8 +102,9 @@ def test_a_bad_submission_is_a_4xx_and_writes_nothing(
     redis_url: str, api: ApiServer, store: redis.Redis, unique: str,
     content: bytes, status: int, code: str,
 ) -> None:  # fmt: skip
-    """Malformed JSON, unknown fields, a missing field, an unknown job, a bad param or budget,
-    a run id with a control character: each its 4xx problem, and no run anywhere."""
+    """Malformed JSON, unknown fields, a missing field, an unknown job, an unknown or bad
+    param, a bad budget, a run id with a control character: each its 4xx problem, and no run
+    anywhere."""
     tenant = f"t-{unique}"
     with http(api, make_key(redis_url, tenant)) as web:
         reply = web.post("/v1/runs", content=content,
