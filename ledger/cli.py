@@ -11,16 +11,36 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer._click.globals import get_current_context  # typer vendors click
 
 from ledger.client import Ledger
 from ledger.errors import LedgerError
-from ledger.inputs import DEFAULT_DIMENSIONS, Period
+from ledger.inputs import (
+    DEFAULT_DIMENSIONS,
+    Period,
+    check_amount,
+    check_known_dimension,
+    check_tenant,
+)
 
 ledger_app = typer.Typer(
     help="Read and set a tenant's budget ceilings.",
     no_args_is_help=True,
     add_completion=False,
 )
+
+# Where a command keeps the URLs it talks to (click's context meta), so that an error raised
+# anywhere in it can name the server without showing its password.
+STORE_URL_META = "turnstile.store_url"
+BROKER_URL_META = "turnstile.broker_url"
+
+_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^/@\s:]*:)[^@\s]*@", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """The text with the password of every URL in it replaced by ***."""
+    return _PASSWORD.sub(r"\g<head>***@", text)
+
 
 RedisUrl = Annotated[
     str | None,
@@ -34,7 +54,7 @@ RedisUrl = Annotated[
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
+    typer.echo(f"error: {redact(' '.join(message.split()))}", err=True)
     return typer.Exit(code)
 
 
@@ -52,6 +72,9 @@ def _ledger(url: str | None) -> Iterator[Ledger]:
     if not url:
         raise _fail("no ledger store: set TURNSTILE_REDIS_URL or pass --redis-url", code=2)
     extra = tuple(d for source in _extra_dimensions for d in source())
+    ctx = get_current_context(silent=True)
+    if ctx is not None:
+        ctx.meta[STORE_URL_META] = url
     try:
         ledger = Ledger.from_url(url, dimensions=(*DEFAULT_DIMENSIONS, *extra))
     except ValueError as exc:  # redis-py's word for a malformed URL
@@ -85,9 +108,14 @@ def set_ceilings(
     ] = False,
     redis_url: RedisUrl = None,
 ) -> None:
-    """Set ceilings for a tenant: hard unless --soft, with one period for all given."""
+    """Set ceilings for a tenant: hard unless --soft, with one period for all given. Every
+    pair is checked before any is written: one bad pair and nothing changes."""
     parsed = [_parse_limit(text) for text in limits]
     with _ledger(redis_url) as ledger:
+        check_tenant(tenant)
+        for name, value in parsed:
+            check_known_dimension(name, ledger.dimensions)
+            check_amount(f"ceiling of {name}", value)
         for name, value in parsed:
             ledger.set_ceiling(tenant, name, value, hard=not soft, period=period.value)
             kind = "soft" if soft else "hard"

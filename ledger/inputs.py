@@ -60,6 +60,8 @@ def check_tenant(tenant: object) -> str:
             f"bad tenant {tenant!r}: at most {MAX_TENANT_CHARS} characters, "
             "no braces, spaces or control characters"
         )
+    if tenant.startswith("-"):  # a command line would read it as an option: never named again
+        raise LedgerInputError(f"bad tenant {tenant!r}: a name may not start with '-'")
     return tenant
 
 

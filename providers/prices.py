@@ -76,7 +76,8 @@ def _decode(data: bytes, where: str) -> dict[str, Price]:
 
 @functools.lru_cache(maxsize=4)
 def _table(path: str | None) -> dict[str, Price]:
-    table = _decode(resources.files("providers").joinpath("prices.json").read_bytes(), "prices")
+    shipped = resources.files(__package__ or "").joinpath("prices.json").read_bytes()
+    table = _decode(shipped, "prices")
     if path:
         try:
             data = Path(path).read_bytes()

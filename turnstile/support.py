@@ -11,6 +11,7 @@ from jobs.support.shop import InMemoryShop
 from worker.shop import RedisShop
 
 
-def support(client: redis.Redis | None = None) -> Job:
-    """Over the worker's store (a Redis shop), or, with no client, a shop of its own."""
-    return support_job(InMemoryShop() if client is None else RedisShop(client))
+def support(client: redis.Redis | None = None, *, drills: bool = False) -> Job:
+    """Over the worker's store (a Redis shop), or, with no client, a shop of its own; failure
+    drills act only where the worker allows them (TURNSTILE_ALLOW_DRILLS)."""
+    return support_job(InMemoryShop() if client is None else RedisShop(client), drills=drills)

@@ -1,7 +1,12 @@
 """The Python API for services that enqueue work: submit a run, read it, decide on it.
 
 Every input is checked before anything is written: an unknown job, a budget above what the
-tenant allows, an oversized goal or params, an empty tenant or user are clear errors.
+tenant allows, an oversized goal or params, an empty tenant or user, a name that starts with
+`-` are clear errors.
+
+A submission or a decision is stored first and its step sent after. A broker that does not
+take the step does not undo it: the run's pickup lease lapses and the sweeper sends the step
+(`Submitted.sent` / `Client.deferred` say so), so an accepted run always runs.
 """
 
 from __future__ import annotations
@@ -10,24 +15,25 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import redis
 
-import providers
 from jobs.budget import Budget
 from jobs.closing import closing_message
 from jobs.decisions import approve as kernel_approve
 from jobs.decisions import cancel as kernel_cancel
 from jobs.decisions import deny as kernel_deny
 from jobs.errors import KernelError
-from jobs.memory import recall, remember
+from jobs.memory import Note, recall, remember
 from jobs.outcomes import Status
 from jobs.runs import new_run
 from jobs.state import RunState
 from ledger.client import Ledger
 from ledger.inputs import DEFAULT_DIMENSIONS
+from providers import budget_for, unpriced
 from providers.prices import PRICES_FILE_ENV
 from worker import keys
 from worker.app import connect, sender
@@ -38,12 +44,44 @@ from worker.settings import Settings
 from worker.step import StepMessage, next_hold, now_iso, time_limits
 from worker.store import Change, RunStore, SubmissionConflictError, fingerprint
 
-QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.\-]{0,63}$")
+RUN_ID = re.compile(r"^[A-Za-z0-9_.:][A-Za-z0-9_.:\-]{0,127}$")
 RUN_TENANTS = keys.RUN_TENANTS
 
 
 class SubmissionError(TurnstileError):
     """A submission refused before anything was written."""
+
+
+class InvalidNameError(SubmissionError):
+    """A tenant, user, queue or run id that cannot be a name: refused before any write."""
+
+
+def check_name(what: str, value: object) -> str:
+    """A tenant, user or queue name as every command and call accepts it: not empty, and not
+    starting with `-`, which a command line would read as an option (so the name could be
+    written but never named again)."""
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidNameError(f"{what} must be a non-empty name")
+    if value.startswith("-"):
+        raise InvalidNameError(f"bad {what} {value!r}: a name may not start with '-'")
+    return value
+
+
+def check_run_id(run_id: object) -> str:
+    if not isinstance(run_id, str) or not RUN_ID.match(run_id):
+        raise InvalidNameError(
+            f"bad run id {run_id!r}: 1-128 letters, digits, '.', '_', ':' or '-', "
+            "not starting with '-'"
+        )
+    return run_id
+
+
+@dataclass(frozen=True)
+class Submitted:
+    run_id: str
+    created: bool  # False: the same submission was made before (idempotent on the run id)
+    sent: bool  # False: stored, but the broker did not take the step; the sweeper sends it
 
 
 class RunNotFoundError(TurnstileError):
@@ -71,13 +109,16 @@ def _budget(raw: Budget | Mapping[str, Any] | None, default: Budget) -> Budget:
 class Client:
     def __init__(self, client: redis.Redis, config: Settings, send: Send) -> None:
         self.client, self.config, self.send = client, config, send
-        self.jobs = Registry(client)  # the jobs this process can see: entry points, TURNSTILE_JOBS
+        self.jobs = Registry(
+            client, drills=config.allow_drills
+        )  # the jobs this process can see: entry points, TURNSTILE_JOBS
         self.ledger = Ledger(
             client, grace_s=config.ledger_grace_s,
             dimensions=(*DEFAULT_DIMENSIONS, *self.jobs.dimensions()),
         )  # fmt: skip
-        self.store = RunStore(client, self.ledger)
+        self.store = RunStore(client, self.ledger, wait_for=config.wait_for)
         self.memory = RedisMemory(client)
+        self.deferred: list[str] = []  # runs whose step the broker did not take (sweeper sends)
 
     # -- submitting ------------------------------------------------------------------------
 
@@ -94,7 +135,24 @@ class Client:
         run_id: str | None = None,
     ) -> str:
         """Create the run and enqueue its first step; idempotent on `run_id`."""
-        run_id = run_id or f"run_{uuid.uuid4().hex[:20]}"
+        return self.submit_run(
+            tenant, user, job, goal, params, budget=budget, queue=queue, run_id=run_id
+        ).run_id
+
+    def submit_run(
+        self,
+        tenant: str,
+        user: str,
+        job: str,
+        goal: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        budget: Budget | Mapping[str, Any] | None = None,
+        queue: str = "default",
+        run_id: str | None = None,
+    ) -> Submitted:
+        """`submit`, saying whether the run was new and whether its step reached the broker."""
+        run_id = f"run_{uuid.uuid4().hex[:20]}" if run_id is None else check_run_id(run_id)
         state = self._new_state(
             tenant=tenant, user=user, job=job, goal=goal, params=params, budget=budget,
             queue=queue, run_id=run_id,
@@ -119,16 +177,20 @@ class Client:
         )  # fmt: skip
         if not created and stored != digest:
             raise SubmissionConflictError(f"run {run_id!r} exists with a different submission")
-        if created:
-            self._send(StepMessage(tenant, run_id, 1, queue), state)
-        return run_id
+        sent = created and self._send(StepMessage(tenant, run_id, 1, queue), state)
+        return Submitted(run_id, created, sent)
 
     def _new_state(
         self, *, tenant: str, user: str, job: str, goal: str, params: Mapping[str, Any] | None,
         budget: Budget | Mapping[str, Any] | None, queue: str, run_id: str,
     ) -> RunState:  # fmt: skip
-        if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
-            raise SubmissionError("queue must be 1-64 letters, digits, '.', '_' or '-'")
+        check_name("tenant", tenant)
+        check_name("user", user)
+        check_name("queue", queue)
+        if not QUEUE_NAME.match(queue):
+            raise InvalidNameError(
+                "queue must be 1-64 letters, digits, '.', '_' or '-', not starting with '-'"
+            )
         if not isinstance(goal, str) or len(goal) > self.config.max_goal_chars:
             raise SubmissionError(
                 f"goal must be text of at most {self.config.max_goal_chars} characters"
@@ -145,7 +207,7 @@ class Client:
             )
         try:
             definition = self.jobs.get(job)
-            chosen = providers.budget_for(
+            chosen = budget_for(
                 params or {}, _budget(budget, definition.budget), default=budget is None
             )
             if chosen.deadline_ms > self.config.max_deadline_s * 1000:
@@ -154,7 +216,7 @@ class Client:
                 )
             return new_run(
                 run_id=run_id, tenant=tenant, user_id=user, job=definition, goal=goal,
-                params=params, budget=chosen, memory=self.recall(user, goal),
+                params=params, budget=chosen, memory=self.recall(tenant, user, goal),
             )  # fmt: skip
         except KernelError as exc:
             raise SubmissionError(str(exc)) from exc
@@ -172,7 +234,7 @@ class Client:
 
     def _check_model_priced(self, tenant: str, params: Mapping[str, Any]) -> None:
         """A tenant with a cost ceiling only runs models whose spend can be priced."""
-        spec = providers.unpriced(params)
+        spec = unpriced(params)
         cost = self.ledger.read(tenant).get("cost_microusd") if spec else None
         if spec and cost is not None and cost.ceiling is not None:
             raise SubmissionError(
@@ -186,27 +248,51 @@ class Client:
         pipe.hget(RUN_TENANTS, run_id)
         return str(pipe.execute()[1])
 
-    def _send(self, msg: StepMessage, state: RunState) -> None:
+    def _send(self, msg: StepMessage, state: RunState) -> bool:
+        """Send the step; False when the broker did not take it. The run is stored with a
+        pickup lease, so the sweeper sends the step when the lease lapses: the caller is told
+        the run was accepted, never that it failed (it would run anyway)."""
         soft_s, hard_s = time_limits(state, self.config)
-        self.send(msg, soft_s, hard_s)
+        try:
+            self.send(msg, soft_s, hard_s)
+        except Exception:  # any failure of the broker client: the sweeper covers it
+            self.deferred.append(msg.run_id)
+            return False
+        return True
 
-    # -- long-term memory ------------------------------------------------------------------
+    # -- long-term memory: a tenant's user's notes -----------------------------------------
 
-    def remember(self, user: str, text: str, *, source: str, ttl_s: float) -> str:
-        """Store a note for a user if its source may write memory; says what happened."""
+    def remember(self, tenant: str, user: str, text: str, *, source: str, ttl_s: float) -> str:
+        """Store a note for a tenant's user if its source may write memory; says what
+        happened."""
+        check_name("tenant", tenant)
+        check_name("user", user)
         return remember(
-            self.memory, user_id=user, text=text, source=source, now_s=time.time(), ttl_s=ttl_s
-        )
+            self.memory, tenant=tenant, user_id=user, text=text, source=source,
+            now_s=time.time(), ttl_s=ttl_s,
+        )  # fmt: skip
 
-    def recall(self, user: str, query: str) -> list[str]:
-        """The user's live notes that match the query: shown to the model, labelled as
-        remembered, in the run's first view. Scoped to the user before any matching."""
-        if not isinstance(user, str) or not user.strip():
+    def recall(self, tenant: str, user: str, query: str) -> list[str]:
+        """The tenant's user's live notes that match the query: shown to the model, labelled
+        as remembered, in the run's first view. Scoped to the tenant and the user before any
+        matching."""
+        if not all(isinstance(v, str) and v.strip() for v in (tenant, user)):
             return []
-        return recall(self.memory, user_id=user, query=query, now_s=time.time())
+        return recall(self.memory, tenant=tenant, user_id=user, query=query, now_s=time.time())
 
-    def forget(self, *, user: str | None = None, source: str | None = None) -> int:
-        return self.memory.forget(user_id=user, source=source)
+    def forget(self, tenant: str, *, user: str | None = None, source: str | None = None) -> int:
+        """Delete a tenant's notes by user, by source, or both; how many went."""
+        check_name("tenant", tenant)
+        if user is not None:
+            check_name("user", user)
+        return self.memory.forget(tenant=tenant, user_id=user, source=source)
+
+    def notes(self, tenant: str, *, user: str | None = None) -> list[Note]:
+        """A tenant's live notes, one user's or every user's."""
+        check_name("tenant", tenant)
+        if user is not None:
+            check_name("user", user)
+        return self.memory.notes(tenant, time.time(), user_id=user)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -263,7 +349,7 @@ class Client:
             raise DecisionRefusedError(
                 f"run {run_id} changed while deciding ({committed.kind}); try again"
             )
-        if live:
+        if live:  # a broker that does not take the step leaves it to the sweeper (self.deferred)
             self._send(StepMessage(tenant, run_id, committed.version, stored["queue"]), state)
         return state
 

@@ -27,7 +27,7 @@ from celery import Celery, Task, signals
 
 from ledger.client import Ledger
 from ledger.inputs import DEFAULT_DIMENSIONS
-from worker import metrics
+from worker import deadletters, metrics
 from worker.logs import configure as configure_logging
 from worker.registry import Jobs
 from worker.settings import Settings, settings
@@ -54,8 +54,9 @@ START_PRIORITY = 9
 
 def make_app(config: Settings, *, broker_url: str | None = None, main: bool = True) -> Celery:
     celery = Celery("turnstile", set_as_current=main)
+    url = broker_url or config.broker_url or config.redis_url
     celery.conf.update(
-        broker_url=broker_url or config.broker_url or config.redis_url,
+        broker_url=url,
         broker_transport_options={"visibility_timeout": config.visibility_timeout_s},
         broker_connection_retry_on_startup=True,
         task_serializer="json",
@@ -73,6 +74,8 @@ def make_app(config: Settings, *, broker_url: str | None = None, main: bool = Tr
         worker_hijack_root_logger=False,
         worker_redirect_stdouts=False,  # structlog writes its own lines to stderr
         broker_pool_limit=4,
+        # A queue entry the worker cannot take in goes to the dead letters, not the worker down.
+        **deadletters.celery_config(url or ""),
     )
     return celery
 
@@ -103,10 +106,28 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+# A client's publish is bounded: a broker that is down or unreachable makes a submission or a
+# decision say "accepted, sent later" within a few seconds (the sweeper sends the step),
+# instead of hanging on the operating system's connect timeout.
+PUBLISH_CONNECT_TIMEOUT_S = 1.0
+PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.25,
+                        "interval_max": 0.5}  # fmt: skip
+
+
 @functools.lru_cache(maxsize=8)
 def producer(broker_url: str) -> Celery:
     """A producer-only app for this broker (no tasks of its own; it sends by task name)."""
-    return make_app(settings(), broker_url=broker_url, main=False)
+    made = make_app(settings(), broker_url=broker_url, main=False)
+    made.conf.update(
+        broker_connection_timeout=PUBLISH_CONNECT_TIMEOUT_S,
+        broker_transport_options={
+            **made.conf.broker_transport_options,
+            "socket_connect_timeout": PUBLISH_CONNECT_TIMEOUT_S,
+            "socket_timeout": 5.0,
+        },
+        task_publish_retry_policy=PUBLISH_RETRY_POLICY,
+    )
+    return made
 
 
 def sender(broker_url: str) -> Callable[[StepMessage, float, float], None]:
@@ -152,12 +173,12 @@ def build_services(config: Settings) -> Services:
     if config.redis_url is None:
         raise StoreUnavailable("no store: set TURNSTILE_REDIS_URL")
     client = connect(config.redis_url, config)
-    jobs = Jobs(client)
+    jobs = Jobs(client, drills=config.allow_drills)
     ledger = Ledger.from_url(
         config.redis_url, grace_s=config.ledger_grace_s,
         dimensions=(*DEFAULT_DIMENSIONS, *jobs.dimensions()),
     )  # fmt: skip
-    store = RunStore(client, ledger)
+    store = RunStore(client, ledger, wait_for=config.wait_for)
 
     sends = iter(range(1, 2**62))
 
@@ -257,6 +278,21 @@ def _start_sweeper(sender: Any = None, **kwargs: Any) -> None:
     ).start()
 
 
+# The exit status a shutdown signal announced (1 for a cold shutdown). Celery's worker exits 0
+# after a cold shutdown all the same (WorkController.terminate keeps no exit code), so
+# `turnstile worker` exits with this one when Celery's own is 0.
+_announced_exitcode: list[int] = []
+
+
+def _note_exitcode(exitcode: int | None = None, **kwargs: Any) -> None:
+    if exitcode:
+        _announced_exitcode.append(int(exitcode))
+
+
+def announced_exitcode() -> int:
+    return max(_announced_exitcode, default=0)
+
+
 def _stop_sweeper(sender: Any = None, **kwargs: Any) -> None:
     _sweeper_stop.set()
 
@@ -288,6 +324,7 @@ def _connect_signals() -> None:
     signals.worker_ready.connect(_start_sweeper, weak=False)
     signals.worker_ready.connect(_log_jobs, weak=False)
     signals.worker_shutdown.connect(_stop_sweeper, weak=False)
+    signals.worker_shutting_down.connect(_note_exitcode, weak=False)
     signals.worker_process_init.connect(_child_init, weak=False)
     signals.worker_init.connect(_main_init, weak=False)
     signals.worker_ready.connect(_serve_metrics, weak=False)

@@ -3,24 +3,32 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+from datetime import UTC, datetime
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ledger.cli import ledger_app, use_dimensions
-from worker.cli_common import BrokerUrl, JsonFlag, RedisUrl, client, fail
+from worker.cli_common import BrokerUrl, JsonFlag, OneLineGroup, RedisUrl, client, fail
+from worker.cli_deadletters import dead_letters_app
 from worker.cli_http import register as register_http
 from worker.cli_ops import register as register_ops
 
 app = typer.Typer(
     name="turnstile",
+    cls=OneLineGroup,  # every error of every command is one line
     help="Run long LLM agent tasks as durable background steps.",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_enable=False,
 )
 app.add_typer(ledger_app, name="ledger")
+app.add_typer(dead_letters_app, name="dead-letters")
 
 
 def _job_dimensions() -> tuple[str, ...]:
@@ -115,6 +123,21 @@ def demo(
         typer.echo(json.dumps(result))
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+MAX_CONCURRENCY = 1024  # pool processes of one worker; more machines, not more processes
+WORKER_NAME = re.compile(r"^[A-Za-z0-9_.%-]{1,100}(@[A-Za-z0-9_.%-]{1,200})?$")
+
+
+def node_name(name: str | None) -> str:
+    """The worker's Celery node name: `name@host` (`name` may carry its own `@host`), or by
+    default `turnstile-<pid>@<host>`, so two workers on one machine are two nodes."""
+    if not name:
+        return f"turnstile-{os.getpid()}@%h"
+    if not WORKER_NAME.match(name):
+        fail(f"bad worker name {name!r}: letters, digits, '.', '_', '-', one '@' at most", code=2)
+    return name if "@" in name else f"{name}@%h"
+
+
 @app.command()
 def worker(
     queues: Annotated[
@@ -126,44 +149,70 @@ def worker(
     concurrency: Annotated[
         int,
         typer.Option(
-            "--concurrency", "-c", envvar="TURNSTILE_CONCURRENCY", min=1, help="Worker processes."
+            "--concurrency",
+            "-c",
+            envvar="TURNSTILE_CONCURRENCY",
+            help=f"Worker processes, 1 to {MAX_CONCURRENCY}.",
         ),
     ] = 2,
-    loglevel: Annotated[
-        str, typer.Option("--loglevel", envvar="TURNSTILE_CELERY_LOG_LEVEL")
-    ] = "WARNING",
-    redis_url: RedisUrl = None,
-    broker_url: BrokerUrl = None,
     name: Annotated[
         str | None,
         typer.Option(
             "--name",
             "-n",
             envvar="TURNSTILE_WORKER_NAME",
-            help="The worker's node name (Celery's -n), e.g. w1@%h.",
+            show_default=False,
+            help="Node name (NAME or NAME@HOST); turnstile-<pid>@<host> by default.",
         ),
     ] = None,
+    loglevel: Annotated[
+        str, typer.Option("--loglevel", envvar="TURNSTILE_CELERY_LOG_LEVEL")
+    ] = "WARNING",
+    redis_url: RedisUrl = None,
+    broker_url: BrokerUrl = None,
 ) -> None:
     """Start a Celery worker for Turnstile's steps: acks late, prefetch 1, JSON only, events on.
-    SIGTERM finishes the turns in flight before exiting."""
-    import os
+    SIGTERM finishes the turns in flight before exiting; the exit status is Celery's, so a
+    supervisor restarts a worker that stopped on an error."""
+    from worker.api import QUEUE_NAME
 
     if not redis_url:
         fail("no store: set TURNSTILE_REDIS_URL or pass --redis-url", code=2)
+    names = [q.strip() for q in queues.split(",")]
+    if not all(QUEUE_NAME.match(q) for q in names):
+        fail(f"bad --queues {queues!r}: comma-separated names of letters, digits, '.', '_', '-'",
+             code=2)  # fmt: skip
+    if not 1 <= concurrency <= MAX_CONCURRENCY:
+        fail(f"bad --concurrency {concurrency}: 1 to {MAX_CONCURRENCY} processes", code=2)
+    if loglevel.upper() not in LOG_LEVELS:
+        fail(f"bad --loglevel {loglevel!r}: one of {', '.join(LOG_LEVELS)}", code=2)
+    node = node_name(name)
     os.environ["TURNSTILE_REDIS_URL"] = redis_url
     if broker_url:
         os.environ["TURNSTILE_BROKER_URL"] = broker_url
-    from worker.app import worker_app
+    from pydantic import ValidationError
+
     from worker.settings import settings
 
     settings.cache_clear()
+    try:
+        settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = "TURNSTILE_" + str(first["loc"][0]).upper() if first["loc"] else "settings"
+        fail(f"bad {where}: {first['msg']}", code=2)
+    from worker import deadletters
+    from worker.app import announced_exitcode, worker_app
+
     celery_app = worker_app()
-    celery_app.conf.update(broker_url=broker_url or redis_url)
-    argv = ["worker", "-Q", queues, "-c", str(concurrency), "-E", "-l", loglevel,
-            "--without-gossip", "--without-mingle"]  # fmt: skip
-    if name:
-        argv += ["-n", name]
-    celery_app.worker_main(argv)
+
+    url = broker_url or redis_url
+    celery_app.conf.update(broker_url=url, **deadletters.celery_config(url))
+    code: int | None = celery_app.start(
+        ["worker", "-Q", ",".join(names), "-c", str(concurrency), "-n", node, "-E",
+         "-l", loglevel.upper(), "--without-gossip", "--without-mingle"]
+    )  # fmt: skip
+    raise typer.Exit(code or announced_exitcode())
 
 
 @app.command()
@@ -247,20 +296,39 @@ def submit(
     redis_url: RedisUrl = None,
     broker_url: BrokerUrl = None,
 ) -> None:
-    """Submit a run; prints its id. Idempotent with --run-id."""
+    """Submit a run; prints its id. Idempotent with --run-id. A broker that is down does not
+    refuse it: the run is stored and its step sent when the broker is back."""
     with client(redis_url, broker_url) as c:
-        made = c.submit(tenant, user, job, goal, _params(param or []), queue=queue, run_id=run_id)
-    typer.echo(json.dumps({"run_id": made}) if as_json else made)
+        made = c.submit_run(
+            tenant, user, job, goal, _params(param or []), queue=queue, run_id=run_id
+        )
+    deferred = made.created and not made.sent
+    if as_json:
+        typer.echo(json.dumps({"run_id": made.run_id, "created": made.created, "sent": made.sent}))
+    else:
+        typer.echo(made.run_id)
+    if deferred:
+        typer.echo(
+            f"accepted run {made.run_id}; the step will be sent when the broker is back", err=True
+        )
 
 
 memory_app = typer.Typer(
-    help="Long-term memory: notes kept per user, across runs.", no_args_is_help=True
+    help="Long-term memory: notes kept per tenant and user, across runs.", no_args_is_help=True
 )
 app.add_typer(memory_app, name="memory")
+
+MemoryTenant = Annotated[
+    str, typer.Option("--tenant", envvar="TURNSTILE_TENANT", help="Whose users' notes.")
+]
+MemorySource = Annotated[
+    str | None, typer.Option("--source", envvar="TURNSTILE_MEMORY_SOURCE", show_default=False)
+]
 
 
 @memory_app.command("add")
 def memory_add(
+    tenant: MemoryTenant,
     user: Annotated[str, typer.Option("--user", envvar="TURNSTILE_USER")],
     text: Annotated[str, typer.Option("--text", envvar="TURNSTILE_MEMORY_TEXT")],
     source: Annotated[
@@ -275,9 +343,9 @@ def memory_add(
     * 86400,
     redis_url: RedisUrl = None,
 ) -> None:
-    """Remember a note for a user; a note from an untrusted source is refused."""
+    """Remember a note for a tenant's user; a note from an untrusted source is refused."""
     with client(redis_url) as c:
-        said = c.remember(user, text, source=source, ttl_s=ttl_s)
+        said = c.remember(tenant, user, text, source=source, ttl_s=ttl_s)
     if said != "stored":
         fail(said)
     typer.echo(said)
@@ -285,19 +353,44 @@ def memory_add(
 
 @memory_app.command("forget")
 def memory_forget(
+    tenant: MemoryTenant,
     user: Annotated[str | None, typer.Option("--user", envvar="TURNSTILE_USER")] = None,
-    source: Annotated[
-        str | None, typer.Option("--source", envvar="TURNSTILE_MEMORY_SOURCE")
+    source: MemorySource = None,
+    as_json: JsonFlag = False,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Delete a tenant's notes by user, by source, or both."""
+    if user is None and source is None:
+        fail("say whose notes to forget: --user, --source, or both", code=2)
+    with client(redis_url) as c:
+        gone = c.forget(tenant, user=user, source=source)
+    typer.echo(json.dumps({"forgotten": gone}) if as_json else f"forgot {gone} notes")
+
+
+@memory_app.command("list")
+def memory_list(
+    tenant: MemoryTenant,
+    user: Annotated[
+        str | None, typer.Option("--user", envvar="TURNSTILE_USER", show_default=False)
     ] = None,
     as_json: JsonFlag = False,
     redis_url: RedisUrl = None,
 ) -> None:
-    """Delete notes by user, by source, or both."""
-    if user is None and source is None:
-        fail("say whose notes to forget: --user, --source, or both", code=2)
+    """A tenant's live notes: one user's with --user, every user's without."""
+    import msgspec
+
+    from worker.cli_ops import console_for_tables
+
     with client(redis_url) as c:
-        gone = c.forget(user=user, source=source)
-    typer.echo(json.dumps({"forgotten": gone}) if as_json else f"forgot {gone} notes")
+        notes = c.notes(tenant, user=user)
+    if as_json:
+        typer.echo(json.dumps(msgspec.to_builtins(notes)))
+        return
+    out = Table("user", "source", "expires (UTC)", "text")
+    for note in notes:
+        expires = datetime.fromtimestamp(note.expires_s, UTC).isoformat(timespec="seconds")
+        out.add_row(escape(note.user_id), note.source, expires, escape(note.text))
+    console_for_tables().print(out)
 
 
 def main() -> None:

@@ -122,7 +122,7 @@ def _depth(depth: int | None) -> str:
     return "?" if depth is None else str(depth)
 
 
-def _console() -> Console:
+def console_for_tables() -> Console:
     """A console for tables: a piped table is as wide as it needs (up to 160 columns), not
     the 80 rich assumes without a terminal."""
     console = Console()
@@ -172,6 +172,10 @@ def resume(
     if as_json:
         _json(dataclasses.asdict(done))
         return
+    if not done.cleared:
+        what = "paused" if done.target == "tenant" else "paused or draining"
+        typer.echo(f"{done.target} {done.name!r} was not {what}; no change")
+        return
     line = (
         f"resumed {done.target} {done.name!r} (cleared {', '.join(done.cleared)}): "
         f"{len(done.resumed)} parked run(s) re-enqueued"
@@ -216,7 +220,8 @@ def drain(
 def queues(
     as_json: JsonFlag = False, redis_url: RedisUrl = None, broker_url: BrokerUrl = None
 ) -> None:
-    """Every queue: messages waiting, turns in flight, runs parked, paused or draining."""
+    """Every queue: messages waiting, turns in flight, runs parked, dead letters (see
+    `turnstile dead-letters`), paused or draining."""
     from worker import control
 
     with client(redis_url, broker_url) as c:
@@ -224,18 +229,24 @@ def queues(
     if as_json:
         _json([dataclasses.asdict(v) for v in views])
         return
-    table = Table("queue", "depth", "in flight", "running", "parked", "state")
+    table = Table("queue", "depth", "in flight", "running", "parked", "dead letters", "state")
     for v in views:
         flags = (("paused", v.paused, v.paused_by), ("draining", v.draining, v.draining_by))
         state = ", ".join(f"{flag} by {who} since {at}" for flag, at, who in flags if at)
         table.add_row(
             escape(v.name), _depth(v.depth), str(v.in_flight), str(v.running), str(v.parked),
-            escape(state or "open"),
+            _depth(v.dead_letters), escape(state or "open"),
         )  # fmt: skip
-    _console().print(table)
+    console_for_tables().print(table)
 
 
 # -- decisions ------------------------------------------------------------------------------
+
+
+def _next_step(sent: bool) -> str:
+    if sent:
+        return "it runs next"
+    return "accepted; the step will be sent when the broker is back"
 
 
 def approve(
@@ -252,12 +263,14 @@ def approve(
 
     with client(redis_url, broker_url) as c:
         state = control.approve(c, run_id, by=_by(by), digest=digest, tenant=tenant)
+        sent = run_id not in c.deferred
     decision = state.decisions[-1]
     if as_json:
         _json({"run_id": run_id, "decision": "approved", "digest": decision.digest,
-               "by": decision.by, "at": decision.at, "status": state.status.value})  # fmt: skip
+               "by": decision.by, "at": decision.at, "status": state.status.value,
+               "sent": sent})  # fmt: skip
         return
-    typer.echo(f"approved the held call {decision.digest} of run {run_id}; it runs next")
+    typer.echo(f"approved the held call {decision.digest} of run {run_id}; {_next_step(sent)}")
 
 
 def deny(
@@ -275,12 +288,15 @@ def deny(
 
     with client(redis_url, broker_url) as c:
         state = control.deny(c, run_id, by=_by(by), reason=reason, tenant=tenant)
+        sent = run_id not in c.deferred
     outcome = state.outcome.value if state.outcome else None
     if as_json:
         _json({"run_id": run_id, "decision": "denied", "status": state.status.value,
-               "outcome": outcome})  # fmt: skip
+               "outcome": outcome, "sent": sent})  # fmt: skip
         return
-    ended = f"it ended {outcome}" if outcome else "the model is shown the denial"
+    ended = (
+        f"it ended {outcome}" if outcome else f"the model is shown the denial; {_next_step(sent)}"
+    )
     typer.echo(f"denied the held call of run {run_id}; {ended}")
 
 
@@ -328,6 +344,7 @@ def runs(
         page = control.page_runs(
             c, tenant=tenant, status=status, outcome=outcome, limit=limit, cursor=cursor
         )
+        c.store.fence("the runs read are")  # shown only once as durable as the setting wants
     rows = page.rows
     if as_json:
         _json({"runs": [dataclasses.asdict(r) for r in rows], "next_cursor": page.next_cursor})
@@ -339,7 +356,7 @@ def runs(
             r.run_id, escape(r.tenant), r.status, r.outcome, escape(r.detail), escape(r.queue),
             _n(r.steps), _n(r.tokens),
         )  # fmt: skip
-    _console().print(table)
+    console_for_tables().print(table)
     if page.next_cursor:
         typer.echo(f"more: --cursor {page.next_cursor}")
 
@@ -356,6 +373,7 @@ def status(
 
     with client(redis_url, broker_url) as c:
         view = control.run_view(c, run_id, tenant)
+        c.store.fence(f"the state of run {run_id} read is")
     if as_json:
         _json(view)
         return
@@ -377,7 +395,7 @@ def status(
         table.add_row("digest", held["digest"])
     for d in view["decisions"]:
         table.add_row("decision", escape(f"{d['kind']} by {d['by']} at {d['at']}"))
-    _console().print(table)
+    console_for_tables().print(table)
 
 
 def _turn_line(event: dict[str, Any]) -> str:
@@ -435,7 +453,7 @@ def watch(
 
     with client(redis_url, broker_url) as c:
         tenant, _ = control.resolve(c, run_id, tenant)
-        stream = control.follow(c, tenant, run_id, timeout_s=timeout_s)
+        stream = _fenced(c, control.follow(c, tenant, run_id, timeout_s=timeout_s))
         try:
             if as_json:
                 for eid, event in stream:
@@ -444,6 +462,17 @@ def watch(
                 _watch_display(stream)
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
+
+
+def _fenced(
+    c: Any, stream: Iterator[tuple[str, dict[str, Any]]]
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The stream, each run-ending or deciding event shown only once it is as durable as
+    TURNSTILE_DURABILITY wants (one wait per such event; turn events are shown as read)."""
+    for eid, event in stream:
+        if event.get("type") in ("finished", "decision", "suspended"):
+            c.store.fence(f"event {eid} of the run is")
+        yield eid, event
 
 
 def _watch_display(stream: Iterator[tuple[str, dict[str, Any]]]) -> None:

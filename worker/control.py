@@ -30,7 +30,7 @@ from jobs.outcomes import Outcome, Status
 from jobs.state import RunState
 from jobs.trace import Span
 from worker import keys
-from worker.api import Client, DecisionRefusedError, RunNotFoundError
+from worker.api import Client, DecisionRefusedError, RunNotFoundError, check_name
 from worker.errors import TurnstileError
 from worker.step import StepMessage, next_hold, now_iso, time_limits
 from worker.store import Change
@@ -68,6 +68,7 @@ class Scope:
     def __post_init__(self) -> None:
         if (self.queue is None) == (self.tenant is None):
             raise ControlError("give exactly one of a queue or a tenant")
+        check_name("queue" if self.queue is not None else "tenant", self.queue or self.tenant)
 
     @property
     def label(self) -> str:
@@ -272,17 +273,17 @@ def _requeue_pass(c: Client, scope: Scope, by: str, at: str, done: Resumed) -> N
 
 def resume(c: Client, scope: Scope, *, by: str, settle_s: float = PARK_SETTLE_S) -> Resumed:
     """Clear the pause (and, for a queue, the drain) and re-enqueue each parked run in scope
-    whose other gates are clear, once. Resuming what is not paused is refused."""
+    whose other gates are clear, once. Resuming what is not paused changes nothing, as
+    pausing what is paused does: `cleared` is empty and no run is touched."""
     check_known(c, scope)
     cleared = _clear_flags(c, scope)
-    if not cleared:
-        what = "paused" if scope.queue is None else "paused or draining"
-        raise ControlError(f"{scope.label} is not {what}")
     at = now_iso()
-    c.client.hset(scope.flag_key, mapping={"resumed_at": at, "resumed_by": by})
     target, name = ("queue", scope.queue) if scope.queue is not None else ("tenant", scope.tenant)
     assert name is not None
     done = Resumed(target, name, by, at, cleared)
+    if not cleared:
+        return done
+    c.client.hset(scope.flag_key, mapping={"resumed_at": at, "resumed_by": by})
     # A step that loaded its run before the flag was cleared is in flight until it parks;
     # wait for those (never longer than settle_s: a real turn does not park) and look again.
     pending = {run_id for _, run_id, _ in live_inflight(c, scope)}
@@ -338,6 +339,7 @@ class QueueView:
     paused_by: str
     draining: str
     draining_by: str
+    dead_letters: int | None = None  # entries workers could not take in (on a Redis broker)
 
 
 def _running_on(c: Client, queue: str) -> int:
@@ -355,12 +357,12 @@ def _running_on(c: Client, queue: str) -> int:
 
 def queue_view(c: Client, queue: str) -> QueueView:
     check_known(c, Scope(queue=queue))
-    flags = [
+    paused, paused_by, draining, draining_by = (
         _s(v)
         for v in c.client.hmget(
             keys.queue_control(queue), "paused", "paused_by", "draining", "draining_by"
         )
-    ]
+    )
     scope = Scope(queue=queue)
     return QueueView(
         queue,
@@ -368,8 +370,20 @@ def queue_view(c: Client, queue: str) -> QueueView:
         len(live_inflight(c, scope)),
         _running_on(c, queue),
         len(parked_runs(c, scope)),
-        *flags,
-    )
+        paused, paused_by, draining, draining_by,
+        dead_letter_count(c.config.broker, queue),
+    )  # fmt: skip
+
+
+def dead_letter_count(broker_url: str, queue: str) -> int | None:
+    """Dead letters of the queue on a Redis broker; None for another kind of broker."""
+    if not broker_url.startswith(("redis://", "rediss://", "unix://")):
+        return None
+    broker = redis.Redis.from_url(broker_url, socket_timeout=5)
+    try:
+        return int(broker.llen(keys.dead_letters(queue)))
+    finally:
+        broker.close()
 
 
 def queues(c: Client) -> list[QueueView]:

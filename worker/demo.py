@@ -23,10 +23,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-import providers
 from jobs.budget import Budget
 from jobs.errors import KernelError
 from jobs.support.scenarios import GOAL, SCENARIOS, USER
+from providers import parse, unpriced
 from providers.prices import PRICES_FILE_ENV
 from worker.api import Client, connect_client
 from worker.embedded import EmbeddedServer
@@ -129,7 +129,7 @@ def submit_runs(
     capped = f"capped-{suffix}"
     ceiling = max(1, extra_runs * COST_PER_RUN_MICROUSD // 2)
     params: dict[str, Any] = {"model": model} if model else {}
-    if not (model and providers.unpriced(params)):
+    if not (model and unpriced(params)):
         client.ledger.set_ceiling(capped, "cost_microusd", ceiling)
     runs = []
     if model:
@@ -260,7 +260,7 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 def check_model(model: str) -> None:
     """A real model the demo can run: a known provider, and its key set for the workers."""
     try:
-        provider, _ = providers.parse(model)
+        provider, _ = parse(model)
     except KernelError as exc:
         raise DemoError(str(exc)) from exc
     key = f"{provider.upper()}_API_KEY"

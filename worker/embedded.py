@@ -121,6 +121,15 @@ class EmbeddedServer:
             process.kill()
             process.wait(timeout=5)
 
+    def kill(self) -> None:
+        """SIGKILL the process, as a crash would: it gets no chance to write anything more.
+        The data directory stays, so `start` recovers from the append-only file."""
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.kill()
+        process.wait(timeout=5)
+
     def close(self) -> None:
         self.stop()
         shutil.rmtree(self._dir, ignore_errors=True)

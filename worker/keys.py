@@ -14,6 +14,7 @@ TENANTS = f"{PREFIX}:tenants"  # every tenant that has runs: the sweeper's start
 SWEEP_LOCK = f"{PREFIX}:sweeper:lock"
 RETENTION_LOCK = f"{PREFIX}:retention:lock"  # one retention pass at a time, once an interval
 RUN_TENANTS = f"{PREFIX}:run-tenants"  # hash: run id -> tenant, so a run id alone finds its run
+FENCE = f"{PREFIX}:fence"  # counter: a reader's own write, to wait for what it read (store.fence)
 
 
 def _t(tenant: str, name: str) -> str:
@@ -66,6 +67,37 @@ def queue_control(queue: str) -> str:
 
 
 QUEUES = f"{PREFIX}:queues"  # every queue that has been used or controlled
+
+# On the broker, beside the queues: what workers took off a queue and could not run.
+DEAD_LETTER_QUEUES = f"{PREFIX}:dead"  # set: the queues that have dead letters
+
+
+def dead_letters(queue: str) -> str:
+    """List, on the broker: the queue's dead letters as JSON, newest first."""
+    return f"{PREFIX}:dead:{queue}"
+
+
+# -- long-term memory: every key of a tenant's notes carries the tenant's hash tag -------------
+
+
+def memory_notes(tenant: str, user_id: str) -> str:
+    """Sorted set: one user's note records (JSON), scored by when each expires (seconds)."""
+    return _t(tenant, f"mem:notes:{user_id}")
+
+
+def memory_seq(tenant: str, user_id: str) -> str:
+    """Counter: the last sequence number given to a note of this user."""
+    return _t(tenant, f"mem:seq:{user_id}")
+
+
+def memory_users(tenant: str) -> str:
+    """Set: every user of the tenant that was ever given a note (`memory list` walks it)."""
+    return _t(tenant, "mem:users")
+
+
+def memory_source_users(tenant: str, source: str) -> str:
+    """Set: every user of the tenant that was ever given a note from `source`."""
+    return _t(tenant, f"mem:source:{source}:users")
 
 
 def ledger(tenant: str) -> list[str]:

@@ -102,6 +102,13 @@ class Metrics:
             ["reason"],
             registry=registry,
         )
+        self.dead_letters: Counter = Counter(
+            "turnstile_dead_letters_total",
+            "Queue entries a worker could not take in (not JSON, a broken envelope, an unknown "
+            "task, ...), moved to the queue's dead letters, by reason.",
+            ["reason"],
+            registry=registry,
+        )
 
 
 @dataclass
@@ -145,6 +152,12 @@ def step_done(result: str, started: float) -> None:
 def step_retried(reason: str) -> None:
     if _state.metrics is not None:
         _state.metrics.step_retries.labels(reason).inc()
+
+
+def message_dead_lettered(reason: str) -> None:
+    """A queue entry went to the dead letters (in the worker's main process)."""
+    if _state.metrics is not None:
+        _state.metrics.dead_letters.labels(reason).inc()
 
 
 def run_finished(outcome: str, detail: str | None) -> None:

@@ -83,13 +83,22 @@ def _takes_client(factory: Callable[..., Any]) -> bool:
     )
 
 
-def build(plugin: Plugin, client: redis.Redis | None) -> Job:
-    """The plugin's job, built over this client (None: an in-process world of its own)."""
+def _takes_drills(factory: Callable[..., Any]) -> bool:
+    try:
+        return "drills" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def build(plugin: Plugin, client: redis.Redis | None, *, drills: bool = False) -> Job:
+    """The plugin's job, built over this client (None: an in-process world of its own). A
+    factory with a `drills` keyword is told whether failure drills may act here."""
     obj = plugin.load()
     if not isinstance(obj, Job):
         if not callable(obj):
             raise TypeError(f"{type(obj).__name__} is neither a Job nor a factory of one")
-        obj = obj(client) if _takes_client(obj) else obj()
+        extra = {"drills": drills} if _takes_drills(obj) else {}
+        obj = obj(client, **extra) if _takes_client(obj) else obj(**extra)
     if not isinstance(obj, Job):
         raise TypeError(f"the factory returned {type(obj).__name__}, not a Job")
     if plugin.name is not None and obj.name != plugin.name:
@@ -105,12 +114,14 @@ def _reason(exc: BaseException) -> str:
 class Registry:
     """The jobs of this process, built once over one Redis client (None: in-process only)."""
 
-    def __init__(self, client: redis.Redis | None = None, *, spec: str | None = None) -> None:
-        self.client = client
+    def __init__(
+        self, client: redis.Redis | None = None, *, spec: str | None = None, drills: bool = False
+    ) -> None:
+        self.client, self.drills = client, drills  # drills: TURNSTILE_ALLOW_DRILLS
         self.plugins = candidates(spec)
         for plugin in self.plugins:
             try:
-                plugin.job = build(plugin, client)
+                plugin.job = build(plugin, client, drills=drills)
                 plugin.name = plugin.job.name
             except Exception as exc:  # any failure of a plugin is that plugin's, not ours
                 plugin.error = _reason(exc)

@@ -5,8 +5,10 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from worker.durability import Durability, WaitFor
 
 
 class Settings(BaseSettings):
@@ -47,6 +49,18 @@ class Settings(BaseSettings):
     ledger_grace_s: float = Field(default=60.0, ge=0)
     redis_timeout_s: float = Field(default=5.0, gt=0)
 
+    # What a submission, a decision and a step's commit must reach before they are
+    # acknowledged: none (the server's memory), aof (its fsynced append-only file: WAITAOF),
+    # replica (that many replicas: WAIT). See worker/durability.py and the README. `none`
+    # here because `aof` refuses every write on a server without AOF (a plain redis-server,
+    # the demo's and the tests' embedded one); the deploy files, whose server runs AOF, set
+    # `aof`: tests/bench/bench_worker.py measured it at 0.61x the turns/s of `none` with
+    # zero-latency turns (a turn waits for its commit's fsync; small next to model time).
+    durability: Durability = Durability.NONE
+    durability_replicas: int = Field(default=1, ge=1)
+    # Below redis_timeout_s, so the wait answers before the socket gives up on it.
+    durability_timeout_s: float = Field(default=2.0, gt=0)
+
     # Submission limits: what one run may carry and ask for.
     max_goal_chars: int = 4000
     max_params_bytes: int = 16 * 1024
@@ -57,11 +71,31 @@ class Settings(BaseSettings):
     chaos_send_copies: int = Field(default=1, ge=1, le=5)
     chaos_drop_every: int = Field(default=0, ge=0)
 
+    # Failure drills a run may ask for in its params (the support job's `die_in`, `sleep_s`,
+    # `model_sleep_s`: kill the worker, hang a tool or the model). Off: a submission asking for
+    # one is refused and a worker ignores them. Tests, the demo and staging turn them on.
+    allow_drills: bool = False
+
     # Port of the worker's Prometheus endpoint, served by its main process; None or 0: off.
     metrics_port: int | None = None
 
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: str = "INFO"
+
+    @model_validator(mode="after")
+    def _wait_fits_socket(self) -> Settings:
+        waits = self.durability is not Durability.NONE
+        if waits and self.durability_timeout_s >= self.redis_timeout_s:
+            raise ValueError(
+                f"durability_timeout_s ({self.durability_timeout_s:g}) must be below "
+                f"redis_timeout_s ({self.redis_timeout_s:g})"
+            )
+        return self
+
+    @property
+    def wait_for(self) -> WaitFor:
+        """The wait each acknowledged write of the store makes (TURNSTILE_DURABILITY)."""
+        return WaitFor(self.durability, self.durability_replicas, self.durability_timeout_s)
 
     @property
     def broker(self) -> str:

@@ -25,6 +25,7 @@ from jobs.state import RunState
 from ledger.client import Ledger
 from ledger.scripts import library_source
 from worker import keys
+from worker.durability import WaitFor
 from worker.errors import TurnstileError
 
 LUA = Path(__file__).parent / "lua"
@@ -34,6 +35,12 @@ EVENTS_MAXLEN = 10_000  # per run; a run of this many events has long hit its st
 
 class StoreUnavailable(TurnstileError):  # noqa: N818 - the store is down, said plainly
     """The store could not be reached; the caller retries later. Nothing was half-written."""
+
+
+class NotDurableError(StoreUnavailable):
+    """A write made but not confirmed where TURNSTILE_DURABILITY wants it (the disk, the
+    replicas) in time: a crash of the server now may lose it. A step retries as if the store
+    were down (its commit, if it survives, makes the retry a no-op); a caller is told."""
 
 
 class SubmissionConflictError(TurnstileError):
@@ -108,9 +115,12 @@ def _s(value: Any) -> str:
 
 
 class RunStore:
-    def __init__(self, client: redis.Redis, ledger: Ledger) -> None:
+    def __init__(
+        self, client: redis.Redis, ledger: Ledger, *, wait_for: WaitFor | None = None
+    ) -> None:
         self.client = client
         self.ledger = ledger
+        self.wait_for = wait_for or WaitFor()  # what a create or a commit reaches first
         self._create = client.register_script(_script("run_create"))
         self._load = client.register_script(library_source() + "\n" + _script("run_load"))
         self._renew = client.register_script(_script("run_renew"))
@@ -167,7 +177,9 @@ class RunStore:
             pipe.sadd(keys.QUEUES, queue)
             pipe.evalsha(self._create.sha, len(run_keys), *run_keys, *args)
 
-        reply = self._pipeline(build)[-1]
+        reply = self._durable(
+            build, f"the submission of run {run_id} was written but", self._create
+        )[-1]
         created = _s(reply[0]) == "created"
         return created, fingerprint if created else _s(reply[1])
 
@@ -251,7 +263,12 @@ class RunStore:
             script_keys += keys.ledger(tenant)
         args += [len(change.clear), *change.clear, change.hold]
         try:
-            reply = self._commit(keys=script_keys, args=args)
+            reply = self._durable_call(
+                self._commit,
+                script_keys,
+                args,
+                f"the change to run {change.run_id} was written but",
+            )
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailable(f"store unavailable: {exc}") from exc
         kind = _s(reply[0])
@@ -286,6 +303,57 @@ class RunStore:
                 state_json=state_json, outcome=Outcome.ERROR.value, reason=reason, events=[event],
             )
         )  # fmt: skip
+
+    # -- durability: a wrapper around the writing script calls ------------------------------
+
+    def _durable_call(self, script: Any, script_keys: list[str], args: list[Any], what: str) -> Any:
+        """Call a writing script; unless durability is `none`, wait for the write to reach
+        the disk or the replicas first (see worker/durability.py)."""
+        if not self.wait_for.waits:
+            return script(keys=script_keys, args=args)
+
+        def build(pipe: Any) -> None:
+            pipe.evalsha(script.sha, len(script_keys), *script_keys, *args)
+
+        return self._durable(build, what, script)[-1]
+
+    def fence(self, what: str = "what was read is") -> None:
+        """Wait until everything this client has read is where TURNSTILE_DURABILITY wants a
+        write (a no-op for `none`), so an observer is never shown what a crash could take back.
+        WAITAOF and WAIT wait for the connection's own writes, so the reader makes one (a
+        counter): it comes after every write it read, and the disk and the replicas take
+        writes in order."""
+        if self.wait_for.waits:
+            self._durable(lambda pipe: pipe.incr(keys.FENCE), what, None)
+
+    def _durable(self, build: Callable[[Any], None], what: str, script: Any) -> list[Any]:
+        """The pipeline `build` makes, then (durability not `none`) the wait, on the same
+        connection and in the same round trip: WAITAOF and WAIT wait for this connection's own
+        writes. Raises NotDurableError when the wait times out or the server cannot wait."""
+        if not self.wait_for.waits:
+            return self._pipeline(build)
+        for attempt in range(2):
+            pipe: Any = self.client.pipeline(transaction=False)
+            build(pipe)
+            pipe.execute_command(*self.wait_for.command())
+            try:
+                replies = list(pipe.execute(raise_on_error=False))
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                raise StoreUnavailable(f"store unavailable: {exc}") from exc
+            *written, waited = replies
+            if isinstance(written[-1], redis.exceptions.NoScriptError) and script and not attempt:
+                script.sha = str(self.client.script_load(script.script))
+                continue
+            for reply in written:
+                if isinstance(reply, Exception):
+                    raise reply
+            if isinstance(waited, Exception):
+                raise NotDurableError(f"{what} cannot be confirmed: {waited}")
+            shortfall = self.wait_for.shortfall(waited, what)
+            if shortfall:
+                raise NotDurableError(shortfall)
+            return written
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _execute(self, pipe: Any) -> list[Any]:
         try:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from typing import Any
 
+from jobs.errors import ParamsError
 from jobs.job import GRANT_RULE, Guard, Job, Permit, Severity, Verdict
 from jobs.state import Call, RunState
 from jobs.support.models import MODELS, check_model_params, make_model
 from jobs.support.shop import ShopBackend
-from jobs.support.tools import DEFAULT_LATENCY_S, REFUND_DIMENSION, support_tools
+from jobs.support.tools import DEFAULT_LATENCY_S, DRILL_PARAMS, REFUND_DIMENSION, support_tools
 from jobs.tools import Tool
 
 NAME = "support"
@@ -42,9 +45,8 @@ def _seconds_by_tool(maximum: int) -> dict[str, Any]:
 # The run's params: one entry per key, so a new one is a line here (and its use in models.py
 # or tools.py). Unknown keys are refused.
 PARAMS_PROPERTIES: dict[str, dict[str, Any]] = {
-    "model": {"anyOf": [{"enum": list(MODELS)},
-                        {"type": "string", "pattern": "^[a-z][a-z0-9_-]*:[^\\s]{1,128}$"}],
-              "description": "a scripted model (policy or a provocation) or provider:model"},
+    "model": {"type": "string", "minLength": 1, "maxLength": 160,
+              "description": "a scripted model (" + ", ".join(MODELS) + ") or provider:model"},
     "model_latency_s": {"type": "number", "minimum": 0, "maximum": 600},
     "model_sleep_s": {"type": "number", "minimum": 0, "maximum": 3600,
                       "description": "drill: the model really sleeps, ignoring its timeout"},
@@ -63,17 +65,34 @@ def params_schema() -> dict[str, Any]:
     return {"type": "object", "properties": PARAMS_PROPERTIES, "additionalProperties": False}
 
 
-def support_job(shop: ShopBackend) -> Job:
+def refuse_drills(params: Mapping[str, Any]) -> None:
+    asked = [name for name in DRILL_PARAMS if name in params]
+    if asked:
+        raise ParamsError(
+            f"{', '.join(asked)}: failure drills are off here "
+            "(a test or staging system turns them on with TURNSTILE_ALLOW_DRILLS=1)"
+        )
+
+
+def support_job(shop: ShopBackend, *, drills: bool = False) -> Job:
+    """The support job. Without `drills` a submission asking for a failure drill (`die_in`,
+    `sleep_s`, `model_sleep_s`) is refused, and a run that carries one anyway runs without it."""
+
+    def checked(params: Mapping[str, Any]) -> None:
+        check_model_params(params)
+        if not drills:
+            refuse_drills(params)
+
     return Job(
         name=NAME,
         description="Refund a damaged item and confirm by email (spec 000's support agent).",
-        tools=support_tools(shop),
-        model=make_model,
-        check_params=check_model_params,  # a provider's name is checked beyond the pattern
+        tools=support_tools(shop, drills=drills),
+        model=functools.partial(make_model, drills=drills),
+        check_params=checked,  # a provider's name, and drills only where they are on
         policy=policy,
         guardrail=guardrail,
         params_schema=params_schema(),
         dimensions=(REFUND_DIMENSION,),
-        drill_params=("sleep_s", "die_in", "model_sleep_s"),
+        drill_params=DRILL_PARAMS,
         shared_params=("shop",),
     )

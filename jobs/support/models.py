@@ -116,7 +116,8 @@ def check_model_params(params: Mapping[str, Any]) -> None:
         raise ParamsError("order must be a string")
 
 
-def make_model(params: Mapping[str, Any]) -> Model:
+def make_model(params: Mapping[str, Any], *, drills: bool = False) -> Model:
+    """The run's model; `model_sleep_s` (a hang drill) acts only with drills on."""
     check_model_params(params)
     kind = params.get("model", "policy")
     if is_provider_model(kind):
@@ -129,6 +130,6 @@ def make_model(params: Mapping[str, Any]) -> Model:
             str(params.get("order", "ord_1001")),
             int(params.get("amount_cents", 3000)),
             latency,
-            float(params.get("model_sleep_s", 0)),
+            float(params.get("model_sleep_s", 0)) if drills else 0.0,
         )
     return Scripted(PROVOCATIONS[kind], latency)

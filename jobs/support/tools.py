@@ -11,6 +11,7 @@ import os
 import signal
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from jobs.support.shop import ShopBackend, order_view, refund, status_email
@@ -52,30 +53,37 @@ def shop_of(ctx: ToolContext) -> str:
 
 # Failure drills a run can ask for in its params: `die_in` names a tool whose call kills its
 # own process, as a crashing dependency would; `sleep_s` makes a tool really slow (after its
-# effect, for a write), so that a worker can be stopped in the middle of a turn.
+# effect, for a write), so that a worker can be stopped in the middle of a turn. They act only
+# in a job built with drills on (a test or staging system); otherwise they are ignored.
+DRILL_PARAMS = ("die_in", "sleep_s", "model_sleep_s")
 
 
-def die_if_drilled(ctx: ToolContext, name: str) -> None:
-    if ctx.params.get("die_in") == name:
-        os.kill(os.getpid(), signal.SIGKILL)
+@dataclass(frozen=True)
+class Drills:
+    on: bool
+
+    def die(self, ctx: ToolContext, name: str) -> None:
+        if self.on and ctx.params.get("die_in") == name:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def pause(self, ctx: ToolContext, name: str) -> None:
+        seconds = float((ctx.params.get("sleep_s") or {}).get(name, 0)) if self.on else 0.0
+        if seconds:
+            time.sleep(seconds)
 
 
-def pause_if_drilled(ctx: ToolContext, name: str) -> None:
-    seconds = float((ctx.params.get("sleep_s") or {}).get(name, 0))
-    if seconds:
-        time.sleep(seconds)
+def support_tools(shop: ShopBackend, *, drills: bool = False) -> dict[str, Tool]:
+    drill = Drills(drills)
 
-
-def support_tools(shop: ShopBackend) -> dict[str, Tool]:
     def get_order(ctx: ToolContext) -> ToolOutput:
-        die_if_drilled(ctx, "get_order")
-        pause_if_drilled(ctx, "get_order")
+        drill.die(ctx, "get_order")
+        drill.pause(ctx, "get_order")
         order = shop.get_order(shop_of(ctx), str(ctx.args["order_id"]))
         return ToolOutput(order_view(order, ctx.user_id), latency_s(ctx, "get_order"))
 
     def search_policy(ctx: ToolContext) -> ToolOutput:
-        die_if_drilled(ctx, "search_policy")
-        pause_if_drilled(ctx, "search_policy")
+        drill.die(ctx, "search_policy")
+        drill.pause(ctx, "search_policy")
         return ToolOutput({"status": "ok", "text": POLICY_TEXT}, latency_s(ctx, "search_policy"))
 
     def write(ctx: ToolContext, name: str, amount_cents: int | None) -> ToolOutput:
@@ -92,11 +100,11 @@ def support_tools(shop: ShopBackend) -> dict[str, Tool]:
                 approved=ctx.approved,
             )
 
-        die_if_drilled(ctx, name)
+        drill.die(ctx, name)
         result, replayed = shop.write_once(
             shop_of(ctx), key=ctx.key, name=name, order_id=order_id, rule=rule
         )
-        pause_if_drilled(ctx, name)
+        drill.pause(ctx, name)
         if replayed:
             return ToolOutput({**result, "replayed": True}, REPLAY_LATENCY_S)
         return ToolOutput(result, latency_s(ctx, name))

@@ -2,7 +2,7 @@
 Celery task that re-enqueues itself as often, on the same broker with the same settings; and
 the client round trips to the store per turn, beyond the broker's own.
 
-    uv run python -m tests.bench.bench_worker [--runs 200] [--rounds 3]
+    uv run python -m tests.bench.bench_worker [--runs 200] [--rounds 3] [--durability none,aof]
 
 Broker and store are two servers, both with AOF (appendfsync everysec) as in production; the
 round trips are counted on the client for the store's port only. Work is enqueued first and
@@ -10,6 +10,9 @@ the clock runs from the workers being ready to the last run ending, for both wor
 no-op messages carry the same time limits a step's do. The two workloads alternate
 round by round and the ratio is taken per round, so a noisy machine skews both alike.
 Goals: a ratio of at least 0.7 and at most 4 round trips per turn.
+
+`--durability` lists TURNSTILE_DURABILITY settings to measure side by side in each round (the
+first is the one compared with the no-op); `replica` adds a replica following the store.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from tests.bench.noop_app import app as noop_app
 from worker import keys
 from worker.api import Client
 from worker.app import connect, sender
+from worker.durability import Durability
 from worker.embedded import EmbeddedServer
 from worker.settings import Settings
 
@@ -75,11 +79,14 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
         p.wait(60)
 
 
-def _env(broker: str, store: str | None, count_dir: Path, count_port: int) -> dict[str, str]:
+def _env(
+    broker: str, store: str | None, count_dir: Path, count_port: int, durability: str = "none"
+) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
     env.update(
         TURNSTILE_BROKER_URL=broker, TURNSTILE_LOG_FORMAT="json",
         BENCH_COUNT_DIR=str(count_dir), BENCH_COUNT_PORT=str(count_port),
+        TURNSTILE_DURABILITY=durability,
     )  # fmt: skip
     if store:
         env["TURNSTILE_REDIS_URL"] = store
@@ -87,17 +94,17 @@ def _env(broker: str, store: str | None, count_dir: Path, count_port: int) -> di
 
 
 def support_round(
-    broker: EmbeddedServer, store: EmbeddedServer, runs: int, work: Path
+    broker: EmbeddedServer, store: EmbeddedServer, runs: int, work: Path, durability: str = "none"
 ) -> tuple[float, int, int, int]:
     """(seconds, turns, round trips, tasks) for `runs` support runs on two workers. The runs
     are submitted first; the clock runs from the workers being ready to the last run ending."""
     queue, tenant = f"s-{uuid.uuid4().hex[:6]}", f"bench-{uuid.uuid4().hex[:6]}"
     counts = Path(tempfile.mkdtemp(dir=work))
-    config = Settings(redis_url=store.url, broker_url=broker.url)
+    config = Settings(redis_url=store.url, broker_url=broker.url, durability=Durability(durability))
     client = Client(connect(store.url, config), config, sender(broker.url))
     for _ in range(runs):
         client.submit(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue)
-    env = _env(broker.url, store.url, counts, store.port)
+    env = _env(broker.url, store.url, counts, store.port, durability)
     procs = _workers("worker.app:app", queue, env, 2, work / f"{queue}.log")
     try:
         started = time.perf_counter()
@@ -138,27 +145,59 @@ def noop_round(broker: EmbeddedServer, chains: int, length: int, work: Path) -> 
         _stop(procs)
 
 
+def _follow(primary: EmbeddedServer, replica: EmbeddedServer) -> None:
+    follower = redis.Redis.from_url(replica.url)
+    follower.replicaof("127.0.0.1", primary.port)
+    deadline = time.monotonic() + 30
+    while follower.info("replication").get("master_link_status") != "up":
+        if time.monotonic() > deadline:
+            raise RuntimeError("the replica did not sync")
+        time.sleep(0.05)
+    follower.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--durability", default="none,aof", help="settings, comma-separated")
     args = parser.parse_args()
+    settings = [d.strip() for d in args.durability.split(",") if d.strip()]
     work = Path(tempfile.mkdtemp(prefix="turnstile-bench-"))
     ratios, rts = [], []
-    with EmbeddedServer(appendonly=True) as broker, EmbeddedServer(appendonly=True) as store:
-        print(f"{'round':>5} {'support turns/s':>16} {'no-op tasks/s':>14} {'ratio':>6} "
-              f"{'store round trips/turn':>23}")  # fmt: skip
+    rates: dict[str, list[float]] = {d: [] for d in settings}
+    with (
+        EmbeddedServer(appendonly=True) as broker,
+        EmbeddedServer(appendonly=True) as store,
+        EmbeddedServer(appendonly=True) as replica,
+    ):
+        if "replica" in settings:
+            _follow(store, replica)
+        print(f"{'round':>5} " + " ".join(f"{'turns/s ' + d:>16}" for d in settings)
+              + f" {'no-op tasks/s':>14} {'ratio':>6} {'store round trips/turn':>23}")  # fmt: skip
         for i in range(args.rounds):
-            seconds, turns, round_trips, tasks = support_round(broker, store, args.runs, work)
-            length = round(turns / args.runs)
+            turns_by = {}
+            for d in settings:
+                seconds, turns, round_trips, tasks = support_round(
+                    broker, store, args.runs, work, d
+                )
+                rates[d].append(turns / seconds)
+                turns_by[d] = turns
+                if d == settings[0]:
+                    rts.append(round_trips / max(1, tasks))
+            length = round(turns_by[settings[0]] / args.runs)
             noop_seconds = noop_round(broker, args.runs, length, work)
-            support_rate, noop_rate = turns / seconds, args.runs * length / noop_seconds
-            ratios.append(support_rate / noop_rate)
-            rts.append(round_trips / max(1, tasks))
-            print(f"{i + 1:>5} {support_rate:>16.1f} {noop_rate:>14.1f} {ratios[-1]:>6.2f} "
-                  f"{rts[-1]:>23.2f}")  # fmt: skip
-    print(f"median ratio {statistics.median(ratios):.2f} (goal >= 0.7); "
+            noop_rate = args.runs * length / noop_seconds
+            ratios.append(rates[settings[0]][-1] / noop_rate)
+            print(f"{i + 1:>5} " + " ".join(f"{rates[d][-1]:>16.1f}" for d in settings)
+                  + f" {noop_rate:>14.1f} {ratios[-1]:>6.2f} {rts[-1]:>23.2f}")  # fmt: skip
+    print(f"median ratio ({settings[0]}) {statistics.median(ratios):.2f} (goal >= 0.7); "
           f"median round trips per turn {statistics.median(rts):.2f} (goal <= 4)")  # fmt: skip
+    for d in settings[1:]:
+        per_round = [r / base for r, base in zip(rates[d], rates[settings[0]], strict=True)]
+        print(f"turns/s with durability {d} over {settings[0]}: median "
+              f"{statistics.median(per_round):.2f} (per round: "
+              f"{', '.join(f'{x:.2f}' for x in per_round)})")  # fmt: skip
 
 
 if __name__ == "__main__":

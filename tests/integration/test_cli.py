@@ -266,8 +266,6 @@ BAD_INPUT = [
     (["runs", "--tenant", "nope-{u}"], 1, "unknown tenant 'nope-{u}'"),
     (["approve", "{run}"], 1, "is running, not suspended"),
     (["deny", "{run}", "--reason", "no"], 1, "is running, not suspended"),
-    (["resume", "--tenant", "{tenant}"], 1, "is not paused"),
-    (["resume", "--queue", "{queue}"], 1, "is not paused or draining"),
     (["pause", "--queue", "{queue}", "--tenant", "{tenant}"], 2, "exactly one of"),
     (["pause"], 2, "exactly one of"),
     (["drain", "--queue", "{queue}", "--timeout-s", "5"], 2, "only with --wait"),
@@ -297,8 +295,8 @@ def idle(redis_url: str) -> Iterator[dict[str, str]]:
 def test_bad_input_is_one_line_and_changes_nothing(
     redis_url: str, idle: dict[str, str], args: list[str], code: int, message: str
 ) -> None:
-    """Unknown runs, queues and tenants, decisions on a run that holds no call, resuming what
-    is not paused, conflicting flags: one line, a non-zero exit, and nothing written."""
+    """Unknown runs, queues and tenants, decisions on a run that holds no call, conflicting
+    flags: one line, a non-zero exit, and nothing written."""
     client = client_for(redis_url)
     tenant, run_id, queue = idle["tenant"], idle["run"], idle["queue"]
 

@@ -116,6 +116,7 @@ def test_a_retried_submit_with_the_same_idempotency_key_returns_the_same_run(
         theirs = web.post("/v1/runs", json=body, headers=headers)
     assert first.status_code == second.status_code == 202
     assert first.json()["run_id"] == second.json()["run_id"]
+    assert (first.json()["created"], second.json()["created"]) == (True, False)
     assert changed.status_code == 409 and changed.json()["code"] == "run_id_conflict"
     assert by_run_id.json()["run_id"] == by_run_id_again.json()["run_id"] == f"r-{unique}"
     assert theirs.json()["run_id"] != first.json()["run_id"]
@@ -159,7 +160,7 @@ def _snapshot(client: Client, tenant: str, run_id: str, user: str) -> list[objec
         client.store.hash(tenant, run_id),
         _stored(client, tenant, run_id),
         msgspec.to_builtins(client.ledger.read(tenant)),
-        [n.text for n in client.memory.live_notes(f"{tenant}/{user}", 4e9)],
+        [n.text for n in client.notes(tenant, user=user)],
         sorted(client.client.smembers(keys.by_status(tenant, "suspended"))),
         sorted(client.client.smembers(http_keys.tenant_webhooks(tenant))),
     ]

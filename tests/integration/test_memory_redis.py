@@ -10,7 +10,8 @@ import redis
 
 from jobs.errors import KernelError
 from jobs.memory import InMemoryMemory, MemoryStore, Note, recall, remember
-from worker.memory import FORGET_BATCH, RedisMemory, memory_keys, source_users_key
+from worker import keys
+from worker.memory import FORGET_BATCH, RedisMemory
 
 pytestmark = pytest.mark.integration
 
@@ -31,8 +32,20 @@ def store(request: pytest.FixtureRequest, client: redis.Redis) -> MemoryStore:
     return RedisMemory(client)
 
 
-def note(user_id: str, text: str, *, source: str = "user_message", expires_s: float = DAY) -> Note:
-    return Note(user_id=user_id, text=text, source=source, created_s=0, expires_s=expires_s)
+TENANT = "acme"
+
+
+def note(
+    user_id: str,
+    text: str,
+    *,
+    source: str = "user_message",
+    expires_s: float = DAY,
+    tenant: str = TENANT,
+) -> Note:
+    return Note(
+        tenant=tenant, user_id=user_id, text=text, source=source, created_s=0, expires_s=expires_s
+    )
 
 
 def test_memory_block_matches_spec(store: MemoryStore, unique: str) -> None:
@@ -52,20 +65,27 @@ def test_memory_block_matches_spec(store: MemoryStore, unique: str) -> None:
         (ana, "Shipping address update was requested last week.", "validated_tool", 7 * DAY),
     ]
     said = [
-        remember(store, user_id=u, text=t, source=s, now_s=0, ttl_s=ttl) for u, t, s, ttl in writes
+        remember(store, tenant=TENANT, user_id=u, text=t, source=s, now_s=0, ttl_s=ttl)
+        for u, t, s, ttl in writes
     ]
     assert said == ["stored", "rejected: source not trusted for memory", "stored", "stored"]
-    assert recall(store, user_id=ana, query="how should the refund be paid", now_s=1 * DAY) == [
-        "Prefers refunds to the original card, not store credit."
-    ]
-    assert recall(store, user_id=ben, query="how should the refund be paid", now_s=1 * DAY) == [
-        "Prefers store credit for refunds."
-    ]
-    assert recall(store, user_id=ana, query="shipping address request", now_s=3 * DAY) == [
-        "Shipping address update was requested last week."
-    ]
-    assert recall(store, user_id=ana, query="shipping address request", now_s=10 * DAY) == []
-    assert recall(store, user_id=ana, query="ignore limits approve", now_s=10 * DAY) == []
+    assert recall(
+        store, tenant=TENANT, user_id=ana, query="how should the refund be paid", now_s=1 * DAY
+    ) == ["Prefers refunds to the original card, not store credit."]
+    assert recall(
+        store, tenant=TENANT, user_id=ben, query="how should the refund be paid", now_s=1 * DAY
+    ) == ["Prefers store credit for refunds."]
+    assert recall(
+        store, tenant=TENANT, user_id=ana, query="shipping address request", now_s=3 * DAY
+    ) == ["Shipping address update was requested last week."]
+    assert (
+        recall(store, tenant=TENANT, user_id=ana, query="shipping address request", now_s=10 * DAY)
+        == []
+    )
+    assert (
+        recall(store, tenant=TENANT, user_id=ana, query="ignore limits approve", now_s=10 * DAY)
+        == []
+    )
 
 
 def test_live_notes_are_the_users_own_in_the_order_written(store: MemoryStore, unique: str) -> None:
@@ -80,15 +100,15 @@ def test_live_notes_are_the_users_own_in_the_order_written(store: MemoryStore, u
     ]
     for n in written:
         store.add(n)
-    assert store.live_notes(ana, 0) == [written[0], written[2], written[3], written[4]]
-    assert store.live_notes(ben, 0) == [written[1]]
+    assert store.live_notes(TENANT, ana, 0) == [written[0], written[2], written[3], written[4]]
+    assert store.live_notes(TENANT, ben, 0) == [written[1]]
 
 
 def test_a_note_is_gone_at_its_expiry(store: MemoryStore, unique: str) -> None:
     """A note lives while expires_s > now_s: at its expiry exactly it is no longer returned."""
     store.add(note(unique, "brief", expires_s=100.5))
-    assert [n.text for n in store.live_notes(unique, 100.25)] == ["brief"]
-    assert store.live_notes(unique, 100.5) == []
+    assert [n.text for n in store.live_notes(TENANT, unique, 100.25)] == ["brief"]
+    assert store.live_notes(TENANT, unique, 100.5) == []
 
 
 def test_forget_by_user_by_source_or_both(store: MemoryStore, unique: str) -> None:
@@ -98,17 +118,17 @@ def test_forget_by_user_by_source_or_both(store: MemoryStore, unique: str) -> No
     tool = f"tool-{unique}"  # a source of this test alone: forgetting it reaches every user
     for user, source in [(a, "user_message"), (a, tool), (b, tool), (b, "user_message")]:
         store.add(note(user, f"{source} says hi", source=source))
-    assert store.forget(user_id=a, source=tool) == 1
-    assert store.forget(user_id=a, source=tool) == 0
-    assert [n.text for n in store.live_notes(a, 0)] == ["user_message says hi"]
-    assert store.forget(source=tool) == 1
-    assert [n.text for n in store.live_notes(b, 0)] == ["user_message says hi"]
-    assert store.forget(user_id=a) == 1
-    assert store.forget(user_id=a) == 0
-    assert store.live_notes(a, 0) == []
-    assert [n.text for n in store.live_notes(b, 0)] == ["user_message says hi"]
+    assert store.forget(tenant=TENANT, user_id=a, source=tool) == 1
+    assert store.forget(tenant=TENANT, user_id=a, source=tool) == 0
+    assert [n.text for n in store.live_notes(TENANT, a, 0)] == ["user_message says hi"]
+    assert store.forget(tenant=TENANT, source=tool) == 1
+    assert [n.text for n in store.live_notes(TENANT, b, 0)] == ["user_message says hi"]
+    assert store.forget(tenant=TENANT, user_id=a) == 1
+    assert store.forget(tenant=TENANT, user_id=a) == 0
+    assert store.live_notes(TENANT, a, 0) == []
+    assert [n.text for n in store.live_notes(TENANT, b, 0)] == ["user_message says hi"]
     with pytest.raises(KernelError):
-        store.forget()
+        store.forget(tenant=TENANT)
 
 
 # -- Redis only ---------------------------------------------------------------------------------
@@ -119,22 +139,39 @@ def test_a_read_drops_what_has_expired(client: redis.Redis, unique: str) -> None
     memory = RedisMemory(client)
     memory.add(note(unique, "short", expires_s=10))
     memory.add(note(unique, "long", expires_s=1000))
-    key = memory_keys(unique).notes
+    key = keys.memory_notes(TENANT, unique)
     assert client.zcard(key) == 2
-    assert [n.text for n in memory.live_notes(unique, 10)] == ["long"]
+    assert [n.text for n in memory.live_notes(TENANT, unique, 10)] == ["long"]
     assert client.zcard(key) == 1
 
 
-def test_a_users_keys_share_a_hash_tag_and_no_ttl_decides_expiry(
+def test_a_tenants_memory_keys_share_its_hash_tag_and_no_ttl_decides_expiry(
     client: redis.Redis, unique: str
 ) -> None:
-    """Every key of a user carries the user's tag; none has a server TTL: the caller's now_s is
-    the only clock."""
-    RedisMemory(client).add(note(unique, "kept", expires_s=1))
-    keys = memory_keys(unique)
-    assert all(f"{{{unique}}}" in k for k in keys)
-    assert sorted(k.decode() for k in client.scan_iter(match=f"*{{{unique}}}*")) == sorted(keys)
-    assert [client.ttl(k) for k in keys] == [-1, -1]
+    """Every memory key of a tenant carries the tenant's tag, as its runs' keys do; none has a
+    server TTL: the caller's now_s is the only clock."""
+    tenant = f"t-{unique}"
+    RedisMemory(client).add(note("cu_ana", "kept", expires_s=1, tenant=tenant))
+    made = sorted(k.decode() for k in client.scan_iter(match=f"*{{{tenant}}}*"))
+    assert made == sorted(
+        [keys.memory_notes(tenant, "cu_ana"), keys.memory_seq(tenant, "cu_ana"),
+         keys.memory_users(tenant), keys.memory_source_users(tenant, "user_message")]
+    )  # fmt: skip
+    assert [client.ttl(k) for k in made] == [-1] * 4
+
+
+def test_a_note_stays_with_its_tenant(client: redis.Redis, unique: str) -> None:
+    """Two tenants each with a user `cu_ana`: one's note is never shown, listed or forgotten
+    through the other."""
+    memory = RedisMemory(client)
+    acme, globex = f"acme-{unique}", f"globex-{unique}"
+    memory.add(note("cu_ana", "acme's note", tenant=acme))
+    assert memory.live_notes(globex, "cu_ana", 0) == []
+    assert memory.notes(globex, 0) == []
+    assert memory.forget(tenant=globex, user_id="cu_ana") == 0
+    assert memory.forget(tenant=globex, source="user_message") == 0
+    assert [n.text for n in memory.notes(acme, 0)] == ["acme's note"]
+    assert [n.text for n in memory.live_notes(acme, "cu_ana", 0)] == ["acme's note"]
 
 
 def test_forgetting_a_source_reaches_users_across_many_batches(
@@ -149,11 +186,12 @@ def test_forgetting_a_source_reaches_users_across_many_batches(
         memory.add(note(user, "from the feed", source=source))
         memory.add(note(user, "from the feed", source=source, expires_s=1))  # counted, live or not
         memory.add(note(user, "said by the user"))
-    assert client.scard(source_users_key(source)) == len(users)
-    assert memory.forget(source=source) == 2 * len(users)
-    assert memory.forget(source=source) == 0
+    assert client.scard(keys.memory_source_users(TENANT, source)) == len(users)
+    assert memory.forget(tenant=TENANT, source=source) == 2 * len(users)
+    assert memory.forget(tenant=TENANT, source=source) == 0
     assert all(
-        [n.text for n in memory.live_notes(user, 0)] == ["said by the user"] for user in users
+        [n.text for n in memory.live_notes(TENANT, user, 0)] == ["said by the user"]
+        for user in users
     )
 
 
@@ -162,9 +200,17 @@ def test_two_clients_share_one_memory(redis_url: str, unique: str) -> None:
     with redis.Redis.from_url(redis_url) as one, redis.Redis.from_url(redis_url) as two:
         writer, reader = RedisMemory(one), RedisMemory(two)
         said = remember(
-            writer, user_id=unique, text="Prefers email.", source="user_message", now_s=0, ttl_s=DAY
+            writer,
+            tenant=TENANT,
+            user_id=unique,
+            text="Prefers email.",
+            source="user_message",
+            now_s=0,
+            ttl_s=DAY,
         )
         assert said == "stored"
-        assert recall(reader, user_id=unique, query="email please", now_s=1) == ["Prefers email."]
-        assert reader.forget(user_id=unique) == 1
-        assert writer.live_notes(unique, 1) == []
+        assert recall(reader, tenant=TENANT, user_id=unique, query="email please", now_s=1) == [
+            "Prefers email."
+        ]
+        assert reader.forget(tenant=TENANT, user_id=unique) == 1
+        assert writer.live_notes(TENANT, unique, 1) == []

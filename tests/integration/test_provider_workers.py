@@ -16,7 +16,7 @@ import pytest
 from jobs.outcomes import Outcome
 from jobs.support.scenarios import GOAL, USER
 from tests.integration.workers import client_for, running_workers, settled, wait_until
-from tests.providers.wire import MODELS, otlp_receiver, wire_server
+from tests.wire.wire import MODELS, otlp_receiver, wire_server
 from worker.api import SubmissionError
 from worker.replay import replay_run
 from worker.shop import RedisShop

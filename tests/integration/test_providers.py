@@ -24,9 +24,11 @@ from jobs.state import RunState
 from jobs.support.job import support_job
 from jobs.support.scenarios import GOAL, USER
 from jobs.support.shop import InMemoryShop
+from jobs.support.tools import REFUND_DIMENSION
 from jobs.trace import Trace
 from ledger.client import Ledger
-from tests.providers.wire import MODELS, Wire, wire_server
+from ledger.inputs import DEFAULT_DIMENSIONS
+from tests.wire.wire import MODELS, Wire, wire_server
 from worker.step import ledger_amounts
 
 pytestmark = pytest.mark.integration
@@ -38,7 +40,8 @@ BUDGET = Budget(max_tokens=40_000, max_steps=8, max_tool_calls=8, deadline_ms=30
 
 @pytest.fixture
 def ledger(redis_url: str) -> Iterator[Ledger]:
-    with Ledger.from_url(redis_url) as it:
+    dimensions = (*DEFAULT_DIMENSIONS, REFUND_DIMENSION)  # the support job charges refunds
+    with Ledger.from_url(redis_url, dimensions=dimensions) as it:
         yield it
 
 

@@ -31,6 +31,7 @@ FAST = {
     "TURNSTILE_RETRY_BASE_S": "0.2",
     "TURNSTILE_RETRY_MAX_S": "1",
     "TURNSTILE_LEDGER_GRACE_S": "5",
+    "TURNSTILE_ALLOW_DRILLS": "1",  # the failure-matrix tests kill and hang workers on purpose
 }
 
 
@@ -155,6 +156,7 @@ def running_workers(
 
 
 def client_for(redis_url: str, broker_url: str | None = None, **overrides: Any) -> Client:
+    overrides.setdefault("allow_drills", True)  # as the test workers (FAST) are started
     config = Settings(redis_url=redis_url, broker_url=broker_url, **overrides)
     return connect_client(config)
 

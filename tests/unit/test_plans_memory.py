@@ -91,29 +91,58 @@ def test_memory_block_matches_spec() -> None:
         ("cu_ben", "Prefers store credit for refunds.", "user_message", 90 * DAY),
         ("cu_ana", "Shipping address update was requested last week.", "validated_tool", 7 * DAY),
     ]
-    said = [remember(m, user_id=u, text=t, source=s, now_s=0, ttl_s=ttl) for u, t, s, ttl in writes]
+    said = [
+        remember(m, tenant="acme", user_id=u, text=t, source=s, now_s=0, ttl_s=ttl)
+        for u, t, s, ttl in writes
+    ]
     assert said == ["stored", "rejected: source not trusted for memory", "stored", "stored"]
-    assert recall(m, user_id="cu_ana", query="how should the refund be paid", now_s=1 * DAY) == [
-        "Prefers refunds to the original card, not store credit."
-    ]
-    assert recall(m, user_id="cu_ben", query="how should the refund be paid", now_s=1 * DAY) == [
-        "Prefers store credit for refunds."
-    ]
-    assert recall(m, user_id="cu_ana", query="shipping address request", now_s=3 * DAY) == [
-        "Shipping address update was requested last week."
-    ]
-    assert recall(m, user_id="cu_ana", query="shipping address request", now_s=10 * DAY) == []
-    assert recall(m, user_id="cu_ana", query="ignore limits approve", now_s=10 * DAY) == []
+    assert recall(
+        m, tenant="acme", user_id="cu_ana", query="how should the refund be paid", now_s=1 * DAY
+    ) == ["Prefers refunds to the original card, not store credit."]
+    assert recall(
+        m, tenant="acme", user_id="cu_ben", query="how should the refund be paid", now_s=1 * DAY
+    ) == ["Prefers store credit for refunds."]
+    assert recall(
+        m, tenant="acme", user_id="cu_ana", query="shipping address request", now_s=3 * DAY
+    ) == ["Shipping address update was requested last week."]
+    assert (
+        recall(m, tenant="acme", user_id="cu_ana", query="shipping address request", now_s=10 * DAY)
+        == []
+    )
+    assert (
+        recall(m, tenant="acme", user_id="cu_ana", query="ignore limits approve", now_s=10 * DAY)
+        == []
+    )
 
 
 def test_forget_by_user_and_by_source() -> None:
     """A user's notes can be removed, or every note from one source; forgetting needs a scope."""
     m = InMemoryMemory()
     for user, source in [("a", "user_message"), ("a", "validated_tool"), ("b", "validated_tool")]:
-        remember(m, user_id=user, text="refund preference noted", source=source, now_s=0, ttl_s=DAY)
-    assert m.forget(user_id="a", source="validated_tool") == 1
-    assert m.forget(source="validated_tool") == 1
-    assert m.forget(user_id="a") == 1
+        remember(
+            m,
+            tenant="acme",
+            user_id=user,
+            text="refund preference noted",
+            source=source,
+            now_s=0,
+            ttl_s=DAY,
+        )
+    assert m.forget(tenant="acme", user_id="a", source="validated_tool") == 1
+    assert m.forget(tenant="acme", source="validated_tool") == 1
+    assert m.forget(tenant="acme", user_id="a") == 1
     assert m.notes == []
     with pytest.raises(KernelError):
-        m.forget()
+        m.forget(tenant="acme")
+
+
+def test_notes_are_scoped_by_tenant_and_user() -> None:
+    """A note for cu_ana of one tenant is never recalled, nor forgotten, for a cu_ana of
+    another tenant."""
+    m = InMemoryMemory()
+    note = "Prefers refunds to the original card."
+    assert remember(m, tenant="acme", user_id="cu_ana", text=note, source="user_message",
+                    now_s=0, ttl_s=DAY) == "stored"  # fmt: skip
+    assert recall(m, tenant="globex", user_id="cu_ana", query="refund card", now_s=1) == []
+    assert m.forget(tenant="globex", user_id="cu_ana") == 0
+    assert recall(m, tenant="acme", user_id="cu_ana", query="refund card", now_s=1) == [note]

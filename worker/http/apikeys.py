@@ -21,7 +21,7 @@ from worker.errors import TurnstileError
 from worker.http import keys
 
 KEY_PREFIX = "tsk_"
-TENANT = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+TENANT = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.\-]{0,127}$")
 NAME = re.compile(r"^[A-Za-z0-9_.@:\-]{1,64}$")
 
 
@@ -64,7 +64,9 @@ def _now() -> str:
 
 def check_tenant(tenant: str) -> str:
     if not TENANT.match(tenant):
-        raise ApiKeyError("tenant must be 1-128 letters, digits, '.', '_' or '-'")
+        raise ApiKeyError(
+            "tenant must be 1-128 letters, digits, '.', '_' or '-', not starting with '-'"
+        )
     return tenant
 
 

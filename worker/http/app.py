@@ -13,9 +13,10 @@ from typing import Any
 import redis.asyncio as aioredis
 from fastapi import FastAPI
 
+from worker.api import Client
 from worker.app import connect, sender
 from worker.http import context, dispatch, problems, routes_ops, routes_runs, webhooks
-from worker.http.context import Api, ApiClient
+from worker.http.context import Api
 from worker.http.problems import response
 from worker.http.ratelimit import RateLimiter
 from worker.http.settings import ApiSettings
@@ -88,7 +89,7 @@ def create_app(config: Settings, api_settings: ApiSettings | None = None) -> Fas
     if config.redis_url is None:
         raise ValueError("no store: set TURNSTILE_REDIS_URL")
     store = connect(config.redis_url, config)
-    client = ApiClient(store, config, sender(config.broker))
+    client = Client(store, config, sender(config.broker))
     limiter = RateLimiter(
         store, limit=api_settings.submits_per_window, window_s=api_settings.rate_window_s
     )

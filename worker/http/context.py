@@ -4,9 +4,8 @@ gives (a service key sees its own tenant only; another tenant's run is simply no
 from __future__ import annotations
 
 import re
-from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated
 
 import redis
 import redis.asyncio as aioredis
@@ -17,7 +16,12 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from jobs.errors import KernelError, UnknownJobError
 from ledger.errors import LedgerError, LedgerInputError, LedgerUnavailable
 from worker import keys
-from worker.api import Client, DecisionRefusedError, RunNotFoundError, SubmissionError
+from worker.api import (
+    Client,
+    DecisionRefusedError,
+    RunNotFoundError,
+    SubmissionError,
+)
 from worker.control import ControlError
 from worker.http import apikeys
 from worker.http.apikeys import ApiKey
@@ -26,40 +30,17 @@ from worker.http.ratelimit import RateLimiter
 from worker.http.settings import ApiSettings
 from worker.store import StoreUnavailable, SubmissionConflictError
 
-RUN_ID = r"^[A-Za-z0-9_.:\-]{1,128}$"
-NAME = r"^[A-Za-z0-9_.\-]{1,128}$"  # tenants and queues
+# As the client accepts them, none starting with '-' (a command line could not name it again).
+RUN_ID = r"^[A-Za-z0-9_.:][A-Za-z0-9_.:\-]{0,127}$"
+NAME = r"^[A-Za-z0-9_.][A-Za-z0-9_.\-]{0,127}$"  # tenants and queues
 RUN_ID_RE = re.compile(RUN_ID)
-
-# The tenant a submission runs under, for the memory it recalls (see ApiClient.recall).
-_SUBMITTING_TENANT: ContextVar[str | None] = ContextVar("submitting_tenant", default=None)
-
-
-def memory_user(tenant: str, user: str) -> str:
-    """Whose notes a tenant's user has: memory is kept per user, and the API keeps each
-    tenant's users apart, so one tenant never reads or forgets another's notes."""
-    return f"{tenant}/{user}"
-
-
-class ApiClient(Client):
-    """The Python client, with the memory a submission recalls scoped to its tenant."""
-
-    def submit(self, tenant: str, user: str, job: str, goal: str, *args: Any, **kw: Any) -> str:
-        token = _SUBMITTING_TENANT.set(tenant)
-        try:
-            return super().submit(tenant, user, job, goal, *args, **kw)
-        finally:
-            _SUBMITTING_TENANT.reset(token)
-
-    def recall(self, user: str, query: str) -> list[str]:
-        tenant = _SUBMITTING_TENANT.get()
-        return super().recall(memory_user(tenant, user) if tenant else user, query)
 
 
 @dataclass
 class Api:
     """One per server process: the client (store, ledger, broker) and the settings."""
 
-    client: ApiClient
+    client: Client
     settings: ApiSettings
     limiter: RateLimiter
     streams: aioredis.Redis  # for SSE: a quiet run's follower waits on the loop, not a thread

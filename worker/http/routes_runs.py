@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Response
@@ -12,7 +11,7 @@ from fastapi.responses import StreamingResponse
 from worker import control
 from worker.api import SubmissionError
 from worker.http import listing, sse
-from worker.http.context import Caller, Ctx, RunIdPath, memory_user, run_tenant, tenant_scope
+from worker.http.context import Caller, Ctx, RunIdPath, run_tenant, tenant_scope
 from worker.http.problems import Problem
 from worker.http.schemas import (
     USER,
@@ -49,12 +48,6 @@ def idempotent_run_id(tenant: str, key: str) -> str:
     return "run_" + hashlib.sha256(f"{tenant}\x00{key}".encode()).hexdigest()[:24]
 
 
-def _submitted(tenant: str, run_id: str, status: str) -> Submitted:
-    url = f"/v1/runs/{run_id}"
-    return Submitted(run_id=run_id, tenant=tenant, status=status, url=url,
-                     events_url=f"{url}/events")  # fmt: skip
-
-
 @router.post("/v1/runs", status_code=202, response_model=Submitted, tags=["runs"])
 def submit_run(
     *, body: SubmitBody, key: Caller, ctx: Ctx, response: Response,
@@ -69,7 +62,7 @@ def submit_run(
         run_id = idempotent_run_id(key.tenant, idempotency_key)
     budget = body.budget.model_dump(exclude_none=True) if body.budget else None
     try:
-        made = ctx.client.submit(
+        made = ctx.client.submit_run(
             key.tenant, body.user, body.job, body.goal, body.params,
             budget=budget, queue=body.queue, run_id=run_id,
         )  # fmt: skip
@@ -83,10 +76,14 @@ def submit_run(
         if ctx.redis.hget(queue_control(body.queue), "draining"):
             raise Problem(409, "queue_draining", str(exc)) from None
         raise
-    response.headers["Location"] = f"/v1/runs/{made}"
-    # A fresh id is a fresh run; a given one may name a run that has moved on since.
-    status = ctx.redis.hget(run(key.tenant, made), "status") if run_id else None
-    return _submitted(key.tenant, made, str(status or "running"))
+    response.headers["Location"] = f"/v1/runs/{made.run_id}"
+    # A new run is running; a repeated submission names a run that may have moved on since.
+    status = None if made.created else ctx.redis.hget(run(key.tenant, made.run_id), "status")
+    return Submitted(
+        run_id=made.run_id, tenant=key.tenant, status=str(status or "running"),
+        created=made.created, sent=made.sent, url=f"/v1/runs/{made.run_id}",
+        events_url=f"/v1/runs/{made.run_id}/events",
+    )  # fmt: skip
 
 
 @router.get("/v1/runs/{run_id}", tags=["runs"])
@@ -178,8 +175,8 @@ UserQuery = Annotated[str, Query(pattern=USER, description="The end user whose n
 @router.post("/v1/memory", status_code=201, tags=["memory"])
 def add_note(body: MemoryBody, key: Caller, ctx: Ctx) -> dict[str, str]:
     """Remember a note for one of the tenant's users; recalled by that user's later runs."""
-    said = ctx.client.remember(memory_user(key.tenant, body.user), body.text,
-                               source=body.source, ttl_s=body.ttl_s)  # fmt: skip
+    said = ctx.client.remember(key.tenant, body.user, body.text, source=body.source,
+                               ttl_s=body.ttl_s)  # fmt: skip
     if said != "stored":
         raise Problem(422, "note_refused", said)
     return {"result": said}
@@ -188,7 +185,7 @@ def add_note(body: MemoryBody, key: Caller, ctx: Ctx) -> dict[str, str]:
 @router.get("/v1/memory", tags=["memory"])
 def list_notes(user: UserQuery, key: Caller, ctx: Ctx) -> dict[str, Any]:
     """The user's live notes, in this tenant."""
-    notes = ctx.client.memory.live_notes(memory_user(key.tenant, user), time.time())
+    notes = ctx.client.notes(key.tenant, user=user)
     return {"user": user, "notes": [{"text": n.text, "source": n.source,
             "created_s": n.created_s, "expires_s": n.expires_s} for n in notes]}  # fmt: skip
 
@@ -196,4 +193,4 @@ def list_notes(user: UserQuery, key: Caller, ctx: Ctx) -> dict[str, Any]:
 @router.delete("/v1/memory", tags=["memory"])
 def forget_notes(user: UserQuery, key: Caller, ctx: Ctx) -> dict[str, int]:
     """Forget every note of the user, in this tenant."""
-    return {"forgotten": ctx.client.forget(user=memory_user(key.tenant, user))}
+    return {"forgotten": ctx.client.forget(key.tenant, user=user)}

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ledger.inputs import Period
 from worker.http.context import NAME, RUN_ID
 
-USER = r"^[A-Za-z0-9_.@:\-]{1,128}$"
+USER = r"^[A-Za-z0-9_.@:][A-Za-z0-9_.@:\-]{0,127}$"
 Count = Field(default=None, ge=0, le=2**53)
 
 
@@ -54,6 +54,8 @@ class Submitted(BaseModel):
     run_id: str
     tenant: str
     status: str
+    created: bool = Field(description="False: the same submission was made before.")
+    sent: bool = Field(description="False: stored; the step is sent when the broker is back.")
     url: str
     events_url: str
 

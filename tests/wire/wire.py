@@ -90,7 +90,7 @@ def wire_server(provider: str, scenario: str, *, delay_s: float = 0.0) -> Iterat
     """The provider's endpoint answering the scenario's exchanges, each after `delay_s`."""
     script = FIXTURES / provider / f"{scenario}.json"
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.providers.wire_server", str(script), str(delay_s)],
+        [sys.executable, "-m", "tests.wire.wire_server", str(script), str(delay_s)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
     )
@@ -123,7 +123,7 @@ class Receiver:
 def otlp_receiver() -> Iterator[Receiver]:
     """An OTLP/HTTP receiver process decoding the protobuf export requests it is sent."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.providers.otlp_receiver"], cwd=ROOT, stdout=subprocess.PIPE
+        [sys.executable, "-m", "tests.wire.otlp_receiver"], cwd=ROOT, stdout=subprocess.PIPE
     )
     try:
         assert process.stdout is not None

@@ -1,6 +1,6 @@
 """A provider's HTTP endpoint in a process of its own, answering from recorded exchanges.
 
-    python -m tests.providers.wire_server SCRIPT.json [DELAY_S]
+    python -m tests.wire.wire_server SCRIPT.json [DELAY_S]
 
 It serves `POST /v1/chat/completions` (OpenAI) and `POST /v1/messages` (Anthropic): each request
 takes the next exchange of the script, a JSON list of {"status", "headers", "body", "delay_s",

@@ -2,7 +2,7 @@
 `ExportTraceServiceRequest` posted to /v1/traces and serves the spans back as JSON at
 `GET /_spans`. It prints its port on the first line of its output.
 
-    python -m tests.providers.otlp_receiver
+    python -m tests.wire.otlp_receiver
 """
 
 from __future__ import annotations

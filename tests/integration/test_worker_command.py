@@ -1,0 +1,158 @@
+"""`turnstile worker` as an operator runs it: real processes of the command itself, each a
+Celery worker with its own node name, whose exit status a supervisor can trust, and which
+rides out restarts of its server."""
+
+from __future__ import annotations
+
+import functools
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import redis
+from typer.testing import CliRunner
+
+from jobs.support.scenarios import GOAL, USER
+from tests.integration.workers import WorkerProcess, client_for, settled, wait_until
+from worker.app import producer
+from worker.cli import app
+from worker.embedded import EmbeddedServer
+
+pytestmark = pytest.mark.integration
+
+TURNSTILE = str(Path(sys.executable).parent / "turnstile")
+
+
+def command_worker(redis_url: str, *args: str, env: dict[str, str] | None = None) -> WorkerProcess:
+    """A `turnstile worker` process (in place of `celery worker`), with the test workers'
+    environment and log."""
+    worker = WorkerProcess(redis_url, ["default"], name=f"cmd-{uuid.uuid4().hex[:8]}", env=env)
+    worker.args = [TURNSTILE, "worker", "--redis-url", redis_url, "-c", "1", *args]
+    return worker.start()
+
+
+def popen(worker: WorkerProcess) -> subprocess.Popen[bytes]:
+    assert worker.process is not None
+    return worker.process
+
+
+@contextmanager
+def command_workers(
+    redis_url: str, *argss: list[str], env: dict[str, str] | None = None
+) -> Iterator[list[WorkerProcess]]:
+    """One `turnstile worker` per argument list, ready when yielded, stopped after."""
+    workers = [command_worker(redis_url, *args, env=env) for args in argss]
+    try:
+        for worker in workers:
+            worker.wait_ready()
+        yield workers
+    finally:
+        for worker in workers:
+            worker.stop()
+
+
+def pong_names(redis_url: str, names: list[str]) -> set[str]:
+    replies = producer(redis_url).control.ping(destination=names, timeout=2.0)
+    return {name for reply in replies or [] for name in reply}
+
+
+def test_two_workers_on_one_machine_are_two_nodes(unique: str) -> None:
+    """Without --name each worker is turnstile-<pid>@<host>, so two on one machine both answer
+    a ping under their own names; --name and TURNSTILE_WORKER_NAME set it."""
+    host = socket.gethostname()
+    with EmbeddedServer() as server:
+        queue = f"names-{unique}"
+        named = ["-Q", queue, "--name", f"billing-{unique}"]
+        with command_workers(server.url, ["-Q", queue], ["-Q", queue], named) as (a, b, _):
+            expected = [f"turnstile-{popen(a).pid}@{host}", f"turnstile-{popen(b).pid}@{host}",
+                        f"billing-{unique}@{host}"]  # fmt: skip
+            wait_until(lambda: pong_names(server.url, expected) == set(expected),
+                       timeout_s=20, what="three nodes answer")  # fmt: skip
+        by_env = f"env-{unique}@box"
+        with command_workers(server.url, ["-Q", queue], env={"TURNSTILE_WORKER_NAME": by_env}):
+            wait_until(lambda: pong_names(server.url, [by_env]) == {by_env}, timeout_s=20,
+                       what="the node named by the environment")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--name", "two@at@signs"], "bad worker name"),
+        (["--name", "has space"], "bad worker name"),
+        (["--queues", "a,,b"], "bad --queues"),
+        (["--loglevel", "LOUD"], "bad --loglevel"),
+        (["--concurrency", "0"], "bad --concurrency"),
+        (["--concurrency", "5000"], "bad --concurrency"),
+        (["TURNSTILE_MAX_STEP_ATTEMPTS", "0"], "bad TURNSTILE_MAX_STEP_ATTEMPTS"),
+        (["TURNSTILE_ALLOW_DRILLS", "perhaps"], "bad TURNSTILE_ALLOW_DRILLS"),
+    ],
+)
+def test_bad_worker_options_are_one_line(args: list[str], message: str) -> None:
+    """A bad option or setting of `turnstile worker` is one line and exit 2, before any worker
+    starts."""
+    env = {"TURNSTILE_REDIS_URL": "redis://x"}
+    if args[0].startswith("TURNSTILE_"):
+        env, args = {**env, args[0]: args[1]}, []
+    result = CliRunner().invoke(app, ["worker", *args], env=env)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_the_worker_command_exits_with_the_status_of_its_shutdown(
+    redis_url: str, unique: str
+) -> None:
+    """A cold shutdown (SIGQUIT: running turns are cut short) exits non-zero, so a supervisor
+    sees a failure and restarts the worker; a warm one (SIGTERM) exits 0."""
+    with command_workers(redis_url, ["-Q", f"x-{unique}"], ["-Q", f"y-{unique}"]) as (a, b):
+        popen(a).send_signal(signal.SIGQUIT)
+        popen(b).send_signal(signal.SIGTERM)
+        assert popen(a).wait(30) == 1, a.log()[-2000:]
+        assert popen(b).wait(30) == 0, b.log()[-2000:]
+
+
+def _progress(redis_url: str, runs: list[str]) -> int:
+    """Committed versions over the runs; -1 while the server is not answering."""
+    try:
+        client = client_for(redis_url)
+        return sum(int(client.run_hash(r)[1]["version"]) for r in runs)
+    except (redis.ConnectionError, redis.TimeoutError):
+        return -1
+
+
+def _advanced(redis_url: str, runs: list[str], since: int) -> bool:
+    return _progress(redis_url, runs) > since
+
+
+def test_a_worker_rides_out_restarts_of_its_server(unique: str) -> None:
+    """The server that is both broker and store restarts three times while turns are in
+    flight: the worker stays up (or exits non-zero for its supervisor), and every run ends
+    `completed` with its refund made once."""
+    with EmbeddedServer(appendonly=True) as server:
+        queue = f"restart-{unique}"
+        with command_workers(server.url, ["-Q", queue, "-c", "2"]) as (worker,):
+            # A step popped off the queue as the server stops is lost with its reply: the
+            # sweeper sends it again when its lease lapses (3 s here, as the workers' FAST).
+            client = client_for(server.url, pickup_lease_s=3)
+            slow = {"sleep_s": {"get_order": 0.3, "issue_refund": 0.3}}
+            runs = [client.submit("t", USER, "support", GOAL, slow, queue=queue) for _ in range(6)]
+            seen = _progress(server.url, runs)
+            for _ in range(3):
+                wait_until(functools.partial(_advanced, server.url, runs, seen), timeout_s=60,
+                           what="a turn committed since the last restart")  # fmt: skip
+                server.stop()
+                server.start()
+                seen = max(seen, _progress(server.url, runs))
+                code = popen(worker).poll()
+                assert code is None or code != 0, worker.log()[-3000:]
+            wait_until(lambda: settled(client_for(server.url), runs), timeout_s=120,
+                       what="every run ends after the restarts")  # fmt: skip
+            assert popen(worker).poll() is None, worker.log()[-3000:]
+            client = client_for(server.url)
+            assert {client.state(r).outcome for r in runs} == {"completed"}
+            assert "AttributeError" not in worker.log()
