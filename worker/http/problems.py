@@ -4,6 +4,7 @@ outage a 503; nothing a client sends is answered with a 500."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import structlog
@@ -102,7 +103,10 @@ async def _on_http(_: Request, exc: Exception) -> JSONResponse:
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     """A bug: logged with its traceback on the server; the client gets one line."""
-    log.error("unexpected_error", path=request.url.path, exc_info=exc)
+    # The answer must not depend on the log: a log stream that is gone (closed, full) costs
+    # the record, not the client's one line.
+    with contextlib.suppress(OSError, ValueError):
+        log.error("unexpected_error", path=request.url.path, exc_info=exc)
     return response(500, "internal", "the server failed on this request; it is logged")
 
 
