@@ -45,6 +45,11 @@ def call_digest(call: Call) -> str:
     return hashlib.sha256(canonical).hexdigest()[:16]
 
 
+def plan_step_key(run_id: str, plan_step: str) -> str:
+    """The idempotency key of a plan step's write."""
+    return f"{run_id}:{plan_step}"
+
+
 def call_key(
     state: RunState, call: Call, *, step: int, index: int, tool: Tool | None = None
 ) -> str:
@@ -55,7 +60,7 @@ def call_key(
         digest = hashlib.sha256(msgspec.json.encode(picked, order="sorted")).hexdigest()[:16]
         return f"{state.run_id}:{call.name}:{digest}"
     if call.plan_step:
-        return f"{state.run_id}:{call.plan_step}"
+        return plan_step_key(state.run_id, call.plan_step)
     return f"{state.run_id}:{step}.{index}"
 
 

@@ -1,11 +1,15 @@
 """The closing message to the user, built from the state by template, with no model call.
 
 It reads the plan's statuses, so even a run stopped by a budget tells the user exactly what
-was done and what was not: "the refund was issued; the confirmation email was not sent".
+was done and what was not: "the refund was issued; the confirmation email was not sent". A
+write the state does not show as done (its turn died before committing, and the run was then
+cancelled or ended) is asked of its system of record: what the world recorded is what the user
+is told.
 """
 
 from __future__ import annotations
 
+from jobs.calls import plan_step_key
 from jobs.job import Job
 from jobs.outcomes import Outcome, Resource
 from jobs.state import RunState
@@ -48,13 +52,27 @@ def _opening(state: RunState) -> str:
     return _OPENINGS[state.outcome]
 
 
-def _progress(state: RunState, job: Job) -> list[str]:
+def recorded_steps(state: RunState, job: Job) -> frozenset[str]:
+    """The plan steps not done in the state whose write its system of record shows as done,
+    under the step's idempotency key: a turn that died after the write and before its commit
+    leaves the world ahead of the state. Read-only; only tools that can tell are asked."""
+    found = set()
+    for step in state.plan:
+        tool = job.tools.get(step.tool)
+        if step.status == "done" or tool is None or tool.recorded is None:
+            continue
+        if tool.recorded(state.run_id, state.params, plan_step_key(state.run_id, step.id)):
+            found.add(step.id)
+    return frozenset(found)
+
+
+def _progress(state: RunState, job: Job, recorded: frozenset[str]) -> list[str]:
     parts = []
     for step in state.plan:
         tool = job.tools.get(step.tool)
         if tool is None or not tool.done_text:
             continue
-        if step.status == "done":
+        if step.status == "done" or step.id in recorded:
             parts.append(tool.done_text)
         elif state.unconfirmed in (step.id, step.tool) and state.outcome is Outcome.UNKNOWN_OUTCOME:
             parts.append(f"we could not confirm whether {tool.done_text}")
@@ -63,9 +81,16 @@ def _progress(state: RunState, job: Job) -> list[str]:
     return parts
 
 
-def closing_message(state: RunState, job: Job) -> str:
-    parts = _progress(state, job)
+def closing_message(state: RunState, job: Job, *, recorded: frozenset[str] = frozenset()) -> str:
+    """The message for the run's user; `recorded` names plan steps that `recorded_steps` found
+    done in the world though not in the state."""
+    parts = _progress(state, job, recorded)
     if not parts:
         return _opening(state)
     detail = "; ".join(parts)
     return f"{_opening(state)} So far: {detail}."
+
+
+def closing_without_state(outcome: Outcome) -> str:
+    """The message for a run whose state cannot be read: the outcome's opening alone."""
+    return _OPENINGS.get(outcome, _OPENINGS[Outcome.ERROR])

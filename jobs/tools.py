@@ -46,6 +46,9 @@ class ToolOutput:
 
 
 ToolFn = Callable[[ToolContext], ToolOutput]
+# For a write: did it take effect under this idempotency key? (run id, run params, key).
+# Read-only; it lets a closing message say what the world recorded.
+RecordedFn = Callable[[str, Mapping[str, Any], str], bool]
 
 
 @dataclass(frozen=True, eq=False)
@@ -69,6 +72,7 @@ class Tool:
     # Arguments that make up the idempotency key of a write: the same values are the same
     # write, whatever the turn. Empty: one key per plan step (or per turn and position).
     key_args: tuple[str, ...] = ()
+    recorded: RecordedFn | None = None  # a write's system of record, asked by key
     _validator: Draft202012Validator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -22,7 +22,6 @@ import msgspec
 import redis
 
 from jobs.budget import Budget
-from jobs.closing import closing_message
 from jobs.decisions import approve as kernel_approve
 from jobs.decisions import cancel as kernel_cancel
 from jobs.decisions import deny as kernel_deny
@@ -46,6 +45,7 @@ from worker.store import Change, RunStore, SubmissionConflictError, fingerprint
 
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.\-]{0,63}$")
 RUN_ID = re.compile(r"^[A-Za-z0-9_.:][A-Za-z0-9_.:\-]{0,127}$")
+CANCEL_TRIES = 5  # a run that moves on under a cancel this often is refused; try again
 RUN_TENANTS = keys.RUN_TENANTS
 
 
@@ -316,7 +316,12 @@ class Client:
     # -- deciding --------------------------------------------------------------------------
 
     def _decide(
-        self, run_id: str, by: str, apply: Callable[[RunState], dict[str, Any]]
+        self,
+        run_id: str,
+        by: str,
+        apply: Callable[[RunState], dict[str, Any]],
+        *,
+        if_idle: bool = False,
     ) -> RunState:
         tenant, stored = self.run_hash(run_id)
         state = RunState.from_json(stored["state"])
@@ -328,7 +333,16 @@ class Client:
         event.update(by=by, at=at)  # the decision's own time: the record and the state agree
         events = [event]
         if state.status is Status.STOPPED:  # a denial or a cancel ends the run here and now
-            events.append(self._finished_event(state, at))
+            left = self.store.leave(
+                tenant=tenant, run_id=run_id, version=int(stored["version"]),
+                old_status=stored["status"], state=state, events=events, at=at,
+                clear=["cancel_by", "cancel_reason"], if_idle=if_idle,
+            )  # fmt: skip
+            if left.kind != "ok":
+                raise DecisionRefusedError(
+                    f"run {run_id} changed while deciding ({left.kind}); try again"
+                )
+            return state
         live = state.status is Status.RUNNING
         committed = self.store.commit(
             Change(
@@ -353,15 +367,6 @@ class Client:
             self._send(StepMessage(tenant, run_id, committed.version, stored["queue"]), state)
         return state
 
-    def _finished_event(self, state: RunState, at: str) -> dict[str, Any]:
-        """The same `finished` event a step writes, so every ended run has exactly one."""
-        return {
-            "type": "finished", "outcome": state.outcome.value if state.outcome else "",
-            "detail": state.detail, "reason": state.reason, "answer": state.answer,
-            "message": closing_message(state, self.jobs.get(state.job)),
-            "usage": msgspec.to_builtins(state.usage), "at": at,
-        }  # fmt: skip
-
     def approve(self, run_id: str, *, by: str, digest: str | None = None) -> RunState:
         def apply(state: RunState) -> dict[str, Any]:
             kernel_approve(state, by=by, at=now_iso(), digest=digest)
@@ -378,24 +383,38 @@ class Client:
         return self._decide(run_id, by, apply)
 
     def cancel(self, run_id: str, *, by: str, reason: str = "cancelled by an operator") -> str:
-        """Suspended or parked: cancelled at once. Running: at its next turn boundary."""
-        tenant, stored = self.run_hash(run_id)
-        if stored["status"] in (Status.SUSPENDED.value, Status.PARKED.value):
+        """Cancelled at once ("cancelled") unless a turn of the run is in flight; then
+        "requested": the run is cancelled at its next turn boundary. Both go through the
+        store's version compare-and-set, so a cancel never lands on a run that moved on."""
+        for _ in range(CANCEL_TRIES):
+            tenant, stored = self.run_hash(run_id)
+            status = stored["status"]
+            if status == Status.STOPPED.value:
+                raise DecisionRefusedError(
+                    f"cannot cancel run {run_id}: it already ended {stored.get('outcome')}"
+                )
 
             def apply(state: RunState) -> dict[str, Any]:
                 kernel_cancel(state, by=by, at=now_iso(), reason=reason)
                 return {"type": "decision", "kind": "cancelled", "reason": reason}
 
-            self._decide(run_id, by, apply)
-            return "cancelled"
-        if stored["status"] != Status.RUNNING.value:
-            raise DecisionRefusedError(
-                f"cannot cancel run {run_id}: it already ended {stored.get('outcome')}"
-            )
-        self.client.hset(
-            keys.run(tenant, run_id), mapping={"cancel_by": by, "cancel_reason": reason}
-        )
-        return "requested"
+            try:
+                self._decide(run_id, by, apply, if_idle=True)
+                return "cancelled"
+            except DecisionRefusedError:
+                pass  # a turn is in flight, or the run moved on: look again
+            if status == Status.RUNNING.value and stored.get("cancel_by"):
+                return "requested"  # asked before; the step at the boundary will see it
+            if status == Status.RUNNING.value:
+                marked = self.store.mark(
+                    tenant, run_id, version=int(stored["version"]), status=status,
+                    fields={"cancel_by": by, "cancel_reason": reason},
+                    event={"type": "cancel_requested", "by": by, "reason": reason,
+                           "at": now_iso()},
+                )  # fmt: skip
+                if marked.kind == "ok":
+                    return "requested"
+        raise DecisionRefusedError(f"run {run_id} kept changing while cancelling; try again")
 
 
 def connect_client(config: Settings) -> Client:

@@ -234,8 +234,14 @@ def step_task(self: Task, *args: Any, **kwargs: Any) -> str:  # type: ignore[typ
     structlog.contextvars.bind_contextvars(
         tenant=msg.tenant, run_id=msg.run_id, version=msg.version
     )
+    # A delivery that exits cleanly (store or ledger down) names itself to its retry as
+    # `after`, so that it does not count as a delivery that died mid-turn.
+    after = kwargs.get("after")
+    step: Step | None = None
     try:
-        result = Step(services(), msg).run()
+        step = Step(services(), msg, delivery=f"{self.request.id}:{self.request.retries}",
+                    after=after if isinstance(after, str) else "")  # fmt: skip
+        result = step.run()
         return result
     except (LedgerDown, StoreUnavailable) as exc:
         config = settings()
@@ -245,7 +251,8 @@ def step_task(self: Task, *args: Any, **kwargs: Any) -> str:  # type: ignore[typ
         log.warning("step_retry", error=str(exc), countdown_s=round(delay, 2))
         result = "retry"
         metrics.step_retried("ledger_down" if isinstance(exc, LedgerDown) else "store_unavailable")
-        raise self.retry(countdown=delay, exc=exc) from exc
+        retry_kwargs = {**msg.as_kwargs(), "after": step.clean_exit if step else ""}
+        raise self.retry(countdown=delay, exc=exc, kwargs=retry_kwargs) from exc
     finally:
         metrics.step_done(result, started)
         structlog.contextvars.clear_contextvars()

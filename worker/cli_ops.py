@@ -309,8 +309,8 @@ def cancel(
     redis_url: RedisUrl = None,
     broker_url: BrokerUrl = None,
 ) -> None:
-    """Cancel a run: at once if it is suspended or parked, at its next turn boundary if a
-    turn is running."""
+    """Cancel a run: at once unless one of its turns is in flight, then at its next turn
+    boundary."""
     from worker import control
 
     with client(redis_url, broker_url) as c:

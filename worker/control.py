@@ -444,8 +444,8 @@ def deny(c: Client, run_id: str, *, by: str, reason: str, tenant: str | None = N
 
 
 def cancel(c: Client, run_id: str, *, by: str, reason: str, tenant: str | None = None) -> str:
-    """ "cancelled" (suspended or parked: at once) or "requested" (running: at its next turn
-    boundary)."""
+    """ "cancelled" (at once: no turn of the run is in flight) or "requested" (a turn is in
+    flight: the run ends at its next turn boundary)."""
     tenant, stored = resolve(c, run_id, tenant)
     _decidable(run_id, stored, "cancel")
     return c.cancel(run_id, by=by, reason=reason)

@@ -55,8 +55,9 @@ def control(tenant: str) -> str:
 
 
 def inflight(tenant: str) -> str:
-    """Hash: run id -> "<queue>|<pid>|<host>|<lease ms>" for turns running now, with the time
-    their in-flight lease lapses; a drain waits for its queue's live turns to end."""
+    """Hash: run id -> "<queue>|<pid>|<host>|<delivery token>|<lease ms>" for turns running
+    now, with the time their in-flight lease lapses; a drain waits for its queue's live turns
+    to end."""
     return _t(tenant, "inflight")
 
 

@@ -127,6 +127,9 @@ class RedisShop:
         raw = self.client.lrange(shop_keys(shop).effects, 0, -1)
         return [msgspec.json.decode(item, type=list[Any]) for item in raw]
 
+    def done(self, shop: str, key: str, name: str) -> bool:
+        return bool(self.client.hexists(shop_keys(shop).done, _done_field(key, name)))
+
     def write_once(
         self,
         shop: str,

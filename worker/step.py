@@ -6,13 +6,13 @@ Python over the store, the ledger and the kernel, so the order is readable in on
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -21,7 +21,6 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from jobs.budget import Usage
 from jobs.clock import ActiveClock
-from jobs.closing import closing_message
 from jobs.decisions import cancel
 from jobs.errors import StateFormatError, UnknownJobError
 from jobs.job import Job
@@ -42,11 +41,13 @@ from jobs.trace import Trace
 from ledger import replies as ledger_replies
 from ledger.client import Ledger
 from ledger.results import ReserveResult
-from worker import metrics, tracing
+from worker import keys, metrics, tracing
 from worker.errors import TurnstileError
 from worker.registry import Jobs
 from worker.settings import Settings
-from worker.store import Change, Committed, Loaded, RunStore
+from worker.store import Change, Committed, Loaded, RunStore, excerpt, now_iso
+
+__all__ = ["now_iso"]  # re-exported: callers take the time format from here
 
 log = structlog.get_logger("turnstile.step")
 
@@ -79,8 +80,8 @@ class StepMessage:
 
 def parse_message(args: tuple[Any, ...], kwargs: dict[str, Any]) -> StepMessage | str:
     """The step's arguments, or why they are not a step message."""
-    if args:
-        return f"positional arguments are not accepted: {list(args)[:4]!r}"
+    if args:  # an excerpt: the arguments can be megabytes, and the reason is stored
+        return excerpt(f"positional arguments are not accepted: {list(args)[:4]!r}", 300)
     tenant, run_id, version, queue = (
         kwargs.get(k) for k in ("tenant", "run_id", "version", "queue")
     )
@@ -134,10 +135,6 @@ def next_hold(
     return msgspec.json.encode({"argv": argv}).decode()
 
 
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
-
-
 @dataclass
 class Services:
     """What every step of one worker process shares."""
@@ -154,12 +151,14 @@ class Services:
 
 
 class LedgerGate:
-    """Asks the tenant's ledger for a batch larger than the turn's allowance, before it runs."""
+    """Asks the tenant's ledger for a batch larger than the turn's allowance, before it runs.
+    The hold is recorded on the run (the next commit settles or releases it), and taken only
+    while the run is still at the version the turn loaded."""
 
-    def __init__(self, ledger: Ledger, tenant: str, reservation_id: str, timeout_s: float) -> None:
-        self.ledger, self.tenant, self.reservation_id, self.timeout_s = (
-            ledger,
-            tenant,
+    def __init__(self, store: RunStore, msg: StepMessage, reservation_id: str, timeout_s: float):
+        self.store, self.msg, self.reservation_id, self.timeout_s = (
+            store,
+            msg,
             reservation_id,
             timeout_s,
         )
@@ -167,11 +166,15 @@ class LedgerGate:
         self.rejected: str | None = None  # the dimension that refused, for tenant.<dimension>
 
     def extend(self, extra: Usage) -> bool:
-        """Admitted or not; an unreachable ledger is no refusal (the run would end as if its
-        tenant were out of budget): the step is retried, as when the load finds it down."""
-        result = self.ledger.reserve(
-            self.tenant, self.reservation_id, ledger_amounts(extra), timeout_s=self.timeout_s
+        """Admitted or not. An unreachable ledger is no refusal (the run would end as if its
+        tenant were out of budget): the step is retried, as when the load finds it down. A run
+        that moved on past the turn's version takes no hold."""
+        _, argv = self.store.ledger.reserve_script_args(
+            self.msg.tenant, self.reservation_id, ledger_amounts(extra), timeout_s=self.timeout_s
         )
+        result = self.store.hold(self.msg.tenant, self.msg.run_id, self.msg.version, argv)
+        if result is None:
+            return False
         if result.status == "unavailable":
             raise LedgerDown(result.detail)
         if result.admitted:
@@ -238,6 +241,21 @@ class Step:
 
     services: Services
     msg: StepMessage
+    delivery: str = "-"  # the message: its task id and retry count
+    after: str = ""  # the earlier delivery of this step that exited cleanly, if any
+    loaded: bool = False  # whether this delivery's load ran (and so counted as an attempt)
+    # This delivery, as its load records it: the message, and a nonce, since a message
+    # redelivered after a kill is the same message but another delivery.
+    token: str = field(default_factory=lambda: secrets.token_hex(4))
+
+    def __post_init__(self) -> None:
+        self.token = f"{self.delivery}.{self.token}"
+
+    @property
+    def clean_exit(self) -> str:
+        """What a retry of this delivery names as `after`: this delivery if its load counted
+        it, else whatever this one was given."""
+        return self.token if self.loaded else self.after
 
     @property
     def settings(self) -> Settings:
@@ -263,25 +281,29 @@ class Step:
             "reason": state.reason or "",
         }
 
-    def fail(self, loaded: Loaded, reason: str, state: RunState | None = None) -> Committed:
-        """End the run `error` with the reason; the state is kept as it was if it is broken."""
-        log.error("run_failed", reason=reason)
-        if state is not None:
-            finish(state, Outcome.ERROR, reason)
-        event = {"type": "finished", "outcome": "error", "reason": reason, "at": now_iso()}
-        return self.services.store.commit(
-            self._change(
-                state, loaded, status=Status.STOPPED.value, outcome=Outcome.ERROR.value,
-                reason=reason, events=[event], settlements=self._release(loaded), hold="-",
-            )
+    def _leave(
+        self,
+        loaded: Loaded,
+        state: RunState | None,
+        *,
+        reason: str = "",
+        events: list[dict[str, Any]] | None = None,
+        settlements: list[list[str]] | None = None,
+        clear: list[str] | None = None,
+    ) -> Committed:
+        """The run ends or parks here: through the store's one way out."""
+        return self.services.store.leave(
+            tenant=self.msg.tenant, run_id=self.msg.run_id, version=self.msg.version,
+            old_status=loaded.status or "running", state=state, reason=reason,
+            events=events or [], settlements=settlements or [], clear=clear or [],
         )  # fmt: skip
 
-    def _release(self, loaded: Loaded) -> list[list[str]]:
-        """Give back the hold the load took, for a step that ends without a turn."""
-        if loaded.hold != "admitted" or not loaded.hold_id:
-            return []
-        _, argv = self.services.ledger.settle_script_args(self.msg.tenant, loaded.hold_id, {})
-        return [argv]
+    def fail(self, loaded: Loaded, reason: str, state: RunState | None = None) -> Committed:
+        """End the run `error` with the reason; the state is kept as it was if it is broken."""
+        log.error("run_failed", reason=excerpt(reason))
+        if state is not None:
+            finish(state, Outcome.ERROR, reason)
+        return self._leave(loaded, state, reason=reason)
 
     def park(self, loaded: Loaded, state: RunState) -> Committed:
         why = (
@@ -294,12 +316,7 @@ class Step:
         state.status = Status.PARKED
         log.info("run_parked", why=why)
         event = {"type": "parked", "why": why, "step": state.usage.steps, "at": now_iso()}
-        return self.services.store.commit(
-            self._change(
-                state, loaded, status=Status.PARKED.value, reason=why, events=[event],
-                settlements=self._release(loaded), hold="-",
-            )
-        )  # fmt: skip
+        return self._leave(loaded, state, reason=why, events=[event])
 
     def finish_now(
         self,
@@ -313,8 +330,8 @@ class Step:
     ) -> Committed:
         """Commit a state the step changed, with its events, and what follows from it."""
         if state.status is Status.STOPPED:
-            events.append(self._finished_event(state, job))
-        elif state.status is Status.SUSPENDED and state.pending is not None:
+            return self._leave(loaded, state, events=events, settlements=settlements, clear=clear)
+        if state.status is Status.SUSPENDED and state.pending is not None:
             held = state.pending
             events.append(
                 {"type": "suspended", "tool": held.call.name, "args": held.call.args,
@@ -334,18 +351,6 @@ class Step:
             )
         )  # fmt: skip
 
-    def _finished_event(self, state: RunState, job: Job) -> dict[str, Any]:
-        return {
-            "type": "finished",
-            "outcome": state.outcome.value if state.outcome else "",
-            "detail": state.detail,
-            "reason": state.reason,
-            "answer": state.answer,
-            "message": closing_message(state, job),
-            "usage": msgspec.to_builtins(state.usage),
-            "at": now_iso(),
-        }
-
     # -- the step --------------------------------------------------------------------------
 
     def run(self) -> str:
@@ -354,7 +359,9 @@ class Step:
         loaded = store.load(
             tenant=self.msg.tenant, run_id=self.msg.run_id, version=self.msg.version,
             queue=self.msg.queue, inflight_lease_ms=int(self.settings.inflight_lease_s * 1000),
+            delivery=self.token, after=self.after,
         )  # fmt: skip
+        self.loaded = loaded.kind == "go"
         if loaded.kind != "go":
             log.info(
                 "step_skipped",
@@ -430,9 +437,13 @@ class Step:
             if ledger_replies.needs_index(loaded.hold_reply):
                 ledger.index_tenant(self.msg.tenant)
             return ledger_replies.reserve(loaded.hold_reply)
-        return ledger.reserve(
+        _, argv = ledger.reserve_script_args(
             self.msg.tenant, reservation_id, ledger_amounts(worst), timeout_s=hard_s
         )
+        taken = self.services.store.hold(self.msg.tenant, self.msg.run_id, self.msg.version, argv)
+        if taken is None:  # the run moved on since the load: this turn will not commit
+            return ReserveResult(status="conflict", admitted=False, detail="the run moved on")
+        return taken
 
     def _turn(
         self,
@@ -448,8 +459,8 @@ class Step:
         clock = ActiveClock(state.usage.elapsed_ms / 1000)
         trace = Trace(clock)
         gate = LedgerGate(
-            self.services.ledger,
-            state.tenant,
+            self.services.store,
+            self.msg,
             hold_id(state.run_id, before.steps + 1, self.msg.version) + ":x",
             hard_s,
         )
@@ -491,6 +502,26 @@ class Step:
     def _traceparent(self) -> str:
         return self.msg.traceparent or tracing.run_traceparent(self.msg.run_id)
 
+    def _cancel_if_requested(self, version: int, state: RunState) -> str | None:
+        """A cancel requested while the turn ran finds the run suspended, where no step will
+        come to see it: honour it now, through the same compare-and-set (an operator's
+        decision that got there first wins)."""
+        by, reason, stored = self.services.store.client.hmget(
+            keys.run(self.msg.tenant, self.msg.run_id), "cancel_by", "cancel_reason", "version"
+        )
+        if not by or str(stored) != str(version):
+            return None
+        at, why = now_iso(), str(reason or "cancelled")
+        cancel(state, by=str(by), at=at, reason=why)
+        decision = {"type": "decision", "kind": "cancelled", "by": str(by), "at": at,
+                    "reason": why}  # fmt: skip
+        left = self.services.store.leave(
+            tenant=self.msg.tenant, run_id=self.msg.run_id, version=version,
+            old_status=Status.SUSPENDED.value, state=state, events=[decision],
+            clear=["cancel_by", "cancel_reason"],
+        )  # fmt: skip
+        return "cancelled" if left.kind == "ok" else None
+
     def _renew_lease(self) -> None:
         self.services.store.renew(
             tenant=self.msg.tenant, run_id=self.msg.run_id, queue=self.msg.queue,
@@ -528,7 +559,7 @@ class Step:
             return "continued"
         if isinstance(move, Suspended):
             log.info("run_suspended", tool=move.held.call.name)
-            return "suspended"
+            return self._cancel_if_requested(committed.version, state) or "suspended"
         assert isinstance(move, Finished)
         log.info("run_finished", outcome=move.outcome.value, detail=move.detail)
         metrics.run_finished(move.outcome.value, move.detail)

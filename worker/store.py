@@ -1,8 +1,11 @@
 """The run store: each run's state and version in Redis, its indexes and its event stream.
 
-Three scripts do all the writing: create (once per run), load (once per step: the state, the
-attempt count, the lease and the gate flags in one round trip) and commit (every change a run
-goes through, compare-and-set on the version, settling the ledger in the same script).
+Three scripts do most of the writing: create (once per run), load (once per step: the state,
+the attempt count, the lease and the gate flags in one round trip) and commit (every change a
+run goes through, compare-and-set on the version, settling the ledger in the same script).
+Two small ones take a hold mid-turn (hold) and record a cancel request (mark). Every hold a
+run takes is recorded on the run, and the next commit settles or releases it: `leave` is the
+one way out of a run (ended, parked or cancelled), for every caller.
 """
 
 from __future__ import annotations
@@ -10,27 +13,33 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
 import redis
 
-from jobs.errors import StateFormatError
+from jobs.closing import closing_message, closing_without_state, recorded_steps
+from jobs.errors import StateFormatError, UnknownJobError
 from jobs.kernel import finish
 from jobs.outcomes import Outcome, Status
 from jobs.state import RunState
+from ledger import replies as ledger_replies
 from ledger.client import Ledger
+from ledger.results import ReserveResult
 from ledger.scripts import library_source
 from worker import keys
 from worker.durability import WaitFor
 from worker.errors import TurnstileError
+from worker.registry import Jobs
 
 LUA = Path(__file__).parent / "lua"
 HOST = socket.gethostname()
 EVENTS_MAXLEN = 10_000  # per run; a run of this many events has long hit its step limit
+REASON_MAX_CHARS = 500  # a stored reason is an excerpt: a message's arguments can be megabytes
 
 
 class StoreUnavailable(TurnstileError):  # noqa: N818 - the store is down, said plainly
@@ -62,6 +71,17 @@ def fingerprint(payload: Any) -> str:
 
 def encode_event(event: dict[str, Any]) -> str:
     return msgspec.json.encode(event, order="sorted").decode()
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def excerpt(text: str, limit: int = REASON_MAX_CHARS) -> str:
+    """At most `limit` characters of `text`, saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 40]}... ({len(text) - limit + 40} more characters)"
 
 
 @dataclass(frozen=True)
@@ -99,11 +119,12 @@ class Change:
     settlements: list[list[str]] = field(default_factory=list)  # ledger_settle ARGV each
     clear: list[str] = field(default_factory=list)  # run-hash fields to delete
     hold: str = ""  # the next turn's ledger hold: "" keeps the stored one, "-" drops it
+    if_idle: bool = False  # commit only if no turn of the run is in flight ("busy" otherwise)
 
 
 @dataclass(frozen=True)
 class Committed:
-    kind: Literal["ok", "stale", "missing", "ledger"]
+    kind: Literal["ok", "stale", "missing", "ledger", "busy"]
     version: int = 0
     detail: str = ""
 
@@ -125,6 +146,9 @@ class RunStore:
         self._load = client.register_script(library_source() + "\n" + _script("run_load"))
         self._renew = client.register_script(_script("run_renew"))
         self._commit = client.register_script(library_source() + "\n" + _script("run_commit"))
+        self._hold = client.register_script(library_source() + "\n" + _script("run_hold"))
+        self._mark = client.register_script(_script("run_mark"))
+        self.jobs = Jobs(client)  # for closing messages
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -184,10 +208,20 @@ class RunStore:
         return created, fingerprint if created else _s(reply[1])
 
     def load(
-        self, *, tenant: str, run_id: str, version: int, queue: str, inflight_lease_ms: int
+        self,
+        *,
+        tenant: str,
+        run_id: str,
+        version: int,
+        queue: str,
+        inflight_lease_ms: int,
+        delivery: str,
+        after: str = "",
     ) -> Loaded:
         """The step's one read: gate, state and the next turn's ledger hold, in one script,
-        pipelined with the queue's flags."""
+        pipelined with the queue's flags. `delivery` names this delivery; `after` the earlier
+        delivery of the step that exited cleanly (see run_load.lua: it does not count as an
+        attempt)."""
         script_keys = [
             keys.run(tenant, run_id),
             keys.leases(tenant),
@@ -195,7 +229,7 @@ class RunStore:
             keys.inflight(tenant),
             *keys.ledger(tenant),
         ]
-        args = [run_id, version, inflight_lease_ms, inflight_tag(queue)]
+        args = [run_id, version, inflight_lease_ms, inflight_tag(queue), delivery, after]
 
         def build(pipe: Any) -> None:
             pipe.evalsha(self._load.sha, len(script_keys), *script_keys, *args)
@@ -231,6 +265,47 @@ class RunStore:
         )
         return bool(reply)
 
+    def hold(self, tenant: str, run_id: str, version: int, argv: list[str]) -> ReserveResult | None:
+        """Take a ledger hold for the turn of `version` and record it on the run (see
+        run_hold.lua); None when the run moved on, so no hold was taken."""
+        script_keys = [keys.run(tenant, run_id), *keys.ledger(tenant)]
+        try:
+            reply = self._hold(keys=script_keys, args=[version, *argv])
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            return ReserveResult(status="unavailable", admitted=False, detail=str(exc))
+        if _s(reply[0]) == "stale":
+            return None
+        if ledger_replies.needs_index(reply):
+            self.ledger.index_tenant(tenant)
+        return ledger_replies.reserve(reply)
+
+    def mark(
+        self,
+        tenant: str,
+        run_id: str,
+        *,
+        version: int,
+        status: str,
+        fields: dict[str, str],
+        event: dict[str, Any],
+    ) -> Committed:
+        """Set fields a later step acts on, compare-and-set on the version and the status,
+        without moving the run on (see run_mark.lua)."""
+        args: list[Any] = [version, status, EVENTS_MAXLEN, encode_event(event)]
+        for name, value in fields.items():
+            args += [name, value]
+        try:
+            reply = self._mark(keys=[keys.run(tenant, run_id), keys.events(tenant, run_id)],
+                               args=args)  # fmt: skip
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailable(f"store unavailable: {exc}") from exc
+        kind = _s(reply[0])
+        if kind == "ok":
+            return Committed("ok", version=int(reply[1]))
+        if kind == "stale":
+            return Committed("stale", version=int(reply[1]), detail=_s(reply[2]))
+        return Committed("missing")
+
     def commit(self, change: Change) -> Committed:
         tenant = change.tenant
         outcome_key = keys.by_outcome(tenant, change.outcome or "none")
@@ -259,9 +334,10 @@ class RunStore:
         ]
         for settlement in change.settlements:
             args += [len(settlement), *settlement]
-        if change.settlements:
-            script_keys += keys.ledger(tenant)
-        args += [len(change.clear), *change.clear, change.hold]
+        script_keys += keys.ledger(tenant)  # every commit closes the run's open holds
+        _, release = self.ledger.settle_script_args(tenant, change.run_id, {})
+        args += [len(change.clear), *change.clear, change.hold, "1" if change.if_idle else ""]
+        args.append(release[1])  # the ledger's journal length, for the releases
         try:
             reply = self._durable_call(
                 self._commit,
@@ -278,30 +354,96 @@ class RunStore:
             return Committed("stale", version=int(reply[1]))
         if kind == "ledger":
             return Committed("ledger", detail=f"{_s(reply[1])} {_s(reply[2])}".strip())
+        if kind == "busy":
+            return Committed("busy", version=int(reply[1]))
         return Committed("missing")
+
+    # -- leaving ---------------------------------------------------------------------------
+
+    def leave(
+        self,
+        *,
+        tenant: str,
+        run_id: str,
+        version: int,
+        old_status: str,
+        state: RunState | None,
+        reason: str = "",
+        events: Sequence[dict[str, Any]] = (),
+        settlements: Sequence[list[str]] = (),
+        clear: Sequence[str] = (),
+        if_idle: bool = False,
+        at: str = "",
+    ) -> Committed:
+        """The one way out of a run: every path that ends, parks or cancels a run commits here.
+
+        `state` is the run as it leaves: stopped with its outcome, or parked (`reason` says
+        why); None for a state that does not parse, which ends the run `error` with `reason`
+        and keeps the stored state as it is. The commit settles `settlements` and releases
+        every other hold the run still has open; a run that stops gets its one `finished`
+        event, with the closing message built from the state and from what the job's systems
+        of record say was done."""
+        at = at or now_iso()
+        out = list(events)
+        if state is None:
+            status, outcome, detail = Status.STOPPED.value, Outcome.ERROR.value, ""
+            reason = excerpt(reason)
+            out.append(self._finished(None, reason, at))
+        elif state.status is Status.STOPPED:
+            state.reason = excerpt(state.reason or "")
+            status, reason = state.status.value, state.reason
+            outcome, detail = (state.outcome or Outcome.ERROR).value, state.detail or ""
+            out.append(self._finished(state, reason, at))
+        elif state.status is Status.PARKED:
+            status, outcome, detail = state.status.value, "", ""
+        else:
+            raise ValueError(f"a run leaves stopped or parked, not {state.status.value}")
+        return self.commit(
+            Change(
+                tenant=tenant, run_id=run_id, version=version, old_status=old_status,
+                status=status, state_json=state.to_json().decode() if state is not None else "",
+                outcome=outcome, detail=detail, reason=reason, lease_ms=None, events=out,
+                settlements=list(settlements), clear=list(clear), hold="-", if_idle=if_idle,
+            )
+        )  # fmt: skip
+
+    def _finished(self, state: RunState | None, reason: str, at: str) -> dict[str, Any]:
+        """A stopped run's one `finished` event, with its closing message."""
+        if state is None:
+            return {"type": "finished", "outcome": Outcome.ERROR.value, "detail": None,
+                    "reason": reason, "answer": None, "usage": None, "at": at,
+                    "message": closing_without_state(Outcome.ERROR)}  # fmt: skip
+        outcome = state.outcome or Outcome.ERROR
+        try:
+            job = self.jobs.get(state.job)
+        except UnknownJobError:
+            message = closing_without_state(outcome)
+        else:
+            message = closing_message(state, job, recorded=recorded_steps(state, job))
+        return {
+            "type": "finished", "outcome": outcome.value, "detail": state.detail,
+            "reason": reason, "answer": state.answer, "message": message,
+            "usage": msgspec.to_builtins(state.usage), "at": at,
+        }  # fmt: skip
 
     def fail_run(self, tenant: str, run_id: str, reason: str, *, at: str = "") -> Committed:
         """End a live run `error` with the reason, from whatever its hash holds: the state is
-        updated when it parses and kept as it is when it does not."""
+        updated when it parses and kept as it is when it does not. Its open holds are
+        released, as on every way out."""
         stored = self.hash(tenant, run_id)
         if not stored:
             return Committed("missing")
         if stored.get("status") == Status.STOPPED.value:
             return Committed("stale", version=int(stored["version"]))
-        state_json = ""
+        state: RunState | None = None
         try:
             state = RunState.from_json(stored.get("state", ""))
-            finish(state, Outcome.ERROR, reason)
-            state_json = state.to_json().decode()
+            finish(state, Outcome.ERROR, excerpt(reason))
         except StateFormatError:
-            pass
-        event = {"type": "finished", "outcome": "error", "reason": reason, "at": at}
-        return self.commit(
-            Change(
-                tenant=tenant, run_id=run_id, version=int(stored["version"]),
-                old_status=stored.get("status", "running"), status=Status.STOPPED.value,
-                state_json=state_json, outcome=Outcome.ERROR.value, reason=reason, events=[event],
-            )
+            state = None
+        return self.leave(
+            tenant=tenant, run_id=run_id, version=int(stored["version"]),
+            old_status=stored.get("status", "running"), state=state, reason=reason, at=at,
         )  # fmt: skip
 
     # -- durability: a wrapper around the writing script calls ------------------------------

@@ -6,6 +6,13 @@ commit and before its enqueue, or whose message was lost, leaves a lapsed lease 
 re-sent step carries the run's current version, so if the original turns up after all, one of
 the two finds the version moved on and does nothing. It also runs the ledger's reaper, which
 charges reservations past their deadline.
+
+It re-sends a version once and then waits: a step it sent that no delivery has loaded since is
+still waiting on the broker (a queue no worker reads, a long backlog), and sending it again
+would only pile up copies. A delivery that loaded it and died is seen by its load (the run's
+`loaded_ms` is after the send), so that step is sent again; a message lost after a worker
+fetched it and before it loaded is taken back by the broker after its visibility timeout, and
+past that timeout the sweeper sends the step once more.
 """
 
 from __future__ import annotations
@@ -60,23 +67,33 @@ class Sweeper:
         return sent
 
     def _resend(self, tenant: str, run_id: str, now: int) -> int:
-        version, status, queue, state_json = self.client.hmget(
-            keys.run(tenant, run_id), "version", "status", "queue", "state"
+        version, status, queue, state_json, resent, loaded_ms = self.client.hmget(
+            keys.run(tenant, run_id), "version", "status", "queue", "state", "resent", "loaded_ms"
         )
         if status != "running" or version is None:
             self.client.zrem(keys.leases(tenant), run_id)  # a lease of a run that is not live
+            return 0
+        # The next lapse is a whole pickup lease away, so one sweep sends one step, not many.
+        self.client.zadd(
+            keys.leases(tenant), {run_id: now + int(self.config.pickup_lease_s * 1000)}, xx=True
+        )
+        if self._waiting(str(version), str(resent or ""), int(str(loaded_ms or 0)), now):
+            log.info("step_waiting", tenant=tenant, run_id=run_id, version=int(str(version)))
             return 0
         try:
             soft_s, hard_s = time_limits(RunState.from_json(str(state_json)), self.config)
         except StateFormatError:
             soft_s, hard_s = time_limits_default(self.config)
-        # The next lapse is a whole pickup lease away, so one sweep sends one step, not many.
-        self.client.zadd(
-            keys.leases(tenant), {run_id: now + int(self.config.pickup_lease_s * 1000)}, xx=True
-        )
         self.send(StepMessage(tenant, run_id, int(str(version)), str(queue)), soft_s, hard_s)
+        self.client.hset(keys.run(tenant, run_id), "resent", f"{version!s}|{now}")
         log.info("step_resent", tenant=tenant, run_id=run_id, version=int(str(version)))
         return 1
+
+    def _waiting(self, version: str, resent: str, loaded_ms: int, now: int) -> bool:
+        return still_waiting(
+            version=version, resent=resent, loaded_ms=loaded_ms, now_ms=now,
+            patience_ms=self.config.visibility_timeout_s * 1000,
+        )  # fmt: skip
 
     def loop(self, stop: threading.Event) -> None:
         while not stop.wait(self.config.sweep_interval_s):
@@ -85,6 +102,19 @@ class Sweeper:
                 retention.run_due(self.client, self.config, self.ledger)  # old runs, periods
             except Exception as exc:  # the store may be down: try again next interval
                 log.warning("sweep_failed", error=str(exc))
+
+
+def still_waiting(
+    *, version: str, resent: str, loaded_ms: int, now_ms: int, patience_ms: int
+) -> bool:
+    """Whether the step the sweeper last sent for `version` ("<version>|<sent ms>" in
+    `resent`) is still waiting on the broker: no delivery has loaded the run since it was sent
+    (`loaded_ms`), and the broker has not yet given up on a message a worker fetched and lost
+    (its visibility timeout, `patience_ms`)."""
+    sent_version, _, sent_ms = resent.partition("|")
+    if sent_version != version or not sent_ms.isdigit():
+        return False
+    return loaded_ms < int(sent_ms) and now_ms - int(sent_ms) < patience_ms
 
 
 def time_limits_default(config: Settings) -> tuple[float, float]:

@@ -103,6 +103,10 @@ class ShopBackend(Protocol):
 
     def effects(self, shop: str) -> list[list[Any]]: ...
 
+    def done(self, shop: str, key: str, name: str) -> bool:
+        """Whether the write (key, name) is stored: read-only, nothing is applied."""
+        ...
+
 
 class InMemoryShop:
     def __init__(self) -> None:
@@ -144,6 +148,10 @@ class InMemoryShop:
     def effects(self, shop: str) -> list[list[Any]]:
         with self._lock:
             return [list(e) for e in self._effects.get(shop, [])]
+
+    def done(self, shop: str, key: str, name: str) -> bool:
+        with self._lock:
+            return (shop, key, name) in self._done
 
     def orders(self, shop: str) -> dict[str, Order]:
         with self._lock:

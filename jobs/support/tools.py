@@ -10,7 +10,7 @@ import dataclasses
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +48,11 @@ def latency_s(ctx: ToolContext, name: str) -> float:
 
 def shop_of(ctx: ToolContext) -> str:
     """Runs share a shop only when they say so; by default each run has its own."""
-    return str(ctx.params.get("shop") or ctx.run_id)
+    return shop_named(ctx.run_id, ctx.params)
+
+
+def shop_named(run_id: str, params: Mapping[str, Any]) -> str:
+    return str(params.get("shop") or run_id)
 
 
 # Failure drills a run can ask for in its params: `die_in` names a tool whose call kills its
@@ -118,6 +122,12 @@ def support_tools(shop: ShopBackend, *, drills: bool = False) -> dict[str, Tool]
     def send_status_email(ctx: ToolContext) -> ToolOutput:
         return write(ctx, "send_status_email", None)
 
+    def recorded(name: str) -> Callable[[str, Mapping[str, Any], str], bool]:
+        def done(run_id: str, params: Mapping[str, Any], key: str) -> bool:
+            return shop.done(shop_named(run_id, params), key, name)
+
+        return done
+
     tools = [
         Tool(
             name="get_order",
@@ -166,6 +176,7 @@ def support_tools(shop: ShopBackend, *, drills: bool = False) -> dict[str, Tool]
             timeout_s=TOOL_TIMEOUT_S,
             done_text="the refund was issued",
             open_text="the refund was not issued",
+            recorded=recorded("issue_refund"),
         ),
         Tool(
             name="send_status_email",
@@ -183,6 +194,7 @@ def support_tools(shop: ShopBackend, *, drills: bool = False) -> dict[str, Tool]
             timeout_s=TOOL_TIMEOUT_S,
             done_text="the confirmation email was sent",
             open_text="the confirmation email was not sent",
+            recorded=recorded("send_status_email"),
         ),
     ]
     return {t.name: t for t in tools}

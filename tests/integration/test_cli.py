@@ -143,7 +143,15 @@ def test_cancel_a_parked_run_and_a_running_one(
     assert [e["type"] for e in _events(client, run_id)].count("finished") == 1
 
     slow = client.submit(tenant, USER, "support", GOAL, SLOW, queue=queue)
-    wait_until(lambda: client.state(slow).usage.steps >= 1, what="the slow run is under way")
+
+    def in_get_order() -> bool:  # its second turn (one second in get_order) is in flight
+        pipe = client.client.pipeline(transaction=True)
+        pipe.hget(keys.run(tenant, slow), "version")
+        pipe.hexists(keys.inflight(tenant), slow)
+        version, inflight = pipe.execute()
+        return bool(version == "2" and inflight)
+
+    wait_until(in_get_order, every_s=0.01, what="the slow run's turn is in flight")
     result = ok(cli(redis_url, "cancel", slow, "--by", "ops", "--reason", "wrong customer"))
     assert "next turn boundary" in result.stdout
     wait_until(lambda: _status(client, slow) == "stopped", what="the cancel lands")

@@ -25,7 +25,7 @@ from tests.integration.workers import (
     stored_row,
     wait_until,
 )
-from worker import keys
+from worker import control, keys
 from worker.api import Client, SubmissionError
 from worker.app import STEP_TASK, producer
 from worker.embedded import EmbeddedServer
@@ -154,6 +154,9 @@ def test_a_step_that_keeps_killing_its_worker_ends_the_run_error(
     stored = client.run_hash(poison)[1]
     assert (stored["outcome"], stored["status"]) == ("error", "stopped")
     assert "keeps killing the worker" in stored["reason"]
+    (finished,) = _finished(client, tenant, poison)  # ended by the limit, closed like any run
+    assert finished["message"].startswith("Something went wrong on our side"), finished
+    _ledger_is_the_runs_usage(client, tenant, [poison, healthy])
     assert client.state(healthy).outcome == "completed"
 
 
@@ -381,3 +384,186 @@ def test_submission_is_idempotent_and_checked(client: Client, queue: str, unique
         redis.Redis.from_url(client.config.redis_url or "").exists(keys.run(f"small-{unique}", "x"))
         == 0
     )
+
+
+# -- hardening: holds, closings, attempts, the sweeper (issue 9) ------------------------------
+
+
+def _ledger_is_the_runs_usage(client: Client, tenant: str, run_ids: list[str]) -> None:
+    """Nothing is held for the tenant any more, and what it was charged is exactly what its
+    runs recorded as used."""
+    figures = client.ledger.read(tenant)
+    states = [client.state(r) for r in run_ids]
+    used = {
+        "cost_microusd": sum(s.usage.cost_microusd for s in states),
+        "tokens": sum(s.usage.tokens for s in states),
+        "steps": sum(s.usage.steps for s in states),
+        "tool_calls": sum(s.usage.tool_calls for s in states),
+    }
+    for dimension, amount in used.items():
+        got = figures.get(dimension)
+        figure = (got.committed, got.reserved) if got is not None else (0, 0)
+        assert figure == (amount, 0), (dimension, got, amount)
+
+
+def _finished(client: Client, tenant: str, run_id: str) -> list[dict[str, Any]]:
+    return [e for _, e in client.store.events(tenant, run_id) if e["type"] == "finished"]
+
+
+def _in_turn(client: Client, tenant: str, run_id: str, version: int) -> bool:
+    """The step of `version` has loaded the run and not committed: its turn is in flight."""
+    pipe = client.client.pipeline(transaction=True)
+    pipe.hget(keys.run(tenant, run_id), "version")
+    pipe.hexists(keys.inflight(tenant), run_id)
+    stored, inflight = pipe.execute()
+    return bool(stored == str(version) and inflight)
+
+
+def _kill_turn(client: Client, tenant: str, run_id: str) -> None:
+    inflight = client.client.hget(keys.inflight(tenant), run_id)
+    assert inflight is not None, "the turn is in flight"
+    os.kill(int(str(inflight).split("|")[1]), signal.SIGKILL)
+
+
+def test_a_turn_killed_then_cancelled_or_parked_leaves_no_hold_and_closes_truthfully(
+    client: Client, queue: str, unique: str
+) -> None:
+    """Two turns are killed after their refund: the next delivery of one finds a cancel, of
+    the other a paused tenant. Neither leaves a ledger hold behind (each tenant is charged
+    exactly what its run recorded), and the cancelled run's closing says the refund was
+    issued, as the shop records, though its state never committed it."""
+    cancelled, parked = f"c-{unique}", f"p-{unique}"
+    slow = {"sleep_s": {"issue_refund": 3.0}}
+    shop = RedisShop(client.client)
+    first = client.submit(cancelled, USER, "support", GOAL, slow, queue=queue)
+    wait_until(lambda: shop.effects(first) != [], what="the first refund is issued")
+    assert client.cancel(first, by="ops") == "requested"  # its turn is in flight
+    _kill_turn(client, cancelled, first)
+    second = client.submit(parked, USER, "support", GOAL, slow, queue=queue)
+    wait_until(lambda: shop.effects(second) != [], what="the second refund is issued")
+    control.pause(client, control.Scope(tenant=parked), by="ops")
+    _kill_turn(client, parked, second)
+    wait_until(lambda: client.run_hash(first)[1]["status"] == "stopped", what="cancelled")
+    wait_until(lambda: client.run_hash(second)[1]["status"] == "parked", what="parked")
+    assert client.state(first).outcome == "cancelled"
+    _ledger_is_the_runs_usage(client, cancelled, [first])
+    _ledger_is_the_runs_usage(client, parked, [second])
+    (finished,) = _finished(client, cancelled, first)
+    assert "the refund was issued" in finished["message"], finished["message"]
+    assert shop.effects(first) == [["refund", "ord_1001", 3000]]
+
+
+def test_a_malformed_message_mid_turn_leaves_no_hold(
+    client: Client, queue: str, pool: list[WorkerProcess], unique: str, redis_url: str
+) -> None:
+    """A malformed message ends a run whose turn is in flight: the turn's hold is released
+    with the run's end, and the tenant is charged exactly what the run recorded."""
+    tenant, bad = f"t-{unique}", f"bad-{unique}"
+    # A worker of its own reads the bad message while the turn runs on the pool.
+    with running_workers(redis_url, [bad], 1, prefix="bad"):
+        run_id = client.submit(
+            tenant, USER, "support", GOAL, {"sleep_s": {"get_order": 4.0}}, queue=queue
+        )
+        wait_until(lambda: _in_turn(client, tenant, run_id, 2), every_s=0.01, what="turn 2")
+        producer(redis_url).send_task(
+            STEP_TASK,
+            kwargs={"tenant": tenant, "run_id": run_id, "version": "seven", "queue": queue},
+            queue=bad,
+        )
+        wait_until(lambda: client.run_hash(run_id)[1]["status"] == "stopped", what="it ends")
+    wait_until(
+        lambda: any(e.get("run_id") == run_id for w in pool for e in w.events("turn_discarded")),
+        what="the overtaken turn is discarded",
+    )
+    assert client.run_hash(run_id)[1]["outcome"] == "error"
+    _ledger_is_the_runs_usage(client, tenant, [run_id])
+    (finished,) = _finished(client, tenant, run_id)
+    assert finished["message"].startswith("Something went wrong on our side")
+
+
+def test_a_malformed_message_stores_a_bounded_reason(
+    client: Client, queue: str, unique: str, redis_url: str
+) -> None:
+    """A message with an 8 MB positional argument ends its run `error` with a reason of at
+    most 500 characters: the run's hash stays small."""
+    tenant = f"t-{unique}"
+    run_id = client.submit(tenant, USER, "support", GOAL, {}, queue=f"nobody-{unique}")
+    producer(redis_url).send_task(
+        STEP_TASK,
+        args=["x" * 8_000_000],
+        kwargs={"tenant": tenant, "run_id": run_id, "version": 1, "queue": queue},
+        queue=queue,
+    )
+    wait_until(lambda: client.run_hash(run_id)[1]["status"] == "stopped", what="it ends")
+    stored = client.run_hash(run_id)[1]
+    assert stored["outcome"] == "error" and "positional arguments" in stored["reason"]
+    assert len(stored["reason"]) <= 500
+    assert int(client.client.memory_usage(keys.run(tenant, run_id)) or 0) < 100_000
+    client.client.delete(f"nobody-{unique}")
+
+
+def test_the_sweeper_sends_a_waiting_step_once_and_cancel_ends_an_idle_run_at_once(
+    client: Client, pool: list[WorkerProcess], unique: str, redis_url: str
+) -> None:
+    """A run on a queue that no worker reads: its lease lapses again and again, but the
+    sweeper re-sends its step once, as that copy is still waiting on the broker. Its turn is
+    not in flight, so `cancel` ends it at once, with its finished event and closing."""
+    tenant, nobody = f"t-{unique}", f"nobody-{unique}"
+    client = client_for(redis_url, pickup_lease_s=1)  # the submission's lease lapses soon
+    run_id = client.submit(tenant, USER, "support", GOAL, {}, queue=nobody)
+
+    def waited(times: int) -> bool:
+        seen = [e for w in pool for e in w.events("step_waiting") if e.get("run_id") == run_id]
+        return len(seen) >= times
+
+    wait_until(lambda: waited(3), timeout_s=40, what="three sweeps find the step waiting")
+    assert control.broker_depth(redis_url, nobody) == 2  # the submission's and one re-send
+    assert client.cancel(run_id, by="ops") == "cancelled"
+    stored = client.run_hash(run_id)[1]
+    assert (stored["status"], stored["outcome"]) == ("stopped", "cancelled")
+    (finished,) = _finished(client, tenant, run_id)
+    assert finished["message"].startswith("Your request was cancelled.")
+    assert client.client.zscore(keys.leases(tenant), run_id) is None
+    client.client.delete(nobody)
+    _ledger_is_the_runs_usage(client, tenant, [run_id])
+
+
+def test_a_store_outage_at_commit_does_not_use_up_an_attempt(unique: str) -> None:
+    """With one delivery allowed per step, a turn whose commit fails because the store went
+    down is retried when it is back and the run completes: only deliveries that died mid-turn
+    count against the limit."""
+    with EmbeddedServer() as broker, EmbeddedServer(appendonly=True) as store:
+        queue = f"outage-{unique}"
+        env = {"TURNSTILE_MAX_STEP_ATTEMPTS": "1"}
+        with running_workers(store.url, [queue], 1, broker_url=broker.url, env=env) as workers:
+            client = client_for(store.url, broker_url=broker.url)
+            run_id = client.submit(
+                "t", USER, "support", GOAL, {"sleep_s": {"get_order": 2.0}}, queue=queue
+            )
+            # Its second turn sleeps in get_order, then commits.
+            wait_until(lambda: _in_turn(client, "t", run_id, 2), every_s=0.01, what="turn 2")
+            store.stop()
+            wait_until(lambda: workers[0].events("step_retry") != [], what="the commit fails")
+            store.start()
+            client = client_for(store.url, broker_url=broker.url)
+            wait_until(lambda: settled(client, [run_id]), timeout_s=60, what="the run ends")
+            stored = client.run_hash(run_id)[1]
+            assert stored["outcome"] == "completed", stored["reason"]
+
+
+def test_a_cancel_requested_during_a_turn_that_suspends_ends_the_run(
+    client: Client, queue: str, unique: str
+) -> None:
+    """A cancel requested while the turn that suspends the run (G's refund, held for a person)
+    is in flight ends the run `cancelled` as that turn commits, instead of leaving a
+    suspended run with a request that no step will ever read."""
+    tenant = f"t-{unique}"
+    params = {**BY_LETTER["G"].params, "model_sleep_s": 1.5}
+    run_id = client.submit(tenant, USER, "support", GOAL, params, queue=queue)
+    wait_until(lambda: _in_turn(client, tenant, run_id, 3), every_s=0.01, what="turn 3 runs")
+    assert client.cancel(run_id, by="ops", reason="customer called") == "requested"
+    wait_until(lambda: client.run_hash(run_id)[1]["status"] == "stopped", what="cancelled")
+    state = client.state(run_id)
+    assert (state.outcome, state.reason) == ("cancelled", "customer called")
+    assert len(_finished(client, tenant, run_id)) == 1
+    _ledger_is_the_runs_usage(client, tenant, [run_id])

@@ -6,7 +6,8 @@ import msgspec
 import pytest
 
 from jobs.budget import Budget
-from jobs.closing import closing_message
+from jobs.calls import plan_step_key
+from jobs.closing import closing_message, recorded_steps
 from jobs.decisions import approve, cancel, deny
 from jobs.errors import DecisionError, ParamsError, StateFormatError
 from jobs.outcomes import TERMINAL, Outcome, Status
@@ -15,6 +16,7 @@ from jobs.state import RunState
 from jobs.support.job import support_job
 from jobs.support.scenarios import BY_LETTER, run_scenario
 from jobs.support.shop import InMemoryShop
+from jobs.tools import ToolContext
 from tests.unit.kit import Listed, World, call, go, make_job, read_tool, write_tool
 
 AT = "2026-11-29T12:00:00Z"
@@ -155,3 +157,27 @@ def test_new_run_refuses_bad_input_before_anything_exists() -> None:
         new_run(**ok, budget=Budget(max_steps=-1))  # type: ignore[arg-type]
     with pytest.raises(ParamsError, match=r"unknown model 'gpt-9'; one of policy"):
         new_run(**{**ok, "job": support_job(InMemoryShop())}, params={"model": "gpt-9"})  # type: ignore[arg-type]
+
+
+def test_a_closing_message_says_what_the_shop_recorded() -> None:
+    """A run cancelled while its refund is held says the refund was not issued, unless the
+    shop records that refund under the step's key (a turn that died after the write and
+    before its commit): then it says the refund was issued."""
+    ran = run_scenario(BY_LETTER["G"])
+    state, job = ran.state, ran.runtime.job
+    held = state.pending
+    assert held is not None and held.call.plan_step
+    cancel(state, by="ops", at=AT)
+    assert recorded_steps(state, job) == frozenset()
+    assert "the refund was not issued" in closing_message(state, job)
+    ctx = ToolContext(
+        run_id=state.run_id, tenant=state.tenant, user_id=state.user_id, params=state.params,
+        args=held.call.args, key=plan_step_key(state.run_id, held.call.plan_step),
+        timeout_s=5, approved=True,
+    )  # fmt: skip
+    job.tools["issue_refund"].fn(ctx)
+    recorded = recorded_steps(state, job)
+    assert recorded == {held.call.plan_step}
+    message = closing_message(state, job, recorded=recorded)
+    assert message.startswith("Your request was cancelled.")
+    assert "the refund was issued" in message and "not issued" not in message

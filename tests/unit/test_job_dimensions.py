@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 import pytest
+import redis
 
 from jobs.budget import Usage
 from jobs.calls import call_key
@@ -23,7 +24,8 @@ from jobs.trace import Trace
 from ledger.client import Ledger
 from ledger.inputs import DEFAULT_DIMENSIONS
 from tests.unit.kit import Listed
-from worker.step import LedgerDown, LedgerGate, split_actual
+from worker.step import LedgerDown, LedgerGate, StepMessage, split_actual
+from worker.store import RunStore
 
 REFUNDED: list[int] = []
 
@@ -134,7 +136,8 @@ def test_an_unreachable_ledger_mid_turn_is_retried_not_a_refusal() -> None:
     port = nobody.getsockname()[1]
     nobody.close()  # a port where no server listens
     known = (*DEFAULT_DIMENSIONS, "refund_cents")
-    ledger = Ledger.from_url(f"redis://127.0.0.1:{port}/0", dimensions=known)
-    gate = LedgerGate(ledger, "t", "r1:1:v1:x", timeout_s=5)
+    url = f"redis://127.0.0.1:{port}/0"
+    store = RunStore(redis.Redis.from_url(url), Ledger.from_url(url, dimensions=known))
+    gate = LedgerGate(store, StepMessage("t", "r1", 1, "default"), "r1:1:v1:x", timeout_s=5)
     with pytest.raises(LedgerDown):
         gate.extend(Usage(extra={"refund_cents": 700}))

@@ -1,9 +1,17 @@
 --[[
 Commit one change of a run, atomically: compare-and-set the version, write the state and its
-summary fields, settle the turn's ledger reservations, append the events, move the run in the
-status and outcome indexes, and set or clear its lease. Used for every change a run goes
-through: a turn, a park, a decision, a failure. This body follows the ledger's library (see
-ledger/lib.lua), so `ledger_settle` is in scope.
+summary fields, settle the turn's ledger reservations, close every other hold the run still
+has open, append the events, move the run in the status and outcome indexes, and set or clear
+its lease. Used for every change a run goes through: a turn, a park, a decision, a failure.
+This body follows the ledger's library (see ledger/lib.lua), so `ledger_settle` and
+`ledger_settle_check` are in scope.
+
+Holds: every hold taken for the version being replaced is in the run's field `holds` (see
+run_load.lua and run_hold.lua). The settlements listed here are checked all together first
+(`ledger_settle_check`): if any would be refused nothing at all is written. Then each is
+settled, and every other open hold (one a killed delivery took, one a turn took before a
+cancel or a failure overtook it) is released, so a run never leaves a hold behind to expire
+and be charged in full. A hold already resolved, or unknown to the ledger, is left as it is.
 
 KEYS
   1 run hash        turnstile:{T}:run:<id>
@@ -13,7 +21,7 @@ KEYS
   5 new status set  turnstile:{T}:status:<new status>
   6 outcome set     turnstile:{T}:outcome:<outcome> (any tenant key when there is none)
   7 inflight hash   turnstile:{T}:inflight
-  8-13              the tenant's six ledger keys, in the library's order (when settling)
+  8-13              the tenant's six ledger keys, in the library's order
 ARGV
   1 run id
   2 expected version
@@ -28,10 +36,13 @@ ARGV
   then m: the number of settlements, then for each: k, then its k ledger_settle arguments
   then h: the number of run-hash fields to delete, then their names
   then the next turn's ledger hold (see run_load.lua): "" keeps it, "-" drops it, else its JSON
+  then "1" to commit only if no turn of the run is in flight (its in-flight lease is live), or ""
+  then the ledger's journal max length (for the releases)
 Returns
   {"ok", new_version} | {"stale", version} | {"missing"} | {"ledger", outcome, detail}
+  | {"busy", version} (a turn is in flight and the change asked for none: nothing written)
 ]]
-local version = redis.call('HGET', KEYS[1], 'version')
+local version, open = unpack(redis.call('HMGET', KEYS[1], 'version', 'holds'))
 if not version then
   return {'missing'}
 end
@@ -45,33 +56,62 @@ local events_at = i + 1
 i = i + n_events + 1
 local n_settles = tonumber(ARGV[i])
 i = i + 1
-local ledger_keys = {KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]}
-for _ = 1, n_settles do
+local settles = {}
+for s = 1, n_settles do
   local k = tonumber(ARGV[i])
   local argv = {}
   for j = 1, k do
     argv[j] = ARGV[i + j]
   end
+  settles[s] = argv
   i = i + k + 1
-  local res = ledger_settle(ledger_keys, argv)
-  if res[1] ~= 'settled' then
-    -- Nothing of the run is written; a refused settlement wrote nothing either.
-    return {'ledger', res[1], tostring(res[2] or '')}
-  end
 end
 local n_hdel = tonumber(ARGV[i])
-for j = 1, n_hdel do
-  redis.call('HDEL', KEYS[1], ARGV[i + j])
+local hdel_at = i + 1
+i = i + n_hdel + 1
+local hold, if_idle, maxlen = ARGV[i] or '', ARGV[i + 1] or '', ARGV[i + 2] or '1000'
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if if_idle == '1' then
+  local running = redis.call('HGET', KEYS[7], ARGV[1])
+  if running and tonumber(string.match(running, '|(%d+)$') or '0') > now then
+    return {'busy', version}
+  end
 end
-local hold = ARGV[i + n_hdel + 1] or ''
+
+local ledger_keys = {KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]}
+for s = 1, n_settles do
+  local refusal = ledger_settle_check(ledger_keys, settles[s])
+  if refusal then
+    -- Nothing of the run or the ledger is written.
+    return {'ledger', refusal[1], tostring(refusal[2] or '')}
+  end
+end
+local settled = {}
+for s = 1, n_settles do
+  ledger_settle(ledger_keys, settles[s])
+  settled[settles[s][1]] = true
+end
+for id in string.gmatch(open or '', '%S+') do
+  if not settled[id] then
+    local argv = {id, maxlen}
+    if not ledger_settle_check(ledger_keys, argv) then
+      ledger_settle_at(ledger_keys, argv, now, 'release')
+    end
+  end
+end
+redis.call('HDEL', KEYS[1], 'holds')
+
+for j = 0, n_hdel - 1 do
+  redis.call('HDEL', KEYS[1], ARGV[hdel_at + j])
+end
 if hold == '-' then
   redis.call('HDEL', KEYS[1], 'hold')
 elseif hold ~= '' then
   redis.call('HSET', KEYS[1], 'hold', hold)
 end
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local new_version = tonumber(version) + 1
 local run_id, status, outcome = ARGV[1], ARGV[4], ARGV[5]
 redis.call('HSET', KEYS[1], 'version', new_version, 'status', status, 'outcome', outcome,
