@@ -37,6 +37,7 @@ from providers.prices import PRICES_FILE_ENV
 from worker import keys
 from worker.app import connect, sender
 from worker.errors import TurnstileError
+from worker.fair import route
 from worker.memory import RedisMemory
 from worker.registry import Registry
 from worker.settings import Settings
@@ -108,7 +109,8 @@ def _budget(raw: Budget | Mapping[str, Any] | None, default: Budget) -> Budget:
 
 class Client:
     def __init__(self, client: redis.Redis, config: Settings, send: Send) -> None:
-        self.client, self.config, self.send = client, config, send
+        # Where a step goes (the broker, or its tenant's pending list): worker/fair.py.
+        self.client, self.config, self.send = client, config, route(client, config, send)
         self.jobs = Registry(
             client, drills=config.allow_drills
         )  # the jobs this process can see: entry points, TURNSTILE_JOBS

@@ -29,7 +29,7 @@ from celery import Celery, Task, signals
 from jobs.kernel import READ_POOL_SIZE
 from ledger.client import Ledger
 from ledger.inputs import DEFAULT_DIMENSIONS
-from worker import deadletters, metrics, pools
+from worker import deadletters, fair, metrics, pools
 from worker.logs import configure as configure_logging
 from worker.pools import Pool
 from worker.registry import Jobs
@@ -206,6 +206,7 @@ def build_services(config: Settings) -> Services:
         dimensions=(*DEFAULT_DIMENSIONS, *jobs.dimensions()),
     )  # fmt: skip
     store = RunStore(client, ledger, wait_for=config.wait_for)
+    route = fair.route(client, config, send_step)
 
     sends = iter(range(1, 2**62))
 
@@ -215,8 +216,9 @@ def build_services(config: Settings) -> Services:
             log.warning("chaos_send_dropped", version=msg.version)
             return
         try:
-            for _ in range(config.chaos_send_copies):
-                send_step(msg, soft_s, hard_s)
+            route(msg, soft_s, hard_s)
+            for _ in range(config.chaos_send_copies - 1):  # the drill's duplicates, as they
+                send_step(msg, soft_s, hard_s)  # come: past the pending list, which folds them
         except Exception as exc:  # the lease the commit set makes the sweeper send it later
             log.warning("enqueue_failed", error=str(exc), version=msg.version)
 
@@ -286,6 +288,25 @@ def step_task(self: Task, *args: Any, **kwargs: Any) -> str:  # type: ignore[typ
     finally:
         metrics.step_done(result, started)
         structlog.contextvars.clear_contextvars()
+        # A retry keeps the step's slot until its last delivery; a continuing run's next
+        # step gave it back as it was queued (worker/fair.py).
+        if result not in ("retry", "continued"):
+            _release(msg, result)
+
+
+# Results of a step after which its run is over (see worker/step.py and step_task).
+RUN_ENDED = frozenset({"finished", "refused", "cancelled", "broken", "poison", "missing"})
+
+
+def _release(msg: StepMessage, result: str) -> None:
+    """Give the step's fair-share slot back (see worker/fair.py)."""
+    if not settings().fair_share:
+        return
+    try:
+        fair.release(services().store.client, msg.tenant, msg.run_id, msg.version,
+                     ended=result in RUN_ENDED)  # fmt: skip
+    except Exception as exc:  # the slot lapses by itself
+        log.warning("slot_release_failed", error=str(exc))
 
 
 def _fail_named_run(kwargs: dict[str, Any], reason: str) -> None:
@@ -308,11 +329,29 @@ def _start_sweeper(sender: Any = None, **kwargs: Any) -> None:
     log.info("worker_ready", hostname=getattr(sender, "hostname", ""), pid=os.getpid())
     if config.redis_url is None:
         return
-    sweeper = Sweeper(connect(config.redis_url, config), config, send_step)
+    client = connect(config.redis_url, config)
+    sweeper = Sweeper(client, config, fair.route(client, config, send_step))
     _sweeper_stop.clear()
     threading.Thread(
         target=sweeper.loop, args=(_sweeper_stop,), name="turnstile-sweeper", daemon=True
     ).start()
+    if config.fair_share:
+        dispatcher = fair.Dispatcher(
+            connect(config.redis_url, config), _broker_client(config), config, send_step
+        )
+        threading.Thread(
+            target=dispatcher.loop, args=(_sweeper_stop,), name="turnstile-dispatcher",
+            daemon=True,
+        ).start()  # fmt: skip
+
+
+def _broker_client(config: Settings) -> redis.Redis | None:
+    """The broker's lists, read to keep each queue short; None for a broker that is not
+    Redis (the dispatcher then keeps `dispatch_depth` steps moving without reading them)."""
+    url = config.broker
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        return None
+    return connect(url, config)
 
 
 # The exit status a shutdown signal announced (1 for a cold shutdown). Celery's worker exits 0

@@ -16,7 +16,9 @@ from rich.table import Table
 from ledger.cli import ledger_app, use_dimensions
 from worker.cli_common import BrokerUrl, JsonFlag, OneLineGroup, RedisUrl, client, fail
 from worker.cli_deadletters import dead_letters_app
+from worker.cli_http import register as register_http
 from worker.cli_ops import register as register_ops
+from worker.cli_tenants import tenants_app
 
 app = typer.Typer(
     name="turnstile",
@@ -28,6 +30,7 @@ app = typer.Typer(
 )
 app.add_typer(ledger_app, name="ledger")
 app.add_typer(dead_letters_app, name="dead-letters")
+app.add_typer(tenants_app, name="tenants")
 
 
 def _job_dimensions() -> tuple[str, ...]:
@@ -37,6 +40,7 @@ def _job_dimensions() -> tuple[str, ...]:
 
 
 register_ops(app)
+register_http(app)
 
 
 @app.callback()

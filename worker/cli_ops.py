@@ -227,16 +227,34 @@ def queues(
     with client(redis_url, broker_url) as c:
         views = control.queues(c)
     if as_json:
-        _json([dataclasses.asdict(v) for v in views])
+        _json([{**dataclasses.asdict(v), "pending": v.pending} for v in views])
         return
-    table = Table("queue", "depth", "in flight", "running", "parked", "dead letters", "state")
+    table = Table(
+        "queue", "depth", "pending", "in flight", "running", "parked", "dead letters", "state"
+    )
     for v in views:
         flags = (("paused", v.paused, v.paused_by), ("draining", v.draining, v.draining_by))
         state = ", ".join(f"{flag} by {who} since {at}" for flag, at, who in flags if at)
         table.add_row(
-            escape(v.name), _depth(v.depth), str(v.in_flight), str(v.running), str(v.parked),
-            _depth(v.dead_letters), escape(state or "open"),
+            escape(v.name), _depth(v.depth), str(v.pending), str(v.in_flight), str(v.running),
+            str(v.parked), _depth(v.dead_letters), escape(state or "open"),
         )  # fmt: skip
+    console_for_tables().print(table)
+    _tenant_table(views)
+
+
+def _tenant_table(views: list[Any]) -> None:
+    """Fair share, per queue and tenant: steps waiting for the dispatcher, turns in flight
+    (the tenant's, every queue), its cap and weight."""
+    rows = [(v.name, t) for v in views for t in v.tenants]
+    if not rows:
+        return
+    table = Table("queue", "tenant", "waiting", "in flight", "cap", "active runs", "cap",
+                  "weight")  # fmt: skip
+    for name, t in rows:
+        caps = ["-" if t[k] is None else str(t[k]) for k in ("cap", "runs_cap")]
+        table.add_row(escape(name), escape(t["tenant"]), str(t["waiting"]), str(t["in_flight"]),
+                      caps[0], str(t["active_runs"]), caps[1], str(t["weight"]))  # fmt: skip
     console_for_tables().print(table)
 
 

@@ -19,7 +19,7 @@ import base64
 import contextlib
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import msgspec
@@ -29,7 +29,7 @@ from jobs.errors import StateFormatError
 from jobs.outcomes import Outcome, Status
 from jobs.state import RunState
 from jobs.trace import Span
-from worker import keys
+from worker import fair, keys
 from worker.api import Client, DecisionRefusedError, RunNotFoundError, check_name
 from worker.errors import TurnstileError
 from worker.step import StepMessage, next_hold, now_iso, time_limits
@@ -340,6 +340,14 @@ class QueueView:
     draining: str
     draining_by: str
     dead_letters: int | None = None  # entries workers could not take in (on a Redis broker)
+    # Fair share: per tenant with steps waiting for the dispatcher on this queue or turns in
+    # flight, {tenant, waiting (on this queue), in_flight (every queue), cap, weight}.
+    tenants: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def pending(self) -> int:
+        """Steps waiting in the tenants' pending lists for the dispatcher."""
+        return sum(int(t["waiting"]) for t in self.tenants)
 
 
 def _running_on(c: Client, queue: str) -> int:
@@ -372,7 +380,17 @@ def queue_view(c: Client, queue: str) -> QueueView:
         len(parked_runs(c, scope)),
         paused, paused_by, draining, draining_by,
         dead_letter_count(c.config.broker, queue),
+        _fair_tenants(c, queue),
     )  # fmt: skip
+
+
+def _fair_tenants(c: Client, queue: str) -> list[dict[str, Any]]:
+    out = []
+    for tenant in sorted(_s(t) for t in c.client.smembers(keys.fair_active(queue))):
+        view = fair.tenant_view(c.client, tenant, [queue])
+        if view.waiting or view.in_flight:
+            out.append(asdict(view))
+    return out
 
 
 def dead_letter_count(broker_url: str, queue: str) -> int | None:

@@ -103,3 +103,45 @@ def memory_source_users(tenant: str, source: str) -> str:
 
 def ledger(tenant: str) -> list[str]:
     return ledger_tenant_keys(tenant)
+
+
+# -- fair share: each tenant's steps wait in lists of its own until the dispatcher sends them --
+
+
+def pending(tenant: str, queue: str, kind: str) -> str:
+    """List: the tenant's step entries (JSON) waiting for the dispatcher on `queue`; `kind` is
+    "cont" (a run's later steps, taken first) or "start" (new runs' first steps)."""
+    return _t(tenant, f"pending:{queue}:{kind}")
+
+
+def pending_index(tenant: str) -> str:
+    """Hash: run id -> the version of its step waiting in a pending list (a re-send of a step
+    that waits is not queued twice)."""
+    return _t(tenant, "pending-index")
+
+
+def slots(tenant: str) -> str:
+    """Sorted set: "<run id>:<version>" of each step dispatched and not yet done, scored by
+    when the slot lapses (server ms): the tenant's turns in flight, against its cap."""
+    return _t(tenant, "slots")
+
+
+def caps(tenant: str) -> str:
+    """Hash: the tenant's scheduling settings (turns_in_flight, active_runs, weight); not spend."""
+    return _t(tenant, "caps")
+
+
+def active(tenant: str) -> str:
+    """Sorted set: run id -> when its first step was dispatched (ms), until the run ends: the
+    tenant's active runs, against its cap."""
+    return _t(tenant, "active")
+
+
+FAIR_QUEUES = f"{PREFIX}:fair:queues"  # set: the queues that may have pending steps
+FAIR_LOCK = f"{PREFIX}:fair:lock"  # one dispatcher at a time
+FAIR_WAKE = f"{PREFIX}:fair:wake"  # list: a push or a finished step nudges the dispatcher
+
+
+def fair_active(queue: str) -> str:
+    """Set: the tenants that may have steps pending on `queue`."""
+    return f"{PREFIX}:fair:active:{queue}"

@@ -109,6 +109,28 @@ class Metrics:
             ["reason"],
             registry=registry,
         )
+        # Fair share, set by the dispatcher (the worker that holds its lock) once a second.
+        self.tenant_waiting: Gauge = Gauge(
+            "turnstile_tenant_waiting_steps",
+            "Steps of the tenant waiting in its pending lists for the dispatcher.",
+            ["tenant"],
+            multiprocess_mode="mostrecent",
+            registry=registry,
+        )
+        self.tenant_in_flight: Gauge = Gauge(
+            "turnstile_tenant_turns_in_flight",
+            "The tenant's steps dispatched and not yet done (what its cap counts).",
+            ["tenant"],
+            multiprocess_mode="mostrecent",
+            registry=registry,
+        )
+        self.tenant_cap: Gauge = Gauge(
+            "turnstile_tenant_turns_cap",
+            "The tenant's cap on turns in flight; -1 when it has none.",
+            ["tenant"],
+            multiprocess_mode="mostrecent",
+            registry=registry,
+        )
 
 
 @dataclass
@@ -172,6 +194,15 @@ def tenant_refused(dimension: str) -> None:
     if m is not None:
         m.ledger_refusals.labels(dimension).inc()
         m.runs_finished.labels("budget_exhausted", f"tenant.{dimension}").inc()
+
+
+def tenant_share(tenant: str, *, waiting: int, in_flight: int, cap: int | None) -> None:
+    """The dispatcher's view of one tenant: steps waiting, turns in flight, its cap."""
+    m = _state.metrics
+    if m is not None:
+        m.tenant_waiting.labels(tenant).set(waiting)
+        m.tenant_in_flight.labels(tenant).set(in_flight)
+        m.tenant_cap.labels(tenant).set(-1 if cap is None else cap)
 
 
 def process_dead(pid: int) -> None:

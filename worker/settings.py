@@ -86,6 +86,16 @@ class Settings(BaseSettings):
     # one is refused and a worker ignores them. Tests, the demo and staging turn them on.
     allow_drills: bool = False
 
+    # Fair share between tenants (worker/fair.py): steps wait in per-tenant lists and one
+    # dispatcher feeds the queue round robin between tenants, honouring each tenant's cap on
+    # turns in flight. Off: every step goes straight to the broker, first come first served.
+    fair_share: bool = True
+    # How many steps the dispatcher keeps waiting on a queue's broker list: enough that no
+    # worker waits for the dispatcher, few enough that a newcomer's step is near the front.
+    dispatch_depth: int = Field(default=8, ge=1, le=10_000)
+    # The dispatcher also wakes this often without a nudge (a slot that lapsed, a lost nudge).
+    dispatch_poll_s: float = Field(default=0.5, gt=0, le=60)
+
     # Port of the worker's Prometheus endpoint, served by its main process; None or 0: off.
     metrics_port: int | None = None
 

@@ -191,11 +191,14 @@ def test_a_submit_and_an_approve_with_the_broker_down_are_accepted_and_happen(
 ) -> None:
     """With the broker URL on a dead port and the store up, `submit` and `approve` exit 0
     within seconds, saying the step will be sent when the broker is back; the sweeper sends
-    it, and the run suspends, is approved and completes."""
+    it, and the run suspends, is approved and completes. (With fair share off: with it on, a
+    submission queues its step in the store, and the broker is the dispatcher's business; see
+    tests/integration/test_fair.py.)"""
     queue, tenant = f"nb-{unique}", f"t-{unique}"
     g = BY_LETTER["G"].params
     down = {"TURNSTILE_REDIS_URL": redis_url, "TURNSTILE_PICKUP_LEASE_S": "3",
-            "TURNSTILE_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0"}  # fmt: skip
+            "TURNSTILE_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0",
+            "TURNSTILE_FAIR_SHARE": "0"}  # fmt: skip
     client = client_for(redis_url)
     with running_workers(redis_url, [queue], 1):
         started = time.monotonic()
@@ -226,9 +229,9 @@ def test_a_submit_with_the_broker_down_is_idempotent_on_its_run_id(
     redis_url: str, unique: str
 ) -> None:
     """Submitting the same run id again after a deferred send neither fails nor makes a
-    second run."""
+    second run (fair share off: with it on, the step is queued in the store)."""
     dead = f"redis://127.0.0.1:{free_port()}/0"
-    client = client_for(redis_url, broker_url=dead)
+    client = client_for(redis_url, broker_url=dead, fair_share=False)
     run_id = f"run_{uuid.uuid4().hex[:12]}"
     first = client.submit_run(f"t-{unique}", USER, "support", GOAL, queue=f"idle-{unique}",
                               run_id=run_id)  # fmt: skip

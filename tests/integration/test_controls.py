@@ -194,9 +194,11 @@ def _loaded_versions(
 def test_racing_resumes_send_each_parked_run_once(redis_url: str, unique: str) -> None:
     """Four resumes at once: one clears the pause, the others find nothing to clear and change
     nothing, and each parked run is re-enqueued once. Four callers re-enqueueing the same
-    parked runs at once: the version compare-and-set lets one of them send each run's step."""
+    parked runs at once: the version compare-and-set lets one of them send each run's step.
+    (Its clients send straight to the broker, TURNSTILE_FAIR_SHARE=0, so every message sent is
+    counted there: a tenant's pending list would fold a second copy into the first.)"""
     queue, tenant = f"race-{unique}", f"t-{unique}"
-    client = client_for(redis_url)
+    client = client_for(redis_url, fair_share=False)
     scope = Scope(tenant=tenant)
 
     def park_all(ids: list[str]) -> None:
@@ -210,7 +212,7 @@ def test_racing_resumes_send_each_parked_run_once(redis_url: str, unique: str) -
 
     def resume(i: int, barrier: threading.Barrier) -> None:
         barrier.wait()
-        outcomes.append(control.resume(client_for(redis_url), scope, by=f"op{i}"))
+        outcomes.append(control.resume(client_for(redis_url, fair_share=False), scope, by=f"op{i}"))
 
     barrier = threading.Barrier(4)
     threads = [threading.Thread(target=resume, args=(i, barrier)) for i in range(4)]
@@ -231,7 +233,7 @@ def test_racing_resumes_send_each_parked_run_once(redis_url: str, unique: str) -
     sent: list[str] = []
 
     def requeue_all(barrier: threading.Barrier) -> None:
-        c = client_for(redis_url)
+        c = client_for(redis_url, fair_share=False)
         barrier.wait()
         for run_id in ids:
             sent.append(control.requeue(c, tenant, run_id, by="racer", at="now"))

@@ -20,6 +20,7 @@ from tests.integration.workers import (
     settled,
     wait_until,
 )
+from worker import fair
 from worker.api import Client
 from worker.embedded import EmbeddedServer
 
@@ -185,3 +186,29 @@ def test_retries_are_counted_by_reason(unique: str) -> None:
                 after, "turnstile_step_retries_total", reason="store_unavailable"
             )
             assert {client.state(r).outcome for r in runs} == {"completed"}
+
+
+def test_each_tenants_waiting_steps_turns_in_flight_and_cap_are_gauged(
+    client: Client, port: int, queue: str
+) -> None:
+    """The dispatcher publishes, per tenant with work, its steps waiting, its turns in flight
+    and its cap (turnstile_tenant_*), set by `turnstile tenants set`."""
+    tenant = f"g-{uuid.uuid4().hex[:8]}"
+    fair.set_caps(client.client, tenant, {"turns_in_flight": 3})
+    slow = {"sleep_s": {"get_order": 0.5}}
+    run_ids = [client.submit(tenant, USER, "support", GOAL, slow, queue=queue)
+               for _ in range(4)]  # fmt: skip
+
+    def gauged() -> bool:
+        samples = scrape(port)
+        return (
+            value(samples, "turnstile_tenant_turns_cap", tenant=tenant) == 3
+            and (
+                value(samples, "turnstile_tenant_waiting_steps", tenant=tenant)
+                + value(samples, "turnstile_tenant_turns_in_flight", tenant=tenant)
+            )
+            > 0
+        )
+
+    wait_until(gauged, timeout_s=30, every_s=0.1, what="the tenant's gauges")
+    wait_until(lambda: settled(client, run_ids), timeout_s=60, what="the runs end")

@@ -1,0 +1,69 @@
+"""Webhook receivers for the tests: real HTTP servers on free ports, on threads of the test
+process, that answer as told and keep what they got; and the dispatcher's fast timers."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+FAST = {
+    "TURNSTILE_API_WEBHOOKS": "true",
+    "TURNSTILE_API_WEBHOOK_TICK_S": "0.1",
+    "TURNSTILE_API_WEBHOOK_BACKOFF_BASE_S": "0.3",
+    "TURNSTILE_API_WEBHOOK_TIMEOUT_S": "2",
+}
+
+
+@dataclass
+class Receiver:
+    """A webhook receiver: answers `fail_first` requests with 500, then 200 (or never, when
+    `hang`), and keeps every request it got."""
+
+    fail_first: int = 0
+    hang: bool = False
+    got: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
+    released: threading.Event = field(default_factory=threading.Event)
+    server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+
+    def bodies(self, kind: str | None = None) -> list[dict[str, Any]]:
+        out = [json.loads(body) for _, body in list(self.got)]
+        return [b for b in out if kind is None or b["type"] == kind]
+
+
+@contextmanager
+def receiving(receiver: Receiver) -> Iterator[Receiver]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("content-length", "0")))
+            receiver.got.append(({k.lower(): v for k, v in self.headers.items()}, body))
+            if receiver.hang:
+                receiver.released.wait(60)
+                return
+            failing = len(receiver.got) <= receiver.fail_first
+            self.send_response(500 if failing else 200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    receiver.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    receiver.server.daemon_threads = True
+    thread = threading.Thread(target=receiver.server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield receiver
+    finally:
+        receiver.released.set()
+        receiver.server.shutdown()
+        receiver.server.server_close()

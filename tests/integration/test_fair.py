@@ -1,0 +1,257 @@
+"""Fair share between tenants and caps on a tenant's turns in flight, with real worker
+processes: a tenant's backlog does not starve another tenant, a capped tenant never has more
+turns in flight than its cap, and a dispatcher that loses a step loses nothing."""
+
+from __future__ import annotations
+
+import socket
+import statistics
+import threading
+import time
+from datetime import datetime
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from jobs.support.scenarios import GOAL, USER
+from tests.integration.workers import client_for, running_workers, settled, wait_until
+from worker import fair, keys
+from worker.api import Client
+from worker.cli import app
+from worker.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+runner = CliRunner()
+
+ZERO_LATENCY: dict[str, Any] = {
+    "model_latency_s": 0,
+    "tool_latency_s": {"get_order": 0, "search_policy": 0, "issue_refund": 0,
+                       "send_status_email": 0},
+}  # fmt: skip
+# Turns long enough that several of a tenant's runs are in flight at once.
+SLOW_TOOLS: dict[str, Any] = {
+    "model_latency_s": 0,
+    "tool_latency_s": {"get_order": 0.2, "search_policy": 0.2, "issue_refund": 0.2,
+                       "send_status_email": 0.2},
+}  # fmt: skip
+
+
+def _at(event: dict[str, Any]) -> float:
+    return datetime.fromisoformat(str(event["at"])).timestamp()
+
+
+def _first_turn_s(client: Client, tenant: str, run_id: str) -> float:
+    """Seconds from the run's submission to its first turn's commit, as its events say."""
+    events = [e for _, e in client.store.events(tenant, run_id)]
+    submitted = next(e for e in events if e["type"] == "submitted")
+    first = next(e for e in events if e["type"] == "turn")
+    return _at(first) - _at(submitted)
+
+
+def _stopped(client: Client, tenant: str) -> int:
+    return int(client.client.scard(keys.by_status(tenant, "stopped")))
+
+
+def _forget_tenant(client: Client, tenant: str, queue: str) -> None:
+    """The test is over: nothing of this tenant is swept or dispatched again."""
+    client.client.srem(keys.TENANTS, tenant)
+    client.client.srem(keys.fair_active(queue), tenant)
+    client.client.delete(
+        keys.leases(tenant), keys.pending(tenant, queue, "cont"),
+        keys.pending(tenant, queue, "start"), keys.pending_index(tenant), keys.slots(tenant),
+    )  # fmt: skip
+    client.client.delete(queue, *(f"{queue}{fair.PRIORITY_SEP}{p}" for p in (3, 6, 9)))
+
+
+def test_a_backlog_does_not_starve_another_tenant(redis_url: str, unique: str) -> None:
+    """Tenant A submits 2,000 zero-latency runs; a second later tenant B submits 20: taken
+    round robin between the tenants, B's 20 runs all finish before half of A's have, and B's
+    first turns come within seconds (p50/p95 printed)."""
+    queue, a, b = f"fair-{unique}", f"a-{unique}", f"b-{unique}"
+    client = client_for(redis_url)
+    a_ids: list[str] = []
+
+    def flood() -> None:
+        own = client_for(redis_url)
+        for _ in range(2000):
+            a_ids.append(own.submit(a, USER, "support", GOAL, ZERO_LATENCY, queue=queue))
+
+    with running_workers(redis_url, [queue], 2, concurrency=2, stop_timeout_s=20):
+        flooding = threading.Thread(target=flood)
+        flooding.start()
+        time.sleep(1.0)  # the scenario itself: B comes a second after A, not a synchronisation
+        b_ids = [client.submit(b, USER, "support", GOAL, ZERO_LATENCY, queue=queue)
+                 for _ in range(20)]  # fmt: skip
+        wait_until(lambda: settled(client, b_ids), timeout_s=60, what="B's runs end")
+        a_done = _stopped(client, a)
+        flooding.join()
+    waits = sorted(_first_turn_s(client, b, r) for r in b_ids)
+    p50, p95 = statistics.median(waits), waits[int(0.95 * (len(waits) - 1))]
+    print(f"\nB first turn: p50 {p50:.2f} s, p95 {p95:.2f} s; A finished {a_done}/2000")
+    _forget_tenant(client, a, queue)
+    assert all(client.run_hash(r)[1]["outcome"] == "completed" for r in b_ids)
+    assert a_done < 1000
+    assert p95 < 15.0
+
+
+def test_a_capped_tenant_never_has_more_than_its_cap_in_flight(redis_url: str, unique: str) -> None:
+    """A tenant capped at 5 turns in flight, on 8 pool processes, never has more than 5 (its
+    in-flight hash and its slots sampled throughout), and all its runs finish."""
+    queue, tenant = f"cap-{unique}", f"c-{unique}"
+    client = client_for(redis_url)
+    fair.set_caps(client.client, tenant, {"turns_in_flight": 5})
+    peak = {"inflight": 0, "slots": 0}
+    with running_workers(redis_url, [queue], 2, concurrency=4, stop_timeout_s=20):
+        ids = [client.submit(tenant, USER, "support", GOAL, SLOW_TOOLS, queue=queue)
+               for _ in range(24)]  # fmt: skip
+
+        def sampled_done() -> bool:
+            peak["inflight"] = max(peak["inflight"], client.client.hlen(keys.inflight(tenant)))
+            peak["slots"] = max(peak["slots"], client.client.zcard(keys.slots(tenant)))
+            return settled(client, ids)
+
+        wait_until(sampled_done, timeout_s=80, every_s=0.01, what="the capped runs end")
+    assert all(client.run_hash(r)[1]["outcome"] == "completed" for r in ids)
+    assert peak["inflight"] <= 5 and peak["slots"] <= 5
+    assert peak["inflight"] >= 2  # the runs did overlap: the cap, not chance, held them
+
+
+def test_a_cap_on_active_runs_holds_new_runs_back(redis_url: str, unique: str) -> None:
+    """A tenant capped at 2 active runs never has more than 2 runs started and not ended
+    (sampled from the runs themselves), though 8 pool processes are free, and all finish."""
+    queue, tenant = f"runs-{unique}", f"r-{unique}"
+    client = client_for(redis_url)
+    fair.set_caps(client.client, tenant, {"active_runs": 2})
+    ids: list[str] = []
+    peak = [0]
+
+    def started_and_live() -> int:
+        pipe = client.client.pipeline(transaction=False)
+        for run_id in ids:
+            pipe.hmget(keys.run(tenant, run_id), "status", "version")
+        return sum(1 for status, version in pipe.execute()
+                   if status != "stopped" and int(version) > 1)  # fmt: skip
+
+    with running_workers(redis_url, [queue], 2, concurrency=4, stop_timeout_s=20):
+        ids.extend(client.submit(tenant, USER, "support", GOAL, SLOW_TOOLS, queue=queue)
+                   for _ in range(8))  # fmt: skip
+
+        def done() -> bool:
+            peak[0] = max(peak[0], started_and_live())
+            return settled(client, ids)
+
+        wait_until(done, timeout_s=80, every_s=0.01, what="the capped runs end")
+    assert all(client.run_hash(r)[1]["outcome"] == "completed" for r in ids)
+    assert 1 <= peak[0] <= 2
+
+
+def test_removing_a_cap_lets_the_waiting_steps_go(redis_url: str, unique: str) -> None:
+    """Steps waiting on a tenant's cap go as soon as the cap is removed
+    (`turns_in_flight=none`): nothing waits for a cap that is gone."""
+    queue, tenant = f"uncap-{unique}", f"u-{unique}"
+    client = client_for(redis_url)
+    fair.set_caps(client.client, tenant, {"turns_in_flight": 1})
+    ids = [client.submit(tenant, USER, "support", GOAL, SLOW_TOOLS, queue=queue)
+           for _ in range(8)]  # fmt: skip
+    with running_workers(redis_url, [queue], 1, concurrency=4, stop_timeout_s=20):
+        wait_until(lambda: _stopped(client, tenant) >= 1, timeout_s=40, what="one run ends")
+        assert fair.tenant_view(client.client, tenant, [queue]).waiting > 0
+        result = runner.invoke(
+            app, ["tenants", "set", tenant, "turns_in_flight=none", "--redis-url", redis_url]
+        )
+        assert result.exit_code == 0, result.output
+        peak = [0]
+
+        def done() -> bool:
+            peak[0] = max(peak[0], client.client.hlen(keys.inflight(tenant)))
+            return settled(client, ids)
+
+        wait_until(done, timeout_s=60, every_s=0.01, what="the runs end without the cap")
+    assert peak[0] > 1  # more than the old cap ran at once
+
+
+def test_a_step_lost_by_the_dispatcher_is_sent_again(redis_url: str, unique: str) -> None:
+    """A dispatcher that took a step (popped, slot taken) and died before publishing it loses
+    nothing: the run's pickup lease lapses and the sweeper sends the step again."""
+    queue, tenant = f"lost-{unique}", f"l-{unique}"
+    client = client_for(redis_url, pickup_lease_s=2)
+    run_id = client.submit(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue)
+    taker = fair.Dispatcher(client.client, None, Settings(redis_url=redis_url), lambda *a: None)
+    assert taker._take(tenant, queue) is not None  # taken and never published
+    assert fair.tenant_view(client.client, tenant, [queue]).waiting == 0
+    with running_workers(redis_url, [queue], 1, stop_timeout_s=20):
+        wait_until(lambda: settled(client, [run_id]), timeout_s=40, what="the run ends")
+    assert client.run_hash(run_id)[1]["outcome"] == "completed"
+
+
+def test_a_submission_with_fair_share_needs_no_broker(redis_url: str, unique: str) -> None:
+    """With fair share on, a client whose broker is down still queues the step (in its
+    tenant's pending list, in the store): `sent` is true, and the workers' dispatcher, whose
+    broker is up, sends it; the run completes."""
+    queue, tenant = f"nob-{unique}", f"n-{unique}"
+    dead = f"redis://127.0.0.1:{_free_port()}/0"
+    client = client_for(redis_url, broker_url=dead)
+    made = client.submit_run(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue)
+    assert made.created and made.sent and client.deferred == []
+    with running_workers(redis_url, [queue], 1, stop_timeout_s=20):
+        wait_until(lambda: settled(client, [made.run_id]), timeout_s=40, what="the run ends")
+    assert client.run_hash(made.run_id)[1]["outcome"] == "completed"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+BAD_CAPS = [
+    (["turns_in_flight=-1"], "turns_in_flight must be a whole number >= 1"),
+    (["turns_in_flight=2.5"], "turns_in_flight must be a whole number >= 1"),
+    (["turns_in_flight=0"], "turns_in_flight must be a whole number >= 1"),
+    (["weight=0"], "weight must be a whole number >= 1"),
+    (["weight=none"], "weight must be a whole number >= 1"),
+    (["active_runs=-5"], "active_runs must be a whole number >= 1"),
+    (["turns_in_flight=3", "speed=9"], "bad setting 'speed=9'"),
+    (["turns_in_flight"], "bad setting 'turns_in_flight'"),
+]
+
+
+@pytest.mark.parametrize(("pairs", "message"), BAD_CAPS, ids=[" ".join(p) for p, _ in BAD_CAPS])
+def test_bad_caps_are_one_line_and_change_nothing(
+    redis_url: str, unique: str, pairs: list[str], message: str
+) -> None:
+    """A negative, fractional or zero cap, a zero weight, an unknown name: one line, exit
+    non-zero, and the tenant's settings untouched (the valid pair beside it is not written)."""
+    tenant = f"bad-{unique}"
+    client = client_for(redis_url)
+    client.client.hset(keys.caps(tenant), "turns_in_flight", 7)
+    result = runner.invoke(app, ["tenants", "set", tenant, *pairs, "--redis-url", redis_url])
+    assert result.exit_code != 0
+    assert message in result.output and "Traceback" not in result.output
+    assert client.client.hgetall(keys.caps(tenant)) == {"turns_in_flight": "7"}
+
+
+def test_caps_for_a_tenant_not_seen_yet_apply_from_its_first_run(
+    redis_url: str, unique: str
+) -> None:
+    """A cap and a weight set on a tenant with no runs are kept, and `tenants show` and
+    `queues` report them with its waiting steps once it submits."""
+    tenant, queue = f"new-{unique}", f"newq-{unique}"
+    result = runner.invoke(
+        app, ["tenants", "set", tenant, "turns_in_flight=3", "weight=2", "--redis-url", redis_url]
+    )
+    assert result.exit_code == 0, result.output
+    client = client_for(redis_url)
+    client.submit(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue)
+    shown = runner.invoke(app, ["tenants", "show", tenant, "--json", "--redis-url", redis_url])
+    assert shown.exit_code == 0, shown.output
+    assert '"waiting": 1' in shown.output and '"cap": 3' in shown.output
+    assert '"weight": 2' in shown.output
+    queues = runner.invoke(app, ["queues", "--json", "--redis-url", redis_url])
+    assert queues.exit_code == 0, queues.output
+    assert f'"tenant": "{tenant}", "waiting": 1' in queues.output
+    _forget_tenant(client, tenant, queue)
+    client.client.srem(keys.QUEUES, queue)

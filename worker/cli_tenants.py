@@ -1,0 +1,78 @@
+"""`turnstile tenants set|show`: how much of the workers a tenant may occupy.
+
+Not the ledger: a cap on turns in flight and a fair-share weight are not spend, have no period
+and are read by the dispatcher (worker/fair.py), not by the ledger's scripts; so they live in
+their own hash per tenant and their own command, beside `turnstile ledger`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from worker import keys
+from worker.cli_common import BrokerUrl, JsonFlag, RedisUrl, client
+
+tenants_app = typer.Typer(
+    help="A tenant's share of the workers: a cap on its turns in flight, its fair-share weight.",
+    no_args_is_help=True,
+)
+
+TenantArg = Annotated[str, typer.Argument(help="The tenant (it need not have runs yet).")]
+Pairs = Annotated[
+    list[str],
+    typer.Argument(help="turns_in_flight=N, active_runs=N (none: no cap), weight=N (default 1).",
+                   show_default=False),
+]  # fmt: skip
+
+
+@tenants_app.command("set")
+def set_(
+    tenant: TenantArg, pairs: Pairs, redis_url: RedisUrl = None, broker_url: BrokerUrl = None
+) -> None:
+    """Set a tenant's caps (turns in flight, active runs) and weight; checked before anything
+    is written. A tenant not seen yet is allowed: the settings apply from its first run."""
+    from worker import fair
+    from worker.api import check_name
+
+    check_name("tenant", tenant)
+    caps = fair.parse_caps(pairs)
+    with client(redis_url, broker_url) as c:
+        fair.set_caps(c.client, tenant, caps)
+    shown = " ".join(f"{k}={'none' if v is None else v}" for k, v in caps.items())
+    typer.echo(f"tenant {tenant}: {shown}")
+
+
+@tenants_app.command("show")
+def show(
+    tenant: Annotated[str | None, typer.Argument(help="One tenant; default every tenant.")] = None,
+    as_json: JsonFlag = False,
+    redis_url: RedisUrl = None,
+    broker_url: BrokerUrl = None,
+) -> None:
+    """Each tenant's steps waiting for the dispatcher, turns in flight, cap and weight."""
+    from worker import fair
+
+    with client(redis_url, broker_url) as c:
+        names = [tenant] if tenant else sorted(str(t) for t in c.client.smembers(keys.TENANTS))
+        queues = sorted(str(q) for q in c.client.smembers(keys.FAIR_QUEUES))
+        views = [fair.tenant_view(c.client, name, queues) for name in names]
+    if as_json:
+        typer.echo(json.dumps([dataclasses.asdict(v) for v in views]))
+        return
+    table = Table("tenant", "waiting", "in flight", "cap", "active runs", "cap", "weight")
+    for v in views:
+        table.add_row(escape(v.tenant), str(v.waiting), str(v.in_flight), _cap(v.cap),
+                      str(v.active_runs), _cap(v.runs_cap), str(v.weight))  # fmt: skip
+
+    Console().print(table)
+
+
+def _cap(cap: int | None) -> str:
+    return "-" if cap is None else str(cap)

@@ -1,0 +1,390 @@
+"""Fair share between tenants and per-tenant caps on turns in flight.
+
+A Celery queue is first come, first served: a tenant that enqueues thousands of runs makes
+every other tenant wait behind all of them. So a step message does not go straight to the
+broker: `route` (the one place that decides where a step goes) puts it in its tenant's pending
+list on its queue (continuations and first steps apart, in the tenant's hash slot), and one
+dispatcher at a time (a thread in each worker's main process; a lock elects it) keeps each
+queue's broker list about `dispatch_depth` long, taking steps from the tenants round robin
+(`weight` consecutive steps each, a weighted round robin) and skipping a tenant at its cap on
+turns in flight. A step takes a slot when dispatched and gives it back when its delivery is
+done (`release`), which nudges the dispatcher: a capped tenant's next step waits in Redis,
+holding no worker and re-publishing nothing, and goes as soon as one of its turns ends.
+
+Crash safety: a take (pop + slot) is one script; a dispatcher that dies between it and the
+publish loses that message, and the run's pickup lease lapses and the sweeper re-sends it, as
+for any lost message. A slot whose step was lost lapses by itself (the step's hard limit plus
+the pickup lease). With `TURNSTILE_FAIR_SHARE=0` every step is published at once, as before.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+import structlog
+
+from worker import keys, metrics
+from worker.errors import TurnstileError
+from worker.settings import Settings
+from worker.step import StepMessage
+
+log = structlog.get_logger("turnstile.fair")
+
+Publish = Callable[[StepMessage, float, float], None]
+LUA = Path(__file__).parent / "lua"
+LOCK_MS = 3000  # a dispatcher that stops renewing is replaced this long after
+WEIGHTS_EVERY_S = 1.0  # a weight changed by hand applies within this long
+GAUGES_EVERY_S = 1.0  # how often the dispatcher publishes each tenant's share as metrics
+PRIORITY_STEPS = (0, 3, 6, 9)  # kombu's Redis transport: one list per priority step
+PRIORITY_SEP = "\x06\x16"
+CAPS = ("turns_in_flight", "active_runs", "weight")  # what `turnstile tenants set` accepts
+REMOVABLE = ("turns_in_flight", "active_runs")  # NAME=none removes it; a weight is 1 by default
+LIVE = ("running", "suspended", "parked")  # a run in one of these is active
+
+
+class CapError(TurnstileError):
+    """A tenant setting that is not a setting (a negative cap, a weight of zero, ...)."""
+
+
+def _script(client: redis.Redis, name: str) -> Any:
+    return client.register_script((LUA / f"{name}.lua").read_text())
+
+
+# -- routing: the one function that says where a step message goes ---------------------------
+
+
+def route(
+    client: redis.Redis, config: Settings, publish: Publish
+) -> Callable[[StepMessage, float, float], None]:
+    """The send function every sender uses (the client, a step's next step, the sweeper,
+    resume): straight to the broker with fair share off, else into the tenant's pending list."""
+    if not config.fair_share:
+        return publish
+    source = (LUA / "fair_push.lua").read_text()
+    sha = [str(client.script_load(source))]
+
+    def send(msg: StepMessage, soft_s: float, hard_s: float) -> None:
+        kind = "cont" if msg.version > 1 else "start"
+        entry = json.dumps(
+            {**msg.as_kwargs(), "soft_s": soft_s, "hard_s": hard_s}, separators=(",", ":")
+        )
+        before = f"{msg.run_id}:{msg.version - 1}" if msg.version > 1 else ""
+        script_keys = [
+            keys.pending(msg.tenant, msg.queue, kind), keys.pending_index(msg.tenant),
+            keys.slots(msg.tenant),
+        ]  # fmt: skip
+        for attempt in (1, 2):
+            # EVALSHA in a pipeline as is: redis-py's Script in a pipeline would ask SCRIPT
+            # EXISTS first, a round trip per step; a server that lost it says NOSCRIPT.
+            pipe = client.pipeline(transaction=False)
+            pipe.evalsha(sha[0], 3, *script_keys, msg.run_id, msg.version, entry, before)
+            # After the entry: a dispatcher that found the tenant empty and dropped it from
+            # the set looks at its lists again after the drop (see Dispatcher._drop).
+            pipe.sadd(keys.fair_active(msg.queue), msg.tenant)
+            pipe.sadd(keys.FAIR_QUEUES, msg.queue)
+            _nudge(pipe)
+            try:
+                pipe.execute()
+                return
+            except redis.exceptions.NoScriptError:
+                if attempt == 2:
+                    raise
+                sha[0] = str(client.script_load(source))
+
+    return send
+
+
+def _nudge(pipe: Any) -> None:
+    pipe.lpush(keys.FAIR_WAKE, "1")
+    pipe.ltrim(keys.FAIR_WAKE, 0, 0)  # one nudge is enough, however many came
+
+
+def release(
+    client: redis.Redis, tenant: str, run_id: str, version: int, *, ended: bool = False
+) -> None:
+    """The step's delivery is done (committed, skipped, failed): give its slot back (and, if
+    the run `ended`, its place among the active runs) and nudge the dispatcher, so the
+    tenant's next step goes now."""
+    pipe = client.pipeline(transaction=False)
+    pipe.zrem(keys.slots(tenant), f"{run_id}:{version}")
+    if ended:
+        pipe.zrem(keys.active(tenant), run_id)
+    _nudge(pipe)
+    pipe.execute()
+
+
+# -- caps -----------------------------------------------------------------------------------
+
+
+def parse_caps(pairs: Iterable[str]) -> dict[str, int | None]:
+    """`turns_in_flight=20 active_runs=100 weight=2` as settings; `NAME=none` removes a cap.
+    Every pair is checked before anything is written."""
+    out: dict[str, int | None] = {}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        if not sep or name not in CAPS:
+            raise CapError(f"bad setting {pair!r}: expected NAME=VALUE, NAME one of {CAPS}")
+        if raw in ("none", "") and name in REMOVABLE:
+            out[name] = None
+            continue
+        if not raw.isdigit():
+            raise CapError(f"{name} must be a whole number >= {_least(name)}, not {raw!r}")
+        value = int(raw)
+        if value < _least(name):
+            raise CapError(f"{name} must be a whole number >= {_least(name)}, not {raw!r}")
+        out[name] = value
+    if not out:
+        raise CapError(f"nothing to set: give NAME=VALUE, NAME one of {CAPS}")
+    return out
+
+
+def _least(name: str) -> int:
+    # A weight of 0 would never be served; a cap of 0 is a pause, which `pause` says better.
+    return 1
+
+
+def set_caps(client: redis.Redis, tenant: str, caps: Mapping[str, int | None]) -> None:
+    """Write a tenant's settings (a tenant not seen yet is allowed: they apply from its first
+    submission). Removing a cap wakes the dispatcher, so steps waiting on it go at once."""
+    pipe = client.pipeline(transaction=True)
+    for name, value in caps.items():
+        if value is None:
+            pipe.hdel(keys.caps(tenant), name)
+        else:
+            pipe.hset(keys.caps(tenant), name, value)
+    _nudge(pipe)
+    pipe.execute()
+
+
+@dataclass(frozen=True)
+class TenantView:
+    tenant: str
+    waiting: int  # steps in its pending lists, every queue
+    in_flight: int  # slots held: dispatched and not yet done
+    cap: int | None  # on turns in flight
+    weight: int
+    active_runs: int = 0  # runs whose first step went and that have not ended (as last seen)
+    runs_cap: int | None = None  # on active runs
+
+
+def tenant_view(client: redis.Redis, tenant: str, queues: Iterable[str]) -> TenantView:
+    pipe = client.pipeline(transaction=False)
+    for queue in queues:
+        pipe.llen(keys.pending(tenant, queue, "cont"))
+        pipe.llen(keys.pending(tenant, queue, "start"))
+    pipe.zcount(keys.slots(tenant), "(" + str(_now_ms(client)), "+inf")
+    pipe.hmget(keys.caps(tenant), "turns_in_flight", "weight", "active_runs")
+    pipe.zcard(keys.active(tenant))
+    *lengths, in_flight, (cap, weight, runs_cap), active = pipe.execute()
+    return TenantView(
+        tenant,
+        sum(int(n) for n in lengths),
+        int(in_flight),
+        int(cap) if cap else None,
+        int(weight) if weight else 1,
+        int(active),
+        int(runs_cap) if runs_cap else None,
+    )
+
+
+def _now_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+# -- the dispatcher --------------------------------------------------------------------------
+
+
+class RoundRobin:
+    """Weighted round robin over the tenants with work: each gets `weight` steps in a row
+    (a deficit round robin whose steps all cost one), in name order, then the next one."""
+
+    def __init__(self) -> None:
+        self.last: str | None = None
+        self.credit = 0
+
+    def pick(self, tenants: list[str], weights: Mapping[str, int]) -> str | None:
+        if not tenants:
+            return None
+        if self.last in tenants and self.credit > 0:
+            self.credit -= 1
+            return self.last
+        after = [t for t in tenants if self.last is None or t > self.last]
+        self.last = (after or tenants)[0]
+        self.credit = max(1, weights.get(self.last, 1)) - 1
+        return self.last
+
+    def skip(self) -> None:
+        """The tenant picked could not send (capped, empty): the next pick moves on."""
+        self.credit = 0
+
+
+class Dispatcher:
+    """Feeds each queue's broker list from the tenants' pending lists, fairly."""
+
+    def __init__(
+        self, client: redis.Redis, broker: redis.Redis | None, config: Settings, publish: Publish
+    ) -> None:
+        self.client, self.broker, self.config, self.publish = client, broker, config, publish
+        self.take = _script(client, "fair_take")
+        self.rr: dict[str, RoundRobin] = {}
+        self.token = secrets.token_hex(8)
+        self.renewed = 0.0
+        self.gauged = 0.0
+        self.weights: dict[str, int] = {}
+        self.gauge_tenants: set[str] = set()
+        self.weights_at = 0.0
+        # A slot outlives its step's hard limit by the pickup lease: time to wait on the queue.
+        self.slot_extra_ms = int(config.pickup_lease_s * 1000)
+
+    def depth(self, queue: str) -> int:
+        if self.broker is None:
+            return 0
+        pipe = self.broker.pipeline(transaction=False)
+        for pri in PRIORITY_STEPS:
+            pipe.llen(f"{queue}{PRIORITY_SEP}{pri}" if pri else queue)
+        return sum(int(n) for n in pipe.execute())
+
+    def leader(self) -> bool:
+        """Whether this dispatcher holds the lock (taken or renewed here)."""
+        now = time.monotonic()
+        if now - self.renewed < LOCK_MS / 3000:
+            return True
+        held = self.client.set(keys.FAIR_LOCK, self.token, nx=True, px=LOCK_MS)
+        if not held and self.client.get(keys.FAIR_LOCK) == self.token:
+            held = bool(self.client.pexpire(keys.FAIR_LOCK, LOCK_MS))
+        self.renewed = now if held else 0.0
+        return bool(held)
+
+    def dispatch(self) -> int:
+        """One pass over every queue; returns how many steps were sent to the broker."""
+        sent = 0
+        for queue in sorted(str(q) for q in self.client.smembers(keys.FAIR_QUEUES)):
+            room = self.config.dispatch_depth - self.depth(queue)
+            if room > 0:
+                sent += self._fill(queue, room)
+        return sent
+
+    def _fill(self, queue: str, room: int) -> int:
+        tenants = sorted(str(t) for t in self.client.smembers(keys.fair_active(queue)))
+        if not tenants:
+            # As for a tenant (see _drop): a push adds its queue after its tenant.
+            self.client.srem(keys.FAIR_QUEUES, queue)
+            if self.client.scard(keys.fair_active(queue)):
+                self.client.sadd(keys.FAIR_QUEUES, queue)
+            return 0
+        weights = self._weights(tenants)
+        rr = self.rr.setdefault(queue, RoundRobin())
+        sent = 0
+        while sent < room and tenants:
+            tenant = rr.pick(tenants, weights)
+            assert tenant is not None
+            entry = self._take(tenant, queue)
+            if entry is None:
+                rr.skip()
+                tenants.remove(tenant)
+                continue
+            self._send(entry)
+            sent += 1
+        return sent
+
+    def _weights(self, tenants: list[str]) -> dict[str, int]:
+        """The tenants' weights, read at most once a second (they change by hand)."""
+        now = time.monotonic()
+        if now - self.weights_at > WEIGHTS_EVERY_S or any(t not in self.weights for t in tenants):
+            pipe = self.client.pipeline(transaction=False)
+            for name in tenants:
+                pipe.hget(keys.caps(name), "weight")
+            self.weights = {t: int(w or 1) for t, w in zip(tenants, pipe.execute(), strict=True)}
+            self.weights_at = now
+        return self.weights
+
+    def _take(self, tenant: str, queue: str) -> dict[str, Any] | None:
+        reply = self.take(
+            keys=[
+                keys.pending(tenant, queue, "cont"), keys.pending(tenant, queue, "start"),
+                keys.pending_index(tenant), keys.slots(tenant), keys.caps(tenant),
+                keys.active(tenant),
+            ],
+            args=[self.slot_extra_ms],
+        )  # fmt: skip
+        if reply[0] == "ok":
+            entry: dict[str, Any] = json.loads(reply[1])
+            return entry
+        if reply[0] == "empty":
+            self._drop(tenant, queue)
+        elif reply[0] == "capped_runs" and self.prune(tenant):
+            return self._take(tenant, queue)
+        return None
+
+    def prune(self, tenant: str) -> int:
+        """Drop the runs that ended from the tenant's active set; how many were dropped. Run
+        when the set is at its cap, so it reads at most the cap's worth of runs (a run that
+        ended by a path that did not drop it is found here, so no cap fills up for good)."""
+        run_ids = [str(r) for r in self.client.zrange(keys.active(tenant), 0, -1)]
+        pipe = self.client.pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.hget(keys.run(tenant, run_id), "status")
+        ended = [r for r, status in zip(run_ids, pipe.execute(), strict=True) if status not in LIVE]
+        if ended:
+            self.client.zrem(keys.active(tenant), *ended)
+        return len(ended)
+
+    def _drop(self, tenant: str, queue: str) -> None:
+        """Drop a tenant with nothing pending from the queue's set, then look again: a step
+        pushed meanwhile re-adds it (its push adds after its entry, and we look after)."""
+        self.client.srem(keys.fair_active(queue), tenant)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.llen(keys.pending(tenant, queue, "cont"))
+        pipe.llen(keys.pending(tenant, queue, "start"))
+        if sum(int(n) for n in pipe.execute()):
+            self.client.sadd(keys.fair_active(queue), tenant)
+
+    def _send(self, entry: dict[str, Any]) -> None:
+        msg = StepMessage(
+            str(entry["tenant"]), str(entry["run_id"]), int(entry["version"]),
+            str(entry["queue"]), str(entry.get("traceparent") or ""),
+        )  # fmt: skip
+        try:
+            self.publish(msg, float(entry["soft_s"]), float(entry["hard_s"]))
+        except Exception as exc:  # the run's pickup lease lapses and the sweeper re-sends it
+            log.warning("dispatch_failed", error=str(exc), run_id=msg.run_id)
+
+    def _gauges(self) -> None:
+        """Each tenant's share as metrics, once a second: the tenants with steps waiting, and
+        those shown last time (so a tenant whose backlog emptied is shown at zero once)."""
+        now = time.monotonic()
+        if not metrics.enabled() or now - self.gauged < GAUGES_EVERY_S:
+            return
+        self.gauged = now
+        queues = sorted(str(q) for q in self.client.smembers(keys.FAIR_QUEUES))
+        shown = set(self.gauge_tenants)
+        for queue in queues:
+            shown |= {str(t) for t in self.client.smembers(keys.fair_active(queue))}
+        self.gauge_tenants = set()
+        for tenant in sorted(shown):
+            v = tenant_view(self.client, tenant, queues)
+            metrics.tenant_share(tenant, waiting=v.waiting, in_flight=v.in_flight, cap=v.cap)
+            if v.waiting or v.in_flight:
+                self.gauge_tenants.add(tenant)
+
+    def loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                if not self.leader():
+                    stop.wait(LOCK_MS / 3000)
+                    continue
+                self.dispatch()
+                self._gauges()
+                self.client.blpop([keys.FAIR_WAKE], timeout=self.config.dispatch_poll_s)
+            except Exception as exc:  # the store may be down: try again shortly
+                log.warning("dispatch_pass_failed", error=str(exc))
+                stop.wait(self.config.dispatch_poll_s)

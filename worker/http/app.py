@@ -1,0 +1,121 @@
+"""The FastAPI application: built by `create_app`, never on import.
+
+Stateless: every request reads the shared store, so several servers can stand behind one load
+balancer; only the webhook dispatcher coordinates, through a lease in the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import redis.asyncio as aioredis
+from fastapi import FastAPI
+
+from worker.api import Client
+from worker.app import connect, sender
+from worker.http import context, dispatch, problems, routes_ops, routes_runs, webhooks
+from worker.http.context import Api
+from worker.http.problems import response
+from worker.http.ratelimit import RateLimiter
+from worker.http.settings import ApiSettings
+from worker.settings import Settings
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class BodyCap:
+    """Refuse a request body above the cap with 413 before any route reads it: by its
+    Content-Length when it has one, and by reading it (up to the cap) when it is chunked."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None:
+            if not length.isdigit() or int(length) > self.max_bytes:
+                await self._refuse(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
+            return
+        body = await self._read(receive)
+        if body is None:
+            await self._refuse(scope, receive, send)
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()  # a disconnect, for a streaming response
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _read(self, receive: Receive) -> bytes | None:
+        """The whole chunked body, or None once it passes the cap."""
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return b"".join(chunks)
+            chunk = message.get("body", b"")
+            total += len(chunk)
+            if total > self.max_bytes:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                return b"".join(chunks)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        answer = response(413, "body_too_large", f"the body is over {self.max_bytes} bytes")
+        await answer(scope, receive, send)
+
+
+def create_app(config: Settings, api_settings: ApiSettings | None = None) -> FastAPI:
+    """The API over the configured store and broker."""
+    api_settings = api_settings or ApiSettings()
+    if config.redis_url is None:
+        raise ValueError("no store: set TURNSTILE_REDIS_URL")
+    store = connect(config.redis_url, config)
+    client = Client(store, config, sender(config.broker))
+    limiter = RateLimiter(
+        store, limit=api_settings.submits_per_window, window_s=api_settings.rate_window_s
+    )
+    streams = aioredis.Redis.from_url(
+        config.redis_url, decode_responses=True, socket_timeout=config.redis_timeout_s,
+        socket_connect_timeout=min(1.0, config.redis_timeout_s),
+    )  # fmt: skip
+    api = Api(client, api_settings, limiter, streams)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        with dispatch.background(store, api_settings):
+            yield
+        await streams.aclose()
+
+    app = FastAPI(
+        title="Turnstile",
+        version="1",
+        summary="Runs, live events, decisions and webhooks for long LLM agent runs.",
+        lifespan=lifespan,
+    )
+    app.state.api = api
+    problems.install(app)
+    context.install(app)
+    app.include_router(routes_runs.router)
+    app.include_router(routes_ops.router)
+    app.include_router(webhooks.router)
+    app.add_middleware(BodyCap, max_bytes=api_settings.max_body_bytes)
+    return app

@@ -1,0 +1,49 @@
+"""Every Redis key of the HTTP API, built in one place.
+
+API keys and webhook endpoints are few and read on every request or dispatch tick, so they live
+in small hashes outside the tenants' hash tags; the webhook dispatcher's per-tenant positions
+carry the tenant's tag like the run keys they follow.
+"""
+
+from __future__ import annotations
+
+from worker.keys import PREFIX
+
+API = f"{PREFIX}:api"
+
+KEY_HASHES = f"{API}:key-hashes"  # hash: sha256 of a key -> the key's record JSON
+KEYS = f"{API}:keys"  # hash: key id -> the key's record JSON (with its hash; kept on revoke)
+
+
+def rate(key_id: str, window: int) -> str:
+    """Counter: submissions of one key in one fixed window."""
+    return f"{API}:rate:{key_id}:{window}"
+
+
+WEBHOOKS = f"{API}:webhooks"  # hash: endpoint id -> endpoint record JSON (with its secret)
+WEBHOOK_TENANTS = f"{API}:webhook-tenants"  # set: tenants with at least one endpoint
+WEBHOOK_STATUS = f"{API}:webhook-status"  # hash: endpoint id -> last delivery JSON
+OUTBOX = f"{API}:outbox"  # sorted set: delivery id -> when it is next due (ms)
+DELIVERIES = f"{API}:deliveries"  # hash: delivery id -> delivery JSON (payload, attempts)
+DISPATCH_LOCK = f"{API}:dispatch:lock"  # one dispatcher scans at a time
+
+
+def tenant_webhooks(tenant: str) -> str:
+    """Set: the tenant's endpoint ids."""
+    return f"{API}:{{{tenant}}}:webhooks"
+
+
+def watch(tenant: str) -> str:
+    """Hash: run id -> the last event id the dispatcher read from its stream."""
+    return f"{API}:{{{tenant}}}:watch"
+
+
+def cursor(tenant: str) -> str:
+    """String: creation ms of the newest run the dispatcher has taken into its watch."""
+    return f"{API}:{{{tenant}}}:cursor"
+
+
+def done(tenant: str) -> str:
+    """Sorted set: runs the dispatcher finished with, by creation ms (kept only near the cursor,
+    so a run created in the cursor's own millisecond is not taken twice)."""
+    return f"{API}:{{{tenant}}}:done"

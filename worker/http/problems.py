@@ -1,0 +1,117 @@
+"""Errors as problem documents (RFC 9457): `application/problem+json` with `type`, `title`,
+`status`, `detail` (one line) and a stable `code`. A client's mistake is a 4xx, a store
+outage a 503; nothing a client sends is answered with a 500."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from worker.errors import TurnstileError
+
+log = structlog.get_logger("turnstile.api")
+
+MEDIA_TYPE = "application/problem+json"
+TYPE_BASE = "https://turnstile.dev/problems/"
+
+TITLES = {
+    400: "Bad request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not found",
+    405: "Method not allowed",
+    409: "Conflict",
+    413: "Content too large",
+    415: "Unsupported media type",
+    422: "Unprocessable content",
+    429: "Too many requests",
+    500: "Internal server error",
+    503: "Service unavailable",
+}
+
+
+class Problem(TurnstileError):  # noqa: N818 - it is the answer, not a failure of ours
+    """An answer that is not a success, raised from a route and rendered by the handler."""
+
+    def __init__(
+        self, status: int, code: str, detail: str, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(detail)
+        self.status, self.code, self.detail, self.headers = status, code, detail, headers
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def document(status: int, code: str, detail: str) -> dict[str, Any]:
+    return {
+        "type": TYPE_BASE + code,
+        "title": TITLES.get(status, "Error"),
+        "status": status,
+        "detail": one_line(detail),
+        "code": code,
+    }
+
+
+def response(
+    status: int, code: str, detail: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(
+        document(status, code, detail), status_code=status, media_type=MEDIA_TYPE, headers=headers
+    )
+
+
+def _validation_detail(exc: RequestValidationError) -> tuple[int, str, str]:
+    errors = list(exc.errors())
+    first: dict[str, Any] = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        return 400, "malformed_json", f"the body is not valid JSON: {first.get('msg', '')}"
+    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
+    if first.get("type") == "extra_forbidden":
+        return 422, "unknown_field", f"unknown field {where!r}"
+    if first.get("type") == "missing":
+        return 422, "missing_field", f"{where} is required"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return 422, "invalid_request", f"{where}: {first.get('msg', 'invalid')}{more}"
+
+
+async def _on_problem(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, Problem)
+    return response(exc.status, exc.code, exc.detail, exc.headers)
+
+
+async def _on_validation(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return response(*_validation_detail(exc))
+
+
+async def _on_http(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    codes = {404: "not_found", 405: "method_not_allowed"}
+    detail = exc.detail if isinstance(exc.detail, str) else TITLES.get(exc.status_code, "error")
+    headers = dict(exc.headers) if exc.headers else None
+    return response(exc.status_code, codes.get(exc.status_code, "http_error"), detail, headers)
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    """A bug: logged with its traceback on the server; the client gets one line."""
+    # The answer must not depend on the log: a log stream that is gone (closed, full) costs
+    # the record, not the client's one line.
+    with contextlib.suppress(OSError, ValueError):
+        log.error("unexpected_error", path=request.url.path, exc_info=exc)
+    return response(500, "internal", "the server failed on this request; it is logged")
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(Exception, _on_unexpected)
+    app.add_exception_handler(Problem, _on_problem)
+    app.add_exception_handler(RequestValidationError, _on_validation)
+    app.add_exception_handler(StarletteHTTPException, _on_http)

@@ -1,0 +1,34 @@
+"""Submissions per API key in a fixed window, counted in one script on the shared store, so
+several servers behind a load balancer share one limit."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import redis
+
+from worker.http import keys
+from worker.http.problems import Problem
+
+SCRIPT = (Path(__file__).parent / "lua" / "rate.lua").read_text
+
+
+class RateLimiter:
+    def __init__(self, client: redis.Redis, *, limit: int, window_s: int) -> None:
+        self.limit, self.window_s = limit, window_s
+        self._script = client.register_script(SCRIPT())
+
+    def take(self, key_id: str) -> None:
+        """Count one submission; 429 with Retry-After when the key's window is full."""
+        window = int(time.time()) // self.window_s
+        admitted, count, ttl_s = self._script(
+            keys=[keys.rate(key_id, window)], args=[self.limit, self.window_s]
+        )
+        if not int(admitted):
+            retry = max(1, int(ttl_s))
+            raise Problem(
+                429, "rate_limited",
+                f"{count} submissions in this {self.window_s} s window; the limit is {self.limit}",
+                {"Retry-After": str(retry)},
+            )  # fmt: skip

@@ -1,0 +1,147 @@
+"""Ledgers, queues and the operator controls; health and readiness."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated, Any
+
+import msgspec
+import redis
+from fastapi import APIRouter, Path, Query
+
+from worker import control, keys
+from worker.control import Scope
+from worker.http.context import NAME, Caller, Ctx, Operator, tenant_scope
+from worker.http.problems import Problem
+from worker.http.routes_runs import PROBLEMS
+from worker.http.schemas import CeilingBody, ControlBody, LedgerView
+
+router = APIRouter(responses=PROBLEMS)
+
+QueuePath = Annotated[str, Path(pattern=NAME, description="The queue.")]
+TenantPath = Annotated[str, Path(pattern=NAME, description="The tenant.")]
+
+
+@router.get("/healthz", tags=["health"], responses={})
+def healthz() -> dict[str, str]:
+    """The process answers."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", tags=["health"])
+def readyz(ctx: Ctx) -> dict[str, str]:
+    """The store answers: 503 when it does not."""
+    try:
+        ctx.redis.ping()
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise Problem(503, "store_unavailable", f"the store is unreachable: {exc}") from None
+    return {"status": "ready"}
+
+
+def _ledger(ctx: Ctx, tenant: str) -> LedgerView:
+    dims = {d: msgspec.to_builtins(s) for d, s in ctx.client.ledger.read(tenant).items()}
+    return LedgerView(tenant=tenant, dimensions=dims)
+
+
+@router.get("/v1/ledger", response_model=LedgerView, tags=["ledger"])
+def get_ledger(
+    key: Caller, ctx: Ctx,
+    tenant: Annotated[str | None, Query(pattern=NAME, description="Operators only.")] = None,
+) -> LedgerView:  # fmt: skip
+    """The tenant's ledger in its current period: ceiling, committed and reserved per
+    dimension (cost in micro-dollars, tokens, steps, tool calls)."""
+    return _ledger(ctx, tenant_scope(key, tenant))
+
+
+@router.get("/v1/tenants", tags=["operators"])
+def list_tenants(_: Operator, ctx: Ctx) -> dict[str, Any]:
+    """Every tenant with runs: its ledger and ceilings, and whether it is paused."""
+    out = []
+    for tenant in control.tenants(ctx.client):
+        paused, by = ctx.redis.hmget(keys.control(tenant), "paused", "paused_by")
+        view = _ledger(ctx, tenant).model_dump()
+        out.append({**view, "paused": paused or "", "paused_by": by or ""})
+    return {"tenants": out}
+
+
+@router.put(
+    "/v1/tenants/{tenant}/ceilings/{dimension}", response_model=LedgerView, tags=["operators"]
+)
+def set_ceiling(
+    tenant: TenantPath,
+    dimension: Annotated[str, Path(pattern=r"^[a-z][a-z0-9_]{0,63}$")],
+    body: CeilingBody,
+    _: Operator,
+    ctx: Ctx,
+) -> LedgerView:
+    """Set one of a tenant's ceilings (`turnstile ledger set`); the ledger as it stands after."""
+    ctx.client.ledger.set_ceiling(
+        tenant, dimension, body.value, hard=body.hard, period=body.period.value
+    )
+    return _ledger(ctx, tenant)
+
+
+@router.get("/v1/queues", tags=["operators"])
+def list_queues(_: Operator, ctx: Ctx) -> dict[str, Any]:
+    """Every queue: depth on the broker, turns in flight, running and parked runs, flags."""
+    return {"queues": [dataclasses.asdict(q) for q in control.queues(ctx.client)]}
+
+
+def _by(key: Operator, body: ControlBody | None) -> str:
+    """Who acted, for the record: always the key's name, with the person it names if any."""
+    return f"{key.name} ({body.by})" if body and body.by else key.name
+
+
+@router.post("/v1/queues/{queue}/pause", tags=["operators"])
+def pause_queue(
+    queue: QueuePath, key: Operator, ctx: Ctx, body: ControlBody | None = None
+) -> dict[str, Any]:
+    """Pause a queue: its runs park at their next turn boundary."""
+    return dataclasses.asdict(
+        control.pause(ctx.client, _known(ctx, queue=queue), by=_by(key, body))
+    )
+
+
+@router.post("/v1/queues/{queue}/drain", tags=["operators"])
+def drain_queue(
+    queue: QueuePath, key: Operator, ctx: Ctx, body: ControlBody | None = None
+) -> dict[str, Any]:
+    """Drain a queue: new submissions refused, turns in flight finish, runs park."""
+    _known(ctx, queue=queue)
+    return dataclasses.asdict(control.drain(ctx.client, queue, by=_by(key, body)))
+
+
+@router.post("/v1/queues/{queue}/resume", tags=["operators"])
+def resume_queue(
+    queue: QueuePath, key: Operator, ctx: Ctx, body: ControlBody | None = None
+) -> dict[str, Any]:
+    """Clear a queue's pause and drain; its parked runs go back, each once."""
+    scope = _known(ctx, queue=queue)
+    return dataclasses.asdict(control.resume(ctx.client, scope, by=_by(key, body)))
+
+
+@router.post("/v1/tenants/{tenant}/pause", tags=["operators"])
+def pause_tenant(
+    tenant: TenantPath, key: Operator, ctx: Ctx, body: ControlBody | None = None
+) -> dict[str, Any]:
+    """Pause a tenant: its runs on every queue park at their next turn boundary."""
+    scope = _known(ctx, tenant=tenant)
+    return dataclasses.asdict(control.pause(ctx.client, scope, by=_by(key, body)))
+
+
+@router.post("/v1/tenants/{tenant}/resume", tags=["operators"])
+def resume_tenant(
+    tenant: TenantPath, key: Operator, ctx: Ctx, body: ControlBody | None = None
+) -> dict[str, Any]:
+    """Clear a tenant's pause; its parked runs go back, each once."""
+    scope = _known(ctx, tenant=tenant)
+    return dataclasses.asdict(control.resume(ctx.client, scope, by=_by(key, body)))
+
+
+def _known(ctx: Ctx, *, queue: str | None = None, tenant: str | None = None) -> Scope:
+    scope = Scope(queue=queue, tenant=tenant)
+    try:
+        control.check_known(ctx.client, scope)
+    except control.ControlError as exc:
+        raise Problem(404, "not_found", str(exc)) from None
+    return scope

@@ -1,0 +1,196 @@
+"""Runs: submit, read, list, follow their events, decide on them; and the tenant's memory."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Response
+from fastapi.responses import StreamingResponse
+
+from worker import control
+from worker.api import SubmissionError
+from worker.http import listing, sse
+from worker.http.context import Caller, Ctx, RunIdPath, run_tenant, tenant_scope
+from worker.http.problems import Problem
+from worker.http.schemas import (
+    USER,
+    ApproveBody,
+    CancelBody,
+    Decided,
+    DenyBody,
+    MemoryBody,
+    ProblemBody,
+    RunPage,
+    RunRow,
+    SubmitBody,
+    Submitted,
+)
+from worker.keys import queue_control, run
+from worker.store import SubmissionConflictError
+
+PROBLEMS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ProblemBody, "content": {"application/problem+json": {}}}
+    for status in (400, 401, 403, 404, 409, 413, 422, 429, 503)
+}
+router = APIRouter(responses=PROBLEMS)
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(alias="Idempotency-Key", min_length=1, max_length=255,
+           description="A retried submit with the same key returns the same run."),
+]  # fmt: skip
+
+
+def idempotent_run_id(tenant: str, key: str) -> str:
+    """The run id an Idempotency-Key stands for: the same key of the same tenant, the same
+    run; another tenant's same key, another run."""
+    return "run_" + hashlib.sha256(f"{tenant}\x00{key}".encode()).hexdigest()[:24]
+
+
+@router.post("/v1/runs", status_code=202, response_model=Submitted, tags=["runs"])
+def submit_run(
+    *, body: SubmitBody, key: Caller, ctx: Ctx, response: Response,
+    idempotency_key: IdempotencyKey = None,
+) -> Submitted:  # fmt: skip
+    """Create a run for the key's tenant and enqueue its first step."""
+    if body.run_id is not None and idempotency_key is not None:
+        raise Problem(422, "invalid_request", "give an Idempotency-Key or a run_id, not both")
+    ctx.limiter.take(key.id)
+    run_id = body.run_id
+    if idempotency_key is not None:
+        run_id = idempotent_run_id(key.tenant, idempotency_key)
+    budget = body.budget.model_dump(exclude_none=True) if body.budget else None
+    try:
+        made = ctx.client.submit_run(
+            key.tenant, body.user, body.job, body.goal, body.params,
+            budget=budget, queue=body.queue, run_id=run_id,
+        )  # fmt: skip
+    except SubmissionConflictError:
+        # The same answer whoever holds the id, so it tells nothing about another tenant.
+        raise Problem(
+            409, "run_id_conflict", f"run id {run_id!r} is taken by another submission"
+        ) from None
+    except SubmissionError as exc:
+        # The client refuses a draining queue too; looked up only then, so it is a 409.
+        if ctx.redis.hget(queue_control(body.queue), "draining"):
+            raise Problem(409, "queue_draining", str(exc)) from None
+        raise
+    response.headers["Location"] = f"/v1/runs/{made.run_id}"
+    # A new run is running; a repeated submission names a run that may have moved on since.
+    status = None if made.created else ctx.redis.hget(run(key.tenant, made.run_id), "status")
+    return Submitted(
+        run_id=made.run_id, tenant=key.tenant, status=str(status or "running"),
+        created=made.created, sent=made.sent, url=f"/v1/runs/{made.run_id}",
+        events_url=f"/v1/runs/{made.run_id}/events",
+    )  # fmt: skip
+
+
+@router.get("/v1/runs/{run_id}", tags=["runs"])
+def get_run(run_id: RunIdPath, key: Caller, ctx: Ctx) -> dict[str, Any]:
+    """The run: status, outcome, usage against budget, plan, the held call and its digest."""
+    tenant = run_tenant(ctx, key, run_id)
+    return control.run_view(ctx.client, run_id, tenant)
+
+
+@router.get("/v1/runs", response_model=RunPage, tags=["runs"])
+def list_runs(
+    *, key: Caller, ctx: Ctx,
+    status: Annotated[str | None, Query(max_length=40)] = None,
+    outcome: Annotated[str | None, Query(max_length=40)] = None,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int | None, Query(ge=1, le=1000)] = None,
+    tenant: Annotated[str | None, Query(max_length=128, description="Operators only.")] = None,
+) -> RunPage:  # fmt: skip
+    """A page of the tenant's runs: by status or outcome (an index scan), or newest first."""
+    scope = tenant_scope(key, tenant)
+    got = listing.page(ctx.redis, scope, status=status, outcome=outcome, cursor=cursor,
+                       limit=limit or ctx.settings.page_limit)  # fmt: skip
+    return RunPage(runs=[RunRow(**row) for row in got.rows], next_cursor=got.next_cursor)
+
+
+@router.get(
+    "/v1/runs/{run_id}/events", tags=["runs"],
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}},
+                     "description": "The run's events as Server-Sent Events."}},
+)  # fmt: skip
+def run_events(
+    *, run_id: RunIdPath, key: Caller, ctx: Ctx,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=45)] = None,
+    after: Annotated[str | None, Query(max_length=45, description="Same as Last-Event-ID.")] = None,
+) -> StreamingResponse:  # fmt: skip
+    """The run's events in stored order, live, each `id:` its stream entry id; resumable with
+    Last-Event-ID; the stream ends after the `finished` event."""
+    tenant = run_tenant(ctx, key, run_id)
+    start = sse.check_event_id(last_event_id if last_event_id is not None else after)
+    block_ms = min(ctx.settings.sse_block_ms, int(ctx.client.config.redis_timeout_s * 1000) - 500)
+    frames = sse.stream(ctx.streams, tenant, run_id, after=start, block_ms=max(block_ms, 10))
+    return StreamingResponse(
+        frames, media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )  # fmt: skip
+
+
+# -- decisions ------------------------------------------------------------------------------
+
+
+def _decided(ctx: Ctx, tenant: str, run_id: str, result: str, by: str) -> Decided:
+    stored = ctx.client.store.hash(tenant, run_id)
+    return Decided(run_id=run_id, status=stored.get("status", ""),
+                   outcome=stored.get("outcome", ""), result=result, by=by)  # fmt: skip
+
+
+@router.post("/v1/runs/{run_id}/approve", response_model=Decided, tags=["decisions"])
+def approve_run(run_id: RunIdPath, body: ApproveBody, key: Caller, ctx: Ctx) -> Decided:
+    """Approve exactly the held call with this digest; the run goes on. Refused (409) if the
+    run holds no call, or another one."""
+    tenant = run_tenant(ctx, key, run_id)
+    control.approve(ctx.client, run_id, by=key.name, digest=body.digest, tenant=tenant)
+    return _decided(ctx, tenant, run_id, "approved", key.name)
+
+
+@router.post("/v1/runs/{run_id}/deny", response_model=Decided, tags=["decisions"])
+def deny_run(run_id: RunIdPath, body: DenyBody, key: Caller, ctx: Ctx) -> Decided:
+    """Deny the held call: the run ends `approval_denied` (or its job shows the model why)."""
+    tenant = run_tenant(ctx, key, run_id)
+    control.deny(ctx.client, run_id, by=key.name, reason=body.reason, tenant=tenant)
+    return _decided(ctx, tenant, run_id, "denied", key.name)
+
+
+@router.post("/v1/runs/{run_id}/cancel", response_model=Decided, tags=["decisions"])
+def cancel_run(run_id: RunIdPath, key: Caller, ctx: Ctx, body: CancelBody | None = None) -> Decided:
+    """Cancel: at once if suspended or parked, else at the next turn boundary."""
+    tenant = run_tenant(ctx, key, run_id)
+    reason = (body or CancelBody()).reason
+    result = control.cancel(ctx.client, run_id, by=key.name, reason=reason, tenant=tenant)
+    return _decided(ctx, tenant, run_id, result, key.name)
+
+
+# -- memory ---------------------------------------------------------------------------------
+
+UserQuery = Annotated[str, Query(pattern=USER, description="The end user whose notes.")]
+
+
+@router.post("/v1/memory", status_code=201, tags=["memory"])
+def add_note(body: MemoryBody, key: Caller, ctx: Ctx) -> dict[str, str]:
+    """Remember a note for one of the tenant's users; recalled by that user's later runs."""
+    said = ctx.client.remember(key.tenant, body.user, body.text, source=body.source,
+                               ttl_s=body.ttl_s)  # fmt: skip
+    if said != "stored":
+        raise Problem(422, "note_refused", said)
+    return {"result": said}
+
+
+@router.get("/v1/memory", tags=["memory"])
+def list_notes(user: UserQuery, key: Caller, ctx: Ctx) -> dict[str, Any]:
+    """The user's live notes, in this tenant."""
+    notes = ctx.client.notes(key.tenant, user=user)
+    return {"user": user, "notes": [{"text": n.text, "source": n.source,
+            "created_s": n.created_s, "expires_s": n.expires_s} for n in notes]}  # fmt: skip
+
+
+@router.delete("/v1/memory", tags=["memory"])
+def forget_notes(user: UserQuery, key: Caller, ctx: Ctx) -> dict[str, int]:
+    """Forget every note of the user, in this tenant."""
+    return {"forgotten": ctx.client.forget(key.tenant, user=user)}

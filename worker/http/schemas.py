@@ -1,0 +1,139 @@
+"""Request and response bodies. Requests forbid unknown fields, so a typo is an error rather
+than a setting silently ignored."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ledger.inputs import Period
+from worker.http.context import NAME, RUN_ID
+
+USER = r"^[A-Za-z0-9_.@:][A-Za-z0-9_.@:\-]{0,127}$"
+Count = Field(default=None, ge=0, le=2**53)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BudgetBody(Strict):
+    """Ceilings of one run; each one left out keeps the job's default."""
+
+    max_steps: int | None = Count
+    max_tool_calls: int | None = Count
+    max_tokens: int | None = Count
+    max_output_tokens: int | None = Count
+    deadline_ms: int | None = Count
+    max_cost_microusd: int | None = Count
+    input_microusd_per_mtok: int | None = Count
+    output_microusd_per_mtok: int | None = Count
+    turn_tool_calls: int | None = Count
+    max_repeat: int | None = Count
+    max_stalls: int | None = Count
+    oscillation_window: int | None = Count
+    max_plan_steps: int | None = Count
+    max_tool_failures: int | None = Count
+    max_batch: int | None = Count
+
+
+class SubmitBody(Strict):
+    user: str = Field(pattern=USER, description="The end user the run acts for.")
+    goal: str = Field(min_length=1, max_length=4000)
+    job: str = Field(default="support", pattern=NAME)
+    params: dict[str, Any] = Field(default_factory=dict, description="The job's parameters.")
+    budget: BudgetBody | None = None
+    queue: str = Field(default="default", pattern=NAME)
+    run_id: str | None = Field(
+        default=None, pattern=RUN_ID, description="Makes a retried submit return the same run."
+    )
+
+
+class Submitted(BaseModel):
+    run_id: str
+    tenant: str
+    status: str
+    created: bool = Field(description="False: the same submission was made before.")
+    sent: bool = Field(description="False: stored; the step is sent when the broker is back.")
+    url: str
+    events_url: str
+
+
+class ProblemBody(BaseModel):
+    type: str
+    title: str
+    status: int
+    detail: str
+    code: str
+
+
+class RunRow(BaseModel):
+    run_id: str
+    tenant: str
+    status: str
+    outcome: str
+    detail: str
+    queue: str
+    job: str
+    user: str
+    created_ms: int
+    updated_ms: int
+
+
+class RunPage(BaseModel):
+    runs: list[RunRow]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null: done.")
+
+
+class ApproveBody(Strict):
+    digest: str = Field(min_length=1, max_length=128, description="The held call's digest.")
+
+
+class DenyBody(Strict):
+    reason: str = Field(min_length=1, max_length=1000)
+
+
+class CancelBody(Strict):
+    reason: str = Field(default="cancelled through the API", min_length=1, max_length=1000)
+
+
+class Decided(BaseModel):
+    run_id: str
+    status: str
+    outcome: str
+    result: str = Field(description="approved, denied, cancelled or requested")
+    by: str
+
+
+class Dimension(BaseModel):
+    ceiling: int | None
+    committed: int
+    reserved: int
+    hard: bool
+    period: str
+    bucket: str
+
+
+class LedgerView(BaseModel):
+    tenant: str
+    dimensions: dict[str, Dimension]
+
+
+class ControlBody(Strict):
+    by: str | None = Field(
+        default=None, max_length=128, description="Who asked, recorded after the key's name."
+    )
+
+
+class MemoryBody(Strict):
+    user: str = Field(pattern=USER)
+    text: str = Field(min_length=1, max_length=2000)
+    source: str = Field(default="user_message", pattern=NAME)
+    ttl_s: float = Field(default=90 * 86400, gt=0, le=10 * 365 * 86400)
+
+
+class CeilingBody(Strict):
+    value: int = Field(ge=0, le=2**53, description="Cost in micro-dollars, or a count.")
+    hard: bool = Field(default=True, description="Hard: reservations beyond it are refused.")
+    period: Period = Period.NONE

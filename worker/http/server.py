@@ -1,0 +1,24 @@
+"""`turnstile api`: the app on uvicorn."""
+
+from __future__ import annotations
+
+import uvicorn
+from fastapi import FastAPI
+
+from worker.http.app import create_app
+from worker.http.settings import ApiSettings
+from worker.logs import configure
+from worker.settings import Settings
+
+
+def build(config: Settings, api_settings: ApiSettings) -> FastAPI:
+    """The app, with logging set up; a ValueError names a setting that cannot work."""
+    configure(config.log_format, config.log_level)
+    return create_app(config, api_settings)
+
+
+def serve(app: FastAPI, api_settings: ApiSettings) -> None:
+    uvicorn.run(
+        app, host=api_settings.host, port=api_settings.port, log_level="warning",
+        proxy_headers=True, server_header=False,
+    )  # fmt: skip

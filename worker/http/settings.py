@@ -1,0 +1,37 @@
+"""Settings of the HTTP API, from `TURNSTILE_API_*` environment variables, typed and frozen.
+The store and broker come from the worker's own settings (`TURNSTILE_REDIS_URL`, ...)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ApiSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TURNSTILE_API_", frozen=True, extra="ignore")
+
+    host: str = "127.0.0.1"  # loopback unless told otherwise: the API is not public by default
+    port: int = Field(default=8080, ge=0, le=65535)
+    # A submission is a goal (4000 chars) and params (16 KiB) at most; 64 KiB leaves room for
+    # JSON escaping and a budget, and nothing else the API takes is larger.
+    max_body_bytes: int = Field(default=64 * 1024, ge=1024)
+    # Submissions per key per window: a fixed window is enough to stop a runaway client, and
+    # costs one INCR and one EXPIRE in a pipeline.
+    submits_per_window: int = Field(default=600, ge=1)
+    rate_window_s: int = Field(default=60, ge=1)
+    # How long one XREAD of an event stream blocks: an SSE connection sends a comment line this
+    # often while a run is quiet, so proxies keep it open and a gone client is noticed.
+    sse_block_ms: int = Field(default=5000, ge=10, le=30_000)
+    page_limit: int = Field(default=100, ge=1, le=1000)  # runs per page unless asked
+    # Webhooks: the dispatcher's tick, one delivery's timeout, how long a delivery is retried,
+    # and how many are in flight at once (so a slow endpoint holds one slot, not the loop).
+    webhooks: bool = True  # `turnstile api` runs the dispatcher as a background task
+    webhook_tick_s: float = Field(default=0.5, gt=0)
+    webhook_timeout_s: float = Field(default=5.0, gt=0)
+    webhook_retry_for_s: float = Field(default=3600.0, gt=0)
+    webhook_backoff_base_s: float = Field(default=1.0, gt=0)
+    webhook_backoff_max_s: float = Field(default=300.0, gt=0)
+    webhook_concurrency: int = Field(default=16, ge=1)
+    # Only http(s) URLs; plain http and private addresses are for tests and internal services,
+    # so they are allowed unless this says otherwise.
+    webhook_https_only: bool = False

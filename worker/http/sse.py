@@ -1,0 +1,96 @@
+"""A run's events as Server-Sent Events, read back from its Redis stream.
+
+What is sent is what is stored, in the stored order: each event's `id:` is its stream entry
+id and its `data:` the stored JSON, unchanged. A client that reconnects with `Last-Event-ID`
+gets exactly the entries after that id (XREAD is exclusive of the id it is given), so nothing
+is lost or repeated. The stream closes after the `finished` event; a run that is already
+stopped, resumed past its `finished` event, closes at once.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+import redis
+import redis.asyncio as aioredis
+
+from jobs.outcomes import Status
+from worker import keys
+from worker.http.problems import Problem
+
+EVENT_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+BATCH = 200
+
+
+def check_event_id(value: str | None) -> str:
+    if value is None or value == "":
+        return "0-0"
+    if not EVENT_ID.match(value):
+        raise Problem(400, "invalid_event_id", "Last-Event-ID must be a stream id like 1700-0")
+    return value
+
+
+def frame(entry_id: str, kind: str, data: str) -> str:
+    # Stored events are single-line JSON (msgspec escapes newlines), one data line each.
+    return f"id: {entry_id}\nevent: {kind}\ndata: {data}\n\n"
+
+
+class _Typed(msgspec.Struct):
+    type: str = "message"
+
+
+def _kind(data: str) -> str:
+    """The event's top-level `type` (its SSE event name); the rest is not decoded."""
+    try:
+        kind = msgspec.json.decode(data, type=_Typed).type
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return "message"
+    return kind if re.fullmatch(r"[a-z_]{1,40}", kind) else "message"
+
+
+async def stream(
+    r: aioredis.Redis, tenant: str, run_id: str, *, after: str, block_ms: int
+) -> AsyncIterator[str]:
+    """SSE frames of the run's events after `after`, live, until its `finished` event. Async,
+    so a client following a quiet run holds a connection, not one of the server's threads.
+    If the store goes away mid-stream, an `error` event ends it; the client resumes later
+    with Last-Event-ID."""
+    yield f"retry: {min(block_ms, 3000)}\n\n"
+    try:
+        async for chunk in _frames(r, tenant, run_id, after=after, block_ms=block_ms):
+            yield chunk
+    except (redis.ConnectionError, redis.TimeoutError):
+        yield 'event: error\ndata: {"code":"store_unavailable"}\n\n'
+
+
+async def _frames(
+    r: aioredis.Redis, tenant: str, run_id: str, *, after: str, block_ms: int
+) -> AsyncIterator[str]:
+    key = keys.events(tenant, run_id)
+    last = after
+    while True:
+        reply: Any = await r.xread({key: last}, count=BATCH, block=block_ms)
+        entries = reply[0][1] if reply else []
+        for entry_id, fields in entries:
+            last = str(entry_id)
+            data = str(fields.get("event", "{}"))
+            kind = _kind(data)
+            yield frame(last, kind, data)
+            if kind == "finished":
+                return
+        if entries:
+            continue
+        # Quiet for a whole block. The commit writes a run's status and its events in one
+        # script, so a run seen stopped now has its `finished` event in the stream already:
+        # one more read either sends it or finds it was before `after`.
+        status = await r.hget(keys.run(tenant, run_id), "status")
+        if status in (None, Status.STOPPED.value):
+            tail: Any = await r.xread({key: last}, count=BATCH)
+            for entry_id, fields in tail[0][1] if tail else []:
+                data = str(fields.get("event", "{}"))
+                yield frame(str(entry_id), _kind(data), data)
+            return
+        yield ": still running\n\n"
