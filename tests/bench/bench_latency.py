@@ -76,7 +76,15 @@ def _pss_mb(workers: list[WorkerProcess]) -> float:
     return total / 2**20
 
 
-def measure(pool: str, processes: int, concurrency: int, latency_s: float, runs: int) -> Figures:
+def measure(
+    pool: str,
+    processes: int,
+    concurrency: int,
+    latency_s: float,
+    runs: int,
+    *,
+    extra: dict[str, str],
+) -> Figures:
     """One configuration on fresh servers: submit `runs` at once, sample until all end."""
     with (
         EmbeddedServer() as server,
@@ -86,7 +94,7 @@ def measure(pool: str, processes: int, concurrency: int, latency_s: float, runs:
         # The harness gives a green worker GREEN_PER_PROCESS turns per process asked for.
         per = concurrency if pool == "prefork" else max(1, concurrency // 50)
         workers = [
-            WorkerProcess(server.url, [queue], name=f"lat{i}-{queue}", env=wire.env,
+            WorkerProcess(server.url, [queue], name=f"lat{i}-{queue}", env={**wire.env, **extra},
                           concurrency=per, pool=pool).start()
             for i in range(processes)
         ]  # fmt: skip
@@ -163,6 +171,9 @@ def main() -> None:
     parser.add_argument("--latency-s", type=float, default=1.0)
     parser.add_argument("--processes", default="1,2")
     parser.add_argument("--skip-prefork", action="store_true")
+    parser.add_argument(
+        "--dispatch-depth", type=int, default=None, help="TURNSTILE_DISPATCH_DEPTH for workers"
+    )
     args = parser.parse_args()
     results: list[dict[str, Any]] = []
     for processes in (int(p) for p in args.processes.split(",")):
@@ -173,7 +184,10 @@ def main() -> None:
                 ("prefork", PREFORK_DEFAULT_CONCURRENCY, args.latency_s, args.prefork_runs)
             )
         for pool, concurrency, latency_s, runs in configs:
-            figures = measure(pool, processes, concurrency, latency_s, runs)
+            extra = {}
+            if args.dispatch_depth is not None:
+                extra["TURNSTILE_DISPATCH_DEPTH"] = str(args.dispatch_depth)
+            figures = measure(pool, processes, concurrency, latency_s, runs, extra=extra)
             results.append(asdict(figures))
             print(json.dumps(asdict(figures)), flush=True)
     for processes in {r["processes"] for r in results}:
