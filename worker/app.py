@@ -93,10 +93,11 @@ def broker_pool_limit(config: Settings) -> int:
 
 
 def redis_max_connections(config: Settings) -> int:
-    """Redis connections one worker process may open to the store: a turn holds one at a
-    time, and so do the heartbeat, the sweeper and a few spares."""
+    """Redis connections one worker process may open to the store: for each turn in flight,
+    its own and one per parallel tool call (a tool may read the store), then the heartbeat
+    and a few spares."""
     turns = config.concurrency if config.pool == Pool.GEVENT else 1
-    return turns + pools.SPARE_CONNECTIONS
+    return turns * (1 + READ_POOL_SIZE) + pools.SPARE_CONNECTIONS
 
 
 _worker: dict[str, Celery] = {}
