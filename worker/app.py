@@ -19,16 +19,19 @@ import os
 import random
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import redis
 import structlog
 from celery import Celery, Task, signals
 
+from jobs.kernel import READ_POOL_SIZE
 from ledger.client import Ledger
 from ledger.inputs import DEFAULT_DIMENSIONS
-from worker import deadletters, fair, metrics
+from worker import deadletters, fair, metrics, pools
 from worker.logs import configure as configure_logging
+from worker.pools import Pool
 from worker.registry import Jobs
 from worker.settings import Settings, settings
 from worker.step import (
@@ -73,11 +76,28 @@ def make_app(config: Settings, *, broker_url: str | None = None, main: bool = Tr
         task_send_sent_event=True,
         worker_hijack_root_logger=False,
         worker_redirect_stdouts=False,  # structlog writes its own lines to stderr
-        broker_pool_limit=4,
+        # A producer per turn in flight on a green worker (each publishes its next step).
+        broker_pool_limit=broker_pool_limit(config),
         # A queue entry the worker cannot take in goes to the dead letters, not the worker down.
         **deadletters.celery_config(url or ""),
     )
     return celery
+
+
+def broker_pool_limit(config: Settings) -> int:
+    """Broker connections kept by one process: one per turn a green worker holds in flight,
+    else a few (a prefork process runs one turn at a time)."""
+    if config.pool == Pool.GEVENT:
+        return config.concurrency + pools.SPARE_CONNECTIONS
+    return 4
+
+
+def redis_max_connections(config: Settings) -> int:
+    """Redis connections one worker process may open to the store: for each turn in flight,
+    its own and one per parallel tool call (a tool may read the store), then the heartbeat
+    and a few spares."""
+    turns = config.concurrency if config.pool == Pool.GEVENT else 1
+    return turns * (1 + READ_POOL_SIZE) + pools.SPARE_CONNECTIONS
 
 
 _worker: dict[str, Celery] = {}
@@ -145,14 +165,22 @@ _services: dict[int, Services] = {}
 _lock = threading.Lock()
 
 
-def connect(url: str, config: Settings) -> redis.Redis:
-    return redis.Redis.from_url(
-        url,
-        decode_responses=True,
-        socket_timeout=config.redis_timeout_s,
-        socket_connect_timeout=min(1.0, config.redis_timeout_s),
-        health_check_interval=30,
+def connect(url: str, config: Settings, *, max_connections: int | None = None) -> redis.Redis:
+    """A client of the store. A worker's step services bound its pool to the turns the process
+    holds in flight (`max_connections`): a turn past the bound waits for a connection, up to
+    the socket timeout, instead of opening more. A client of a service is not bounded."""
+    options: dict[str, Any] = {
+        "decode_responses": True,
+        "socket_timeout": config.redis_timeout_s,
+        "socket_connect_timeout": min(1.0, config.redis_timeout_s),
+        "health_check_interval": 30,
+    }
+    if max_connections is None:
+        return redis.Redis.from_url(url, **options)
+    pool = redis.BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=config.redis_timeout_s, **options
     )
+    return redis.Redis(connection_pool=pool)
 
 
 def _options(msg: StepMessage, soft_s: float, hard_s: float) -> dict[str, Any]:
@@ -172,7 +200,7 @@ def send_step(msg: StepMessage, soft_s: float, hard_s: float) -> None:
 def build_services(config: Settings) -> Services:
     if config.redis_url is None:
         raise StoreUnavailable("no store: set TURNSTILE_REDIS_URL")
-    client = connect(config.redis_url, config)
+    client = connect(config.redis_url, config, max_connections=redis_max_connections(config))
     jobs = Jobs(client, drills=config.allow_drills)
     ledger = Ledger.from_url(
         config.redis_url, grace_s=config.ledger_grace_s,
@@ -195,6 +223,7 @@ def build_services(config: Settings) -> Services:
         except Exception as exc:  # the lease the commit set makes the sweeper send it later
             log.warning("enqueue_failed", error=str(exc), version=msg.version)
 
+    turns = config.concurrency if config.pool == Pool.GEVENT else 1
     return Services(
         settings=config,
         store=store,
@@ -202,6 +231,8 @@ def build_services(config: Settings) -> Services:
         jobs=jobs,
         send=send,
         heartbeat=Heartbeat(config.inflight_lease_s / 3),
+        # Tool calls of every turn in flight: greenlets on a green worker, so one set per turn.
+        pool=ThreadPoolExecutor(READ_POOL_SIZE * turns, "turnstile-tool"),
     )
 
 
@@ -354,6 +385,18 @@ def _main_init(**kwargs: Any) -> None:
     metrics.enable(config.metrics_port)  # before the pool forks: the children inherit it
 
 
+def _start_watchdog(**kwargs: Any) -> None:
+    """On a green worker, once it is up (its imports done): kill it if its hub blocks."""
+    if pools.green():
+        pools.Watchdog(settings().hub_block_limit_s, on_kill=_hub_blocked).start()
+
+
+def _hub_blocked(blocked_s: float) -> None:
+    """The watchdog's last line, written from its OS thread without taking any lock."""
+    line = f'{{"event": "hub_blocked", "blocked_s": {blocked_s:.1f}, "pid": {os.getpid()}}}\n'
+    os.write(2, line.encode())
+
+
 # -- metrics: served by the main process, written by every pool process ---------------------
 
 
@@ -368,6 +411,7 @@ def _child_exit(pid: int | None = None, **kwargs: Any) -> None:
 def _connect_signals() -> None:
     """The worker's handlers, connected when its app is built (weak=False: module functions)."""
     signals.worker_ready.connect(_start_sweeper, weak=False)
+    signals.worker_ready.connect(_start_watchdog, weak=False)
     signals.worker_ready.connect(_log_jobs, weak=False)
     signals.worker_shutdown.connect(_stop_sweeper, weak=False)
     signals.worker_shutting_down.connect(_note_exitcode, weak=False)

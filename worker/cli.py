@@ -126,7 +126,6 @@ def demo(
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-MAX_CONCURRENCY = 1024  # pool processes of one worker; more machines, not more processes
 WORKER_NAME = re.compile(r"^[A-Za-z0-9_.%-]{1,100}(@[A-Za-z0-9_.%-]{1,200})?$")
 
 
@@ -154,9 +153,19 @@ def worker(
             "--concurrency",
             "-c",
             envvar="TURNSTILE_CONCURRENCY",
-            help=f"Worker processes, 1 to {MAX_CONCURRENCY}.",
+            help="Turns in flight: pool processes (prefork) or greenlets (gevent, hundreds).",
         ),
     ] = 2,
+    pool: Annotated[
+        str,
+        typer.Option(
+            "--pool",
+            "-P",
+            envvar="TURNSTILE_POOL",
+            help="prefork (a process per turn, for CPU-bound tools) or gevent (hundreds of "
+            "waiting turns in one process).",
+        ),
+    ] = "prefork",
     name: Annotated[
         str | None,
         typer.Option(
@@ -184,12 +193,19 @@ def worker(
     if not all(QUEUE_NAME.match(q) for q in names):
         fail(f"bad --queues {queues!r}: comma-separated names of letters, digits, '.', '_', '-'",
              code=2)  # fmt: skip
-    if not 1 <= concurrency <= MAX_CONCURRENCY:
-        fail(f"bad --concurrency {concurrency}: 1 to {MAX_CONCURRENCY} processes", code=2)
+    from worker import pools
+    from worker.registry import Registry
+
+    problem = pools.check(pool, concurrency, Registry(None).names())
+    if problem is not None:
+        fail(problem, code=2)
+    if pool == pools.Pool.GEVENT and not pools.green():
+        fail("--pool gevent: start the worker as `turnstile worker`, which patches first", code=2)
     if loglevel.upper() not in LOG_LEVELS:
         fail(f"bad --loglevel {loglevel!r}: one of {', '.join(LOG_LEVELS)}", code=2)
     node = node_name(name)
     os.environ["TURNSTILE_REDIS_URL"] = redis_url
+    os.environ["TURNSTILE_POOL"], os.environ["TURNSTILE_CONCURRENCY"] = pool, str(concurrency)
     if broker_url:
         os.environ["TURNSTILE_BROKER_URL"] = broker_url
     from pydantic import ValidationError
@@ -211,7 +227,7 @@ def worker(
     url = broker_url or redis_url
     celery_app.conf.update(broker_url=url, **deadletters.celery_config(url))
     code: int | None = celery_app.start(
-        ["worker", "-Q", ",".join(names), "-c", str(concurrency), "-n", node, "-E",
+        ["worker", "-Q", ",".join(names), "-c", str(concurrency), "-P", pool, "-n", node, "-E",
          "-l", loglevel.upper(), "--without-gossip", "--without-mingle"]
     )  # fmt: skip
     raise typer.Exit(code or announced_exitcode())

@@ -49,6 +49,16 @@ class Settings(BaseSettings):
     ledger_grace_s: float = Field(default=60.0, ge=0)
     redis_timeout_s: float = Field(default=5.0, gt=0)
 
+    # The worker's pool and its turns in flight (`turnstile worker --pool --concurrency`; see
+    # worker/pools.py). They size the connection pools: one Redis connection and one broker
+    # producer per turn in flight on a green worker.
+    pool: str = "prefork"
+    concurrency: int = Field(default=2, ge=1)
+    # A green worker whose hub has not run for this long kills itself (worker/pools.py): a
+    # turn that blocks the hub holds every other turn of the process. Below the grace, so the
+    # other turns' hard limits are still kept within it.
+    hub_block_limit_s: float = Field(default=8.0, gt=0)
+
     # What a submission, a decision and a step's commit must reach before they are
     # acknowledged: none (the server's memory), aof (its fsynced append-only file: WAITAOF),
     # replica (that many replicas: WAIT). See worker/durability.py and the README. `none`

@@ -41,7 +41,7 @@ from jobs.trace import Trace
 from ledger import replies as ledger_replies
 from ledger.client import Ledger
 from ledger.results import ReserveResult
-from worker import keys, metrics, tracing
+from worker import keys, metrics, pools, tracing
 from worker.errors import TurnstileError
 from worker.registry import Jobs
 from worker.settings import Settings
@@ -198,19 +198,21 @@ def split_actual(actual: Usage, holds: list[tuple[str, Usage]]) -> list[tuple[st
 
 
 class Heartbeat:
-    """Renews the in-flight lease while a long turn runs, so the sweeper leaves it alone.
-    One thread per process, started on first use, serves every turn the process runs."""
+    """Renews the in-flight lease of every turn the process is running, so the sweeper leaves
+    them alone: one per turn on a green worker's hundreds, one on a prefork process. One
+    thread (a greenlet on a green worker), started on first use, serves them all."""
 
     def __init__(self, every_s: float) -> None:
         self._every_s = every_s
-        self._renew: Callable[[], None] | None = None
+        self._renewals: dict[int, Callable[[], None]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
     @contextmanager
     def beating(self, renew: Callable[[], None]) -> Iterator[None]:
         with self._lock:
-            self._renew = renew
+            token = id(renew)
+            self._renewals[token] = renew
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._loop, name="turnstile-heartbeat", daemon=True
@@ -220,19 +222,23 @@ class Heartbeat:
             yield
         finally:
             with self._lock:
-                self._renew = None
+                self._renewals.pop(token, None)
+
+    @property
+    def beating_now(self) -> int:
+        """How many turns' leases are being renewed."""
+        return len(self._renewals)
 
     def _loop(self) -> None:
         while True:
             time.sleep(self._every_s)
             with self._lock:
-                renew = self._renew
-            if renew is None:
-                continue
-            try:
-                renew()
-            except Exception as exc:  # a missed heartbeat only risks a harmless duplicate
-                log.warning("heartbeat_failed", error=str(exc))
+                renewals = list(self._renewals.values())
+            for renew in renewals:
+                try:
+                    renew()
+                except Exception as exc:  # a missed heartbeat only risks a harmless duplicate
+                    log.warning("heartbeat_failed", error=str(exc))
 
 
 @dataclass
@@ -456,6 +462,7 @@ class Step:
         view: str,
     ) -> str:
         before = msgspec.structs.replace(state.usage)
+        soft_s, _ = time_limits(state, self.settings)
         clock = ActiveClock(state.usage.elapsed_ms / 1000)
         trace = Trace(clock)
         gate = LedgerGate(
@@ -469,7 +476,10 @@ class Step:
             pool=self.services.pool,
         )  # fmt: skip
         try:
-            with self.services.heartbeat.beating(self._renew_lease):
+            with (
+                self.services.heartbeat.beating(self._renew_lease),
+                pools.soft_limit(soft_s, SoftTimeLimitExceeded),
+            ):
                 move = turn(state, runtime, view=view)
         except SoftTimeLimitExceeded:
             state, move = self._out_of_time(loaded)

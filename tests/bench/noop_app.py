@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 
 import redis
-from celery import Task
+from celery import Task, signals
 
 from worker.app import make_app
 from worker.settings import settings
@@ -35,6 +35,12 @@ def noop(self: Task, remaining: int, queue: str) -> str:  # type: ignore[type-ar
     # over one connection per process (a step, too, reuses its connections).
     _counter(str(self.app.conf.broker_url)).incr(f"bench:done:{queue}")
     return "finished"
+
+
+@signals.worker_ready.connect
+def _ready(**kwargs: object) -> None:
+    """The line the bench waits for, as Turnstile's worker logs it."""
+    print('{"event": "worker_ready"}', flush=True)
 
 
 @functools.cache

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import redis
+from kombu import Connection
 from typer.testing import CliRunner
 
 from jobs.support.scenarios import GOAL, USER
@@ -19,6 +20,7 @@ from tests.integration.workers import client_for, running_workers, settled, wait
 from worker import keys
 from worker.app import STEP_TASK
 from worker.cli import app
+from worker.deadletters import Channel, Transport
 
 pytestmark = pytest.mark.integration
 
@@ -125,3 +127,23 @@ def test_a_worker_survives_any_bytes_on_its_queue(redis_url: str, unique: str) -
                env={**base, "TURNSTILE_JSON": "1"})  # fmt: skip
     assert json.loads(rest.stdout) == {"dropped": len(BAD) - 1}
     assert broker.llen(keys.dead_letters(queue)) == 0
+
+
+def test_the_channel_publishes_and_acks_on_one_client(redis_url: str) -> None:
+    """kombu builds a new Redis client for every publish and every ack; the channel keeps one
+    per pool instead, and messages published and acked through it still arrive and go."""
+    queue = f"one-client-{uuid.uuid4().hex[:8]}"
+    with Connection(redis_url, transport=Transport) as conn:
+        channel = conn.default_channel
+        assert isinstance(channel, Channel)
+        with channel.conn_or_acquire() as first, channel.conn_or_acquire() as second:
+            assert first is second
+        simple = conn.SimpleQueue(queue)
+        simple.put({"n": 1})
+        simple.put({"n": 2})
+        got = [simple.get(timeout=5) for _ in range(2)]
+        for message in got:
+            message.ack()
+        assert sorted(m.payload["n"] for m in got) == [1, 2]
+        simple.close()
+        assert redis.Redis.from_url(redis_url).llen(queue) == 0

@@ -40,9 +40,16 @@ def queue() -> str:
     return f"q-{uuid.uuid4().hex[:8]}"
 
 
+@pytest.fixture(scope="module", params=["prefork", "gevent"])
+def worker_pool(request: pytest.FixtureRequest) -> str:
+    """Every test of the failure matrix runs on both pools: a process per turn, and many
+    turns as greenlets in one process."""
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def pool(redis_url: str, queue: str) -> Iterator[list[WorkerProcess]]:
-    with running_workers(redis_url, [queue], 2) as workers:
+def pool(redis_url: str, queue: str, worker_pool: str) -> Iterator[list[WorkerProcess]]:
+    with running_workers(redis_url, [queue], 2, pool=worker_pool) as workers:
         yield workers
 
 
@@ -252,11 +259,11 @@ def test_a_state_that_does_not_parse_ends_the_run_error(
 
 
 def _scenarios_end_as_in_process(
-    redis_url: str, queue: str, tenant: str, env: dict[str, str]
+    redis_url: str, queue: str, tenant: str, env: dict[str, str], worker_pool: str
 ) -> list[WorkerProcess]:
     """Run A-H through workers started with `env`; every run must end as it does in process,
     with one committed turn per version. Returns the workers, stopped, for their logs."""
-    with running_workers(redis_url, [queue], 2, env=env) as workers:
+    with running_workers(redis_url, [queue], 2, env=env, pool=worker_pool) as workers:
         client = client_for(redis_url)
         ids = _submit_all(client, tenant, queue)
         wait_until(
@@ -270,32 +277,40 @@ def _scenarios_end_as_in_process(
     return workers
 
 
-def test_every_message_delivered_twice_gives_the_same_results(redis_url: str, unique: str) -> None:
+def test_every_message_delivered_twice_gives_the_same_results(
+    redis_url: str, unique: str, worker_pool: str
+) -> None:
     """With every step message sent twice, two workers get each step; one turn runs per
     version, so final states and effects are those of a single delivery."""
     _scenarios_end_as_in_process(
-        redis_url, f"dup-{unique}", f"t-{unique}", {"TURNSTILE_CHAOS_SEND_COPIES": "2"}
+        redis_url, f"dup-{unique}", f"t-{unique}", {"TURNSTILE_CHAOS_SEND_COPIES": "2"}, worker_pool
     )
 
 
 def test_a_crash_after_commit_before_enqueue_is_finished_by_the_sweeper(
-    redis_url: str, unique: str
+    redis_url: str, unique: str, worker_pool: str
 ) -> None:
     """Every second send is dropped, as if the worker died between its commit and its
     enqueue: the sweeper finds the lapsed leases and every run still ends as in process."""
     env = {"TURNSTILE_CHAOS_DROP_EVERY": "2", "TURNSTILE_PICKUP_LEASE_S": "1"}
-    workers = _scenarios_end_as_in_process(redis_url, f"drop-{unique}", f"t-{unique}", env)
+    workers = _scenarios_end_as_in_process(
+        redis_url, f"drop-{unique}", f"t-{unique}", env, worker_pool
+    )
     # Sends were dropped, and only a sweeper (any worker's: one holds the lock at a time)
     # could have sent those steps again.
     assert sum(len(w.events("chaos_send_dropped")) for w in workers) > 0
 
 
-def test_store_and_ledger_down_no_turn_runs_and_runs_continue_after(unique: str) -> None:
+def test_store_and_ledger_down_no_turn_runs_and_runs_continue_after(
+    unique: str, worker_pool: str
+) -> None:
     """The store (which holds the ledger) stops while runs are under way: steps retry, no turn
     runs, nothing is admitted; when the server is back every run finishes."""
     with EmbeddedServer() as broker, EmbeddedServer(appendonly=True) as store:
         queue = f"down-{unique}"
-        with running_workers(store.url, [queue], 2, broker_url=broker.url) as workers:
+        with running_workers(
+            store.url, [queue], 2, broker_url=broker.url, pool=worker_pool
+        ) as workers:
             client = client_for(store.url, broker_url=broker.url)
             runs = [
                 client.submit(
@@ -325,12 +340,14 @@ def test_store_and_ledger_down_no_turn_runs_and_runs_continue_after(unique: str)
             assert client.ledger.read("t")["cost_microusd"].reserved == 0
 
 
-def test_a_hung_model_is_stopped_from_outside(redis_url: str, unique: str) -> None:
+def test_a_hung_model_is_stopped_from_outside(
+    redis_url: str, unique: str, worker_pool: str
+) -> None:
     """A model call that ignores its timeout is stopped by the step's time limit: the run ends
     budget_exhausted at its deadline instead of hanging."""
     queue = f"hang-{unique}"
     env = {"TURNSTILE_STEP_GRACE_S": "2", "TURNSTILE_SOFT_MARGIN_S": "1"}
-    with running_workers(redis_url, [queue], 1, env=env):
+    with running_workers(redis_url, [queue], 1, env=env, pool=worker_pool):
         client = client_for(redis_url)
         run_id = client.submit(f"t-{unique}", USER, "support", GOAL, {"model_sleep_s": 60},
                                budget=Budget(deadline_ms=1000), queue=queue)  # fmt: skip
@@ -460,7 +477,7 @@ def test_a_malformed_message_mid_turn_leaves_no_hold(
     with the run's end, and the tenant is charged exactly what the run recorded."""
     tenant, bad = f"t-{unique}", f"bad-{unique}"
     # A worker of its own reads the bad message while the turn runs on the pool.
-    with running_workers(redis_url, [bad], 1, prefix="bad"):
+    with running_workers(redis_url, [bad], 1, prefix="bad", pool=pool[0].pool):
         run_id = client.submit(
             tenant, USER, "support", GOAL, {"sleep_s": {"get_order": 4.0}}, queue=queue
         )
@@ -528,14 +545,16 @@ def test_the_sweeper_sends_a_waiting_step_once_and_cancel_ends_an_idle_run_at_on
     _ledger_is_the_runs_usage(client, tenant, [run_id])
 
 
-def test_a_store_outage_at_commit_does_not_use_up_an_attempt(unique: str) -> None:
+def test_a_store_outage_at_commit_does_not_use_up_an_attempt(unique: str, worker_pool: str) -> None:
     """With one delivery allowed per step, a turn whose commit fails because the store went
     down is retried when it is back and the run completes: only deliveries that died mid-turn
     count against the limit."""
     with EmbeddedServer() as broker, EmbeddedServer(appendonly=True) as store:
         queue = f"outage-{unique}"
         env = {"TURNSTILE_MAX_STEP_ATTEMPTS": "1"}
-        with running_workers(store.url, [queue], 1, broker_url=broker.url, env=env) as workers:
+        with running_workers(
+            store.url, [queue], 1, broker_url=broker.url, env=env, pool=worker_pool
+        ) as workers:
             client = client_for(store.url, broker_url=broker.url)
             run_id = client.submit(
                 "t", USER, "support", GOAL, {"sleep_s": {"get_order": 2.0}}, queue=queue

@@ -35,8 +35,16 @@ FAST = {
 }
 
 
+TURNSTILE = str(Path(sys.executable).parent / "turnstile")
+# Turns in flight of a green test worker for each prefork process a test asks for.
+GREEN_PER_PROCESS = 50
+
+
 class WorkerProcess:
-    """One `celery worker` process (prefork, concurrency 1 by default) on given queues."""
+    """One worker process on given queues: `celery worker` on prefork (concurrency 1 by
+    default), or `turnstile worker --pool gevent`, which patches first, holding
+    GREEN_PER_PROCESS turns in flight for each process asked for, under a supervisor that
+    restarts it when it is killed (see supervise.py)."""
 
     def __init__(
         self,
@@ -47,8 +55,9 @@ class WorkerProcess:
         env: Mapping[str, str] | None = None,
         broker_url: str | None = None,
         concurrency: int = 1,
+        pool: str = "prefork",
     ) -> None:
-        self.name = name
+        self.name, self.pool = name, pool
         self.log_path = Path(tempfile.mkdtemp(prefix="turnstile-worker-")) / f"{name}.log"
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")},
@@ -65,6 +74,13 @@ class WorkerProcess:
             "-n", f"{name}@%h", "-E", "--without-gossip", "--without-mingle",
             "--without-heartbeat", "-l", "WARNING",
         ]  # fmt: skip
+        if pool != "prefork":
+            self.args = [
+                sys.executable, "-m", "tests.integration.supervise",
+                TURNSTILE, "worker", "--redis-url", redis_url, "-Q", ",".join(queues),
+                "-c", str(concurrency * GREEN_PER_PROCESS), "--pool", pool,
+                "-n", f"{name}@%h", "--loglevel", "WARNING",
+            ]  # fmt: skip
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> WorkerProcess:
@@ -139,11 +155,13 @@ def running_workers(
     prefix: str = "w",
     concurrency: int = 1,
     stop_timeout_s: float = 10.0,
+    pool: str = "prefork",
 ) -> Iterator[list[WorkerProcess]]:
     """`count` worker processes of `concurrency` pool processes each, ready when yielded."""
     workers = [
         WorkerProcess(redis_url, queues, name=f"{prefix}{i}-{os.getpid()}-{time.monotonic_ns()}",
-                      env=env, broker_url=broker_url, concurrency=concurrency).start()
+                      env=env, broker_url=broker_url, concurrency=concurrency,
+                      pool=pool).start()
         for i in range(count)
     ]  # fmt: skip
     try:

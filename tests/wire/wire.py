@@ -86,11 +86,15 @@ class Wire:
 
 
 @contextmanager
-def wire_server(provider: str, scenario: str, *, delay_s: float = 0.0) -> Iterator[Wire]:
-    """The provider's endpoint answering the scenario's exchanges, each after `delay_s`."""
+def wire_server(
+    provider: str, scenario: str, *, delay_s: float = 0.0, by_turn: bool = False
+) -> Iterator[Wire]:
+    """The provider's endpoint answering the scenario's exchanges, each after `delay_s`; with
+    `by_turn`, each request gets its run's turn's exchange (many runs at once)."""
     script = FIXTURES / provider / f"{scenario}.json"
+    mode = ["by-turn"] if by_turn else []
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.wire.wire_server", str(script), str(delay_s)],
+        [sys.executable, "-m", "tests.wire.wire_server", str(script), str(delay_s), *mode],
         cwd=ROOT,
         stdout=subprocess.PIPE,
     )

@@ -1,6 +1,6 @@
 """A provider's HTTP endpoint in a process of its own, answering from recorded exchanges.
 
-    python -m tests.wire.wire_server SCRIPT.json [DELAY_S]
+    python -m tests.wire.wire_server SCRIPT.json [DELAY_S] [by-turn]
 
 It serves `POST /v1/chat/completions` (OpenAI) and `POST /v1/messages` (Anthropic): each request
 takes the next exchange of the script, a JSON list of {"status", "headers", "body", "delay_s",
@@ -25,18 +25,37 @@ from typing import Any
 ENDPOINTS = ("/v1/chat/completions", "/v1/messages")
 
 
+def turn_of(body: Any) -> int:
+    """Which turn of its run an OpenAI request is, read from the run's view (the user message):
+    0 before a plan, then one more for each plan step done."""
+    try:
+        view = json.loads(body["messages"][1]["content"])
+        plan = view["plan"]
+    except (KeyError, IndexError, TypeError, ValueError):
+        return 0
+    return 1 + sum(step["status"] == "done" for step in plan) if plan else 0
+
+
 class Script:
-    def __init__(self, exchanges: list[dict[str, Any]], delay_s: float = 0.0) -> None:
-        self.exchanges, self.delay_s = exchanges, delay_s
+    """The exchanges in order; or, `by_turn`, each request answered by the exchange of its
+    run's turn, so that many runs can share one server at once (the benchmarks)."""
+
+    def __init__(
+        self, exchanges: list[dict[str, Any]], delay_s: float = 0.0, *, by_turn: bool = False
+    ) -> None:
+        self.exchanges, self.delay_s, self.by_turn = exchanges, delay_s, by_turn
         self.received: list[dict[str, Any]] = []
         self.lock = threading.Lock()
 
     def take(self, path: str, body: Any, headers: dict[str, str]) -> dict[str, Any] | None:
         with self.lock:
-            index = len(self.received)
-            self.received.append(
-                {"path": path, "body": body, "headers": headers, "t": time.monotonic()}
-            )
+            index = turn_of(body) if self.by_turn else len(self.received)
+            if self.by_turn:  # thousands of requests: their count, not their bodies
+                self.received.append({"path": path, "t": time.monotonic()})
+            else:
+                self.received.append(
+                    {"path": path, "body": body, "headers": headers, "t": time.monotonic()}
+                )
             return self.exchanges[index] if index < len(self.exchanges) else None
 
 
@@ -102,7 +121,9 @@ def handler(script: Script) -> type[BaseHTTPRequestHandler]:
 
 def main() -> None:
     delay_s = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
-    script = Script(json.loads(Path(sys.argv[1]).read_text()), delay_s)
+    by_turn = len(sys.argv) > 3 and sys.argv[3] == "by-turn"
+    script = Script(json.loads(Path(sys.argv[1]).read_text()), delay_s, by_turn=by_turn)
+    ThreadingHTTPServer.request_queue_size = 1024  # hundreds of calls connect at once
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler(script))
     server.daemon_threads = True
     print(server.server_address[1], flush=True)

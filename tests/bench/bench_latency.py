@@ -1,0 +1,203 @@
+"""Benchmark: the support job on a model served over HTTP (tests/wire/'s OpenAI wire-format
+server) answering each call after `--latency-s`, on prefork at its default concurrency next to
+the gevent pool at high concurrency, with 1 and 2 worker processes; and the same gevent
+workers with a zero-latency model, for the ratio.
+
+    uv run python -m tests.bench.bench_latency [--runs 1000] [--prefork-runs 40]
+        [--concurrency 500] [--latency-s 1.0] [--processes 1,2]
+
+Per configuration: turns/s (committed turns over the time from the first submission to the
+last run ending), turns in flight (sampled every 0.1 s: mean and peak), and the PSS of all
+worker processes and their pool processes (psutil `memory_full_info().pss`, peak), also per
+in-flight turn (peak PSS over peak turns in flight). Prefork at 1 s latency turns
+`concurrency` turns a second at best, so it gets `--prefork-runs` runs, not `--runs`: its
+rate is already steady.
+Goals (issue 12): with 2 processes, gevent's turns/s at 1 s >= 0.8x its turns/s at zero
+latency; <= 1 GB PSS for all workers together; <= 2 MB PSS per in-flight turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import psutil
+
+from jobs.support.scenarios import GOAL, USER
+from tests.integration.workers import WorkerProcess, client_for
+from tests.wire.wire import MODELS, wire_server
+from worker import keys
+from worker.embedded import EmbeddedServer
+
+BUDGET = {"max_tokens": 40_000, "max_tool_calls": 8}
+PREFORK_DEFAULT_CONCURRENCY = 2  # `turnstile worker`'s default
+
+
+@dataclass
+class Figures:
+    pool: str
+    processes: int
+    concurrency: int
+    latency_s: float
+    runs: int
+    turns: int
+    seconds: float
+    turns_per_s: float
+    in_flight_mean: float
+    in_flight_peak: int
+    pss_peak_mb: float
+    pss_per_in_flight_turn_mb: float
+    outcomes: dict[str, int]
+
+
+def _pss_mb(workers: list[WorkerProcess]) -> float:
+    total = 0
+    for worker in workers:
+        assert worker.process is not None
+        try:
+            root = psutil.Process(worker.process.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+        for proc in procs:
+            try:
+                if "supervise" in " ".join(proc.cmdline()):
+                    continue  # the test harness's restarter, not a worker
+                total += proc.memory_full_info().pss
+            except psutil.NoSuchProcess:
+                continue
+    return total / 2**20
+
+
+def measure(
+    pool: str,
+    processes: int,
+    concurrency: int,
+    latency_s: float,
+    runs: int,
+    *,
+    extra: dict[str, str],
+) -> Figures:
+    """One configuration on fresh servers: submit `runs` at once, sample until all end."""
+    with (
+        EmbeddedServer() as server,
+        wire_server("openai", "support_run", delay_s=latency_s, by_turn=True) as wire,
+    ):
+        queue, tenant = f"lat-{uuid.uuid4().hex[:8]}", "bench"
+        # The harness gives a green worker GREEN_PER_PROCESS turns per process asked for.
+        per = concurrency if pool == "prefork" else max(1, concurrency // 50)
+        workers = [
+            WorkerProcess(server.url, [queue], name=f"lat{i}-{queue}", env={**wire.env, **extra},
+                          concurrency=per, pool=pool).start()
+            for i in range(processes)
+        ]  # fmt: skip
+        try:
+            for worker in workers:
+                worker.wait_ready()
+            client = client_for(server.url)
+            client.ledger.set_ceiling(tenant, "cost_microusd", 10**12)
+            samples: list[int] = []
+            pss: list[float] = []
+            stop = threading.Event()
+
+            def sample() -> None:
+                while not stop.wait(0.1):
+                    samples.append(int(client.client.hlen(keys.inflight(tenant))))
+                    if len(samples) % 5 == 0:
+                        pss.append(_pss_mb(workers))
+
+            sampler = threading.Thread(target=sample, daemon=True)
+            started = time.monotonic()
+            sampler.start()
+            ids = [
+                client.submit(
+                    tenant,
+                    USER,
+                    "support",
+                    GOAL,
+                    {"model": MODELS["openai"]},
+                    budget=BUDGET,
+                    queue=queue,
+                )
+                for _ in range(runs)
+            ]
+            pending = set(ids)
+            while pending:
+                pending = {
+                    r for r in pending if client.run_hash(r, tenant)[1]["status"] != "stopped"
+                }
+                time.sleep(0.2)
+            seconds = time.monotonic() - started
+            stop.set()
+            sampler.join()
+            states = [client.state(r, tenant) for r in ids]
+            turns = sum(s.usage.steps for s in states)
+            outcomes = Counter(f"{s.outcome}/{s.detail or ''}" for s in states)
+        finally:
+            for worker in workers:
+                worker.stop(timeout_s=30)
+    busy = [s for s in samples if s > 0] or [0]
+    peak = max(busy)
+    pss_peak = max(pss, default=0.0)
+    return Figures(
+        pool,
+        processes,
+        concurrency,
+        latency_s,
+        runs,
+        turns,
+        round(seconds, 2),
+        round(turns / seconds, 1),
+        round(statistics.mean(busy), 1),
+        peak,
+        round(pss_peak, 1),
+        round(pss_peak / peak, 2) if peak else 0.0,
+        dict(outcomes),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--prefork-runs", type=int, default=40)
+    parser.add_argument("--concurrency", type=int, default=500)
+    parser.add_argument("--latency-s", type=float, default=1.0)
+    parser.add_argument("--processes", default="1,2")
+    parser.add_argument("--skip-prefork", action="store_true")
+    parser.add_argument(
+        "--dispatch-depth", type=int, default=None, help="TURNSTILE_DISPATCH_DEPTH for workers"
+    )
+    args = parser.parse_args()
+    results: list[dict[str, Any]] = []
+    for processes in (int(p) for p in args.processes.split(",")):
+        configs = [("gevent", args.concurrency, args.latency_s, args.runs),
+                   ("gevent", args.concurrency, 0.0, args.runs)]  # fmt: skip
+        if not args.skip_prefork:
+            configs.append(
+                ("prefork", PREFORK_DEFAULT_CONCURRENCY, args.latency_s, args.prefork_runs)
+            )
+        for pool, concurrency, latency_s, runs in configs:
+            extra = {}
+            if args.dispatch_depth is not None:
+                extra["TURNSTILE_DISPATCH_DEPTH"] = str(args.dispatch_depth)
+            figures = measure(pool, processes, concurrency, latency_s, runs, extra=extra)
+            results.append(asdict(figures))
+            print(json.dumps(asdict(figures)), flush=True)
+    for processes in {r["processes"] for r in results}:
+        slow = [r for r in results if r["processes"] == processes and r["pool"] == "gevent"]
+        at = {r["latency_s"]: r["turns_per_s"] for r in slow}
+        if len(at) == 2 and at.get(0.0):
+            ratio = at[args.latency_s] / at[0.0]
+            print(f"{processes} process(es): gevent turns/s at {args.latency_s} s latency / at "
+                  f"zero latency = {ratio:.2f} (goal >= 0.8)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

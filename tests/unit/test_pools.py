@@ -1,0 +1,39 @@
+"""The worker's pool choice, read before anything is imported, and its checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from worker.pools import check, pool_in_argv
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "pool"),
+    [
+        (["worker", "--pool", "gevent"], {}, "gevent"),
+        (["worker", "-P", "gevent"], {}, "gevent"),
+        (["worker", "--pool=gevent"], {}, "gevent"),
+        (["worker"], {"TURNSTILE_POOL": "gevent"}, "gevent"),
+        (["worker", "--pool", "prefork"], {"TURNSTILE_POOL": "gevent"}, "prefork"),
+        (["worker"], {}, "prefork"),
+        (["submit", "--pool", "gevent"], {}, "prefork"),
+    ],
+)
+def test_the_pool_is_read_from_the_command_line_first(
+    argv: list[str], env: dict[str, str], pool: str
+) -> None:
+    """`turnstile worker` finds its pool (option over environment) before importing anything,
+    and only the worker command ever patches."""
+    assert pool_in_argv(argv, env) == pool
+
+
+def test_only_pools_that_stop_a_hung_call_are_accepted() -> None:
+    """A pool that cannot enforce hard limits, an unknown pool and a concurrency outside the
+    pool's range are refused; prefork and gevent at their ranges are not."""
+    assert check("gevent", 500, ["support"]) is None
+    assert check("prefork", 2, ["support"]) is None
+    assert "cannot stop a call" in (check("threads", 10, ["support"]) or "")
+    assert "support" in (check("threads", 10, ["support"]) or "")
+    assert (check("fork", 2, []) or "").startswith("bad --pool 'fork'")
+    assert (check("gevent", 0, []) or "").startswith("bad --concurrency 0")
+    assert (check("prefork", 2000, []) or "").startswith("bad --concurrency 2000")
