@@ -36,6 +36,9 @@ SLOW_TOOLS: dict[str, Any] = {
     "tool_latency_s": {"get_order": 0.2, "search_policy": 0.2, "issue_refund": 0.2,
                        "send_status_email": 0.2},
 }  # fmt: skip
+# Turns that really take time (a drill: the tool sleeps), so that runs freed from a cap are
+# seen in flight together however the machine is loaded.
+SLEEPING_TOOLS: dict[str, Any] = {**SLOW_TOOLS, "sleep_s": {"get_order": 0.5}}
 
 
 def _at(event: dict[str, Any]) -> float:
@@ -153,7 +156,7 @@ def test_removing_a_cap_lets_the_waiting_steps_go(redis_url: str, unique: str) -
     queue, tenant = f"uncap-{unique}", f"u-{unique}"
     client = client_for(redis_url)
     fair.set_caps(client.client, tenant, {"turns_in_flight": 1})
-    ids = [client.submit(tenant, USER, "support", GOAL, SLOW_TOOLS, queue=queue)
+    ids = [client.submit(tenant, USER, "support", GOAL, SLEEPING_TOOLS, queue=queue)
            for _ in range(8)]  # fmt: skip
     with running_workers(redis_url, [queue], 1, concurrency=4, stop_timeout_s=20):
         wait_until(lambda: _stopped(client, tenant) >= 1, timeout_s=40, what="one run ends")
