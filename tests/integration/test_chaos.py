@@ -241,7 +241,7 @@ def test_chaos(durable_server: EmbeddedServer, unique: str) -> None:
             worker.wait_ready()
         drill.submit_all()
         drill.run()
-        wait_until(drill.all_ended, timeout_s=45, what=f"every run ends; {drill.log}")
+        wait_until(drill.all_ended, timeout_s=75, what=f"every run ends; {drill.log}")
         drill.note_exits()
     finally:
         for worker in drill.live():
