@@ -32,8 +32,6 @@ from worker.step import StepMessage, time_limits
 
 log = structlog.get_logger("turnstile.sweeper")
 
-PATIENCE_LEASES = 3  # with fair share: pickup leases a re-sent, unloaded step is waited for
-
 BATCH = 200  # lapsed leases handled per tenant per sweep
 
 
@@ -94,19 +92,8 @@ class Sweeper:
     def _waiting(self, version: str, resent: str, loaded_ms: int, now: int) -> bool:
         return still_waiting(
             version=version, resent=resent, loaded_ms=loaded_ms, now_ms=now,
-            patience_ms=self._patience_ms(),
+            patience_ms=self.config.visibility_timeout_s * 1000,
         )  # fmt: skip
-
-    def _patience_ms(self) -> int:
-        """How long a re-sent step that no delivery has loaded counts as still waiting. Sent
-        straight to the broker, until its visibility timeout: a message a dead worker fetched
-        comes back only then, and an earlier re-send would pile up copies on a queue no worker
-        reads. With fair share a re-send of a step still pending is folded into it and the
-        dispatcher keeps each broker queue a few steps deep, so a copy cannot pile up: a step
-        lost after a fetch is sent again after a few pickup leases, not an hour later."""
-        if self.config.fair_share:
-            return int(PATIENCE_LEASES * self.config.pickup_lease_s * 1000)
-        return self.config.visibility_timeout_s * 1000
 
     def loop(self, stop: threading.Event) -> None:
         while not stop.wait(self.config.sweep_interval_s):
