@@ -12,7 +12,10 @@ still waiting on the broker (a queue no worker reads, a long backlog), and sendi
 would only pile up copies. A delivery that loaded it and died is seen by its load (the run's
 `loaded_ms` is after the send), so that step is sent again; a message lost after a worker
 fetched it and before it loaded is taken back by the broker after its visibility timeout, and
-past that timeout the sweeper sends the step once more.
+past that timeout the sweeper sends the step once more. With fair share on, the sweeper knows
+more: a step still in its tenant's pending list, or dispatched and holding a live slot, is
+waiting; one that is neither, and that no delivery loaded, was lost after its dispatch (a
+worker killed after fetching it, say), and it is sent again at once.
 """
 
 from __future__ import annotations
@@ -77,7 +80,10 @@ class Sweeper:
         self.client.zadd(
             keys.leases(tenant), {run_id: now + int(self.config.pickup_lease_s * 1000)}, xx=True
         )
-        if self._waiting(str(version), str(resent or ""), int(str(loaded_ms or 0)), now):
+        if self._waiting(
+            tenant, run_id, version=str(version), resent=str(resent or ""),
+            loaded_ms=int(str(loaded_ms or 0)), now=now,
+        ):  # fmt: skip
             log.info("step_waiting", tenant=tenant, run_id=run_id, version=int(str(version)))
             return 0
         try:
@@ -89,10 +95,19 @@ class Sweeper:
         log.info("step_resent", tenant=tenant, run_id=run_id, version=int(str(version)))
         return 1
 
-    def _waiting(self, version: str, resent: str, loaded_ms: int, now: int) -> bool:
+    def _waiting(
+        self, tenant: str, run_id: str, *, version: str, resent: str, loaded_ms: int, now: int
+    ) -> bool:
+        queued = None
+        if self.config.fair_share and resent.startswith(f"{version}|"):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hget(keys.pending_index(tenant), run_id)
+            pipe.zscore(keys.slots(tenant), f"{run_id}:{version}")
+            pending, lapses = pipe.execute()
+            queued = str(pending or "") == version or (lapses is not None and lapses > now)
         return still_waiting(
             version=version, resent=resent, loaded_ms=loaded_ms, now_ms=now,
-            patience_ms=self.config.visibility_timeout_s * 1000,
+            patience_ms=self.config.visibility_timeout_s * 1000, queued=queued,
         )  # fmt: skip
 
     def loop(self, stop: threading.Event) -> None:
@@ -105,16 +120,25 @@ class Sweeper:
 
 
 def still_waiting(
-    *, version: str, resent: str, loaded_ms: int, now_ms: int, patience_ms: int
+    *,
+    version: str,
+    resent: str,
+    loaded_ms: int,
+    now_ms: int,
+    patience_ms: int,
+    queued: bool | None = None,
 ) -> bool:
     """Whether the step the sweeper last sent for `version` ("<version>|<sent ms>" in
-    `resent`) is still waiting on the broker: no delivery has loaded the run since it was sent
-    (`loaded_ms`), and the broker has not yet given up on a message a worker fetched and lost
-    (its visibility timeout, `patience_ms`)."""
+    `resent`) is still waiting: no delivery has loaded the run since it was sent (`loaded_ms`),
+    and either fair share says it is `queued` (pending, or dispatched with a live slot), or,
+    where nothing says so (None: fair share off), the broker has not yet given up on a message
+    a worker fetched and lost (its visibility timeout, `patience_ms`)."""
     sent_version, _, sent_ms = resent.partition("|")
-    if sent_version != version or not sent_ms.isdigit():
+    if sent_version != version or not sent_ms.isdigit() or loaded_ms >= int(sent_ms):
         return False
-    return loaded_ms < int(sent_ms) and now_ms - int(sent_ms) < patience_ms
+    if queued is not None:
+        return queued
+    return now_ms - int(sent_ms) < patience_ms
 
 
 def time_limits_default(config: Settings) -> tuple[float, float]:

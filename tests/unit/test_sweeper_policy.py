@@ -38,3 +38,16 @@ def test_a_step_lost_after_it_was_fetched_is_sent_again_after_the_visibility_tim
     good (the broker would have given a fetched one back by then), so it is sent again."""
     assert _waiting(now_ms=1000 + HOUR_MS - 1)
     assert not _waiting(now_ms=1000 + HOUR_MS)
+
+
+def test_with_fair_share_a_step_neither_pending_nor_in_a_live_slot_is_sent_again() -> None:
+    """Fair share knows where the step is: pending or dispatched with a live slot, it waits
+    (however long); neither, and never loaded, it was lost after its dispatch (a worker killed
+    after fetching it): sent again at once, not after the broker's visibility timeout."""
+    assert still_waiting(version="3", resent="3|1000", loaded_ms=0, now_ms=1000 + 2 * HOUR_MS,
+                         patience_ms=HOUR_MS, queued=True)  # fmt: skip
+    assert not still_waiting(version="3", resent="3|1000", loaded_ms=0, now_ms=1001,
+                             patience_ms=HOUR_MS, queued=False)  # fmt: skip
+    # A load after the send still means its delivery died: sent again, queued or not.
+    assert not still_waiting(version="3", resent="3|1000", loaded_ms=1001, now_ms=1002,
+                             patience_ms=HOUR_MS, queued=True)  # fmt: skip
