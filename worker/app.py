@@ -72,8 +72,8 @@ def make_app(config: Settings, *, broker_url: str | None = None, main: bool = Tr
         worker_prefetch_multiplier=1,
         task_default_queue=config.default_queue,
         task_create_missing_queues=True,
-        worker_send_task_events=True,
-        task_send_sent_event=True,
+        worker_send_task_events=config.task_events,
+        task_send_sent_event=config.task_events,
         worker_hijack_root_logger=False,
         worker_redirect_stdouts=False,  # structlog writes its own lines to stderr
         # A producer per turn in flight on a green worker (each publishes its next step).
@@ -197,6 +197,15 @@ def send_step(msg: StepMessage, soft_s: float, hard_s: float) -> None:
     worker_app().send_task(STEP_TASK, **_options(msg, soft_s, hard_s))
 
 
+def send_steps(batch: list[tuple[StepMessage, float, float]]) -> None:
+    """Send several step messages on one producer, batched: kombu's Redis transport writes
+    a batch in one pipeline, one round trip for all (another broker publishes them in turn)."""
+    app = worker_app()
+    with app.producer_or_acquire() as producer, producer.batch():
+        for msg, soft_s, hard_s in batch:
+            app.send_task(STEP_TASK, producer=producer, **_options(msg, soft_s, hard_s))
+
+
 def build_services(config: Settings) -> Services:
     if config.redis_url is None:
         raise StoreUnavailable("no store: set TURNSTILE_REDIS_URL")
@@ -223,6 +232,18 @@ def build_services(config: Settings) -> Services:
         except Exception as exc:  # the lease the commit set makes the sweeper send it later
             log.warning("enqueue_failed", error=str(exc), version=msg.version)
 
+    # With fair share on, a run's next step is queued by the commit itself (worker/fair.py,
+    # run_commit.lua); the drills stand in the gap between a commit and its send, so they
+    # take the path that has one.
+    queues_in_commit = (
+        config.fair_share and not config.chaos_drop_every and config.chaos_send_copies == 1
+    )
+
+    def next_step(msg: StepMessage, state: Any) -> fair.Pending | None:
+        if not queues_in_commit:
+            return None
+        return fair.pending_entry(msg, *time_limits(state, config))
+
     turns = config.concurrency if config.pool == Pool.GEVENT else 1
     return Services(
         settings=config,
@@ -230,6 +251,7 @@ def build_services(config: Settings) -> Services:
         ledger=ledger,
         jobs=jobs,
         send=send,
+        next_step=next_step,
         heartbeat=Heartbeat(config.inflight_lease_s / 3),
         # Tool calls of every turn in flight: greenlets on a green worker, so one set per turn.
         pool=ThreadPoolExecutor(READ_POOL_SIZE * turns, "turnstile-tool"),
@@ -338,7 +360,7 @@ def _start_sweeper(sender: Any = None, **kwargs: Any) -> None:
     ).start()
     if config.fair_share:
         dispatcher = fair.Dispatcher(
-            connect(config.redis_url, config), _broker_client(config), config, send_step
+            connect(config.redis_url, config), _broker_client(config), config, send_steps
         )
         threading.Thread(
             target=dispatcher.loop, args=(_sweeper_stop,), name="turnstile-dispatcher",

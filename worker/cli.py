@@ -226,9 +226,10 @@ def worker(
 
     url = broker_url or redis_url
     celery_app.conf.update(broker_url=url, **deadletters.celery_config(url))
+    events = ["-E"] if settings().task_events else []  # Celery's task events: see settings
     code: int | None = celery_app.start(
-        ["worker", "-Q", ",".join(names), "-c", str(concurrency), "-P", pool, "-n", node, "-E",
-         "-l", loglevel.upper(), "--without-gossip", "--without-mingle"]
+        ["worker", "-Q", ",".join(names), "-c", str(concurrency), "-P", pool, "-n", node,
+         *events, "-l", loglevel.upper(), "--without-gossip", "--without-mingle"]
     )  # fmt: skip
     raise typer.Exit(code or announced_exitcode())
 

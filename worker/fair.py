@@ -40,6 +40,9 @@ from worker.step import StepMessage
 log = structlog.get_logger("turnstile.fair")
 
 Publish = Callable[[StepMessage, float, float], None]
+# The dispatcher's sender: a batch of steps, each with its soft and hard time limits, published
+# in one round trip where the broker allows it (kombu's publish batch on Redis).
+PublishMany = Callable[[list[tuple[StepMessage, float, float]]], None]
 LUA = Path(__file__).parent / "lua"
 LOCK_MS = 3000  # a dispatcher that stops renewing is replaced this long after
 WEIGHTS_EVERY_S = 1.0  # a weight changed by hand applies within this long
@@ -65,35 +68,24 @@ def _script(client: redis.Redis, name: str) -> Any:
 def route(
     client: redis.Redis, config: Settings, publish: Publish
 ) -> Callable[[StepMessage, float, float], None]:
-    """The send function every sender uses (the client, a step's next step, the sweeper,
-    resume): straight to the broker with fair share off, else into the tenant's pending list."""
+    """The send function every sender uses (the client, the sweeper, resume, and a step's
+    next step where its commit did not queue it): straight to the broker with fair share
+    off, else into the tenant's pending list."""
     if not config.fair_share:
         return publish
-    source = (LUA / "fair_push.lua").read_text()
+    source = queue_source("fair_push")
     # The script's sha, computed here: building a sender does no I/O (a server that does not
     # have the script yet says NOSCRIPT, and it is loaded then).
     sha = [hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()]
 
     def send(msg: StepMessage, soft_s: float, hard_s: float) -> None:
-        kind = "cont" if msg.version > 1 else "start"
-        entry = json.dumps(
-            {**msg.as_kwargs(), "soft_s": soft_s, "hard_s": hard_s}, separators=(",", ":")
-        )
-        before = f"{msg.run_id}:{msg.version - 1}" if msg.version > 1 else ""
-        script_keys = [
-            keys.pending(msg.tenant, msg.queue, kind), keys.pending_index(msg.tenant),
-            keys.slots(msg.tenant),
-        ]  # fmt: skip
+        queued = pending_entry(msg, soft_s, hard_s)
         for attempt in (1, 2):
             # EVALSHA in a pipeline as is: redis-py's Script in a pipeline would ask SCRIPT
             # EXISTS first, a round trip per step; a server that lost it says NOSCRIPT.
             pipe = client.pipeline(transaction=False)
-            pipe.evalsha(sha[0], 3, *script_keys, msg.run_id, msg.version, entry, before)
-            # After the entry: a dispatcher that found the tenant empty and dropped it from
-            # the set looks at its lists again after the drop (see Dispatcher._drop).
-            pipe.sadd(keys.fair_active(msg.queue), msg.tenant)
-            pipe.sadd(keys.FAIR_QUEUES, msg.queue)
-            _nudge(pipe)
+            pipe.evalsha(sha[0], len(queued.keys), *queued.keys, *queued.args)
+            queued.announce(pipe)
             try:
                 pipe.execute()
                 return
@@ -103,6 +95,53 @@ def route(
                 sha[0] = str(client.script_load(source))
 
     return send
+
+
+def queue_source(name: str) -> str:
+    """A script that queues steps: fair_lib.lua's `fair_queue`, then the script's body."""
+    return (LUA / "fair_lib.lua").read_text() + "\n" + (LUA / f"{name}.lua").read_text()
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A step as its tenant's pending list takes it: `fair_queue`'s keys and arguments (see
+    fair_lib.lua), and what tells the dispatcher it is there."""
+
+    tenant: str
+    queue: str
+    keys: list[str]
+    args: list[str]  # run id, version, entry, the slot to give back
+
+    @property
+    def entry(self) -> str:
+        return self.args[2]
+
+    @property
+    def before(self) -> str:
+        return self.args[3]
+
+    def announce(self, pipe: Any) -> None:
+        """After the entry: a dispatcher that found the tenant empty and dropped it from the
+        set looks at its lists again after the drop (see Dispatcher._drop)."""
+        pipe.sadd(keys.fair_active(self.queue), self.tenant)
+        pipe.sadd(keys.FAIR_QUEUES, self.queue)
+        _nudge(pipe)
+
+
+def pending_entry(msg: StepMessage, soft_s: float, hard_s: float) -> Pending:
+    """The pending-list entry of a step message: continuations and first steps apart."""
+    kind = "cont" if msg.version > 1 else "start"
+    entry = json.dumps(
+        {**msg.as_kwargs(), "soft_s": soft_s, "hard_s": hard_s}, separators=(",", ":")
+    )
+    before = f"{msg.run_id}:{msg.version - 1}" if msg.version > 1 else ""
+    return Pending(
+        msg.tenant,
+        msg.queue,
+        [keys.pending(msg.tenant, msg.queue, kind), keys.pending_index(msg.tenant),
+         keys.slots(msg.tenant)],
+        [msg.run_id, str(msg.version), entry, before],
+    )  # fmt: skip
 
 
 def _nudge(pipe: Any) -> None:
@@ -234,7 +273,11 @@ class Dispatcher:
     """Feeds each queue's broker list from the tenants' pending lists, fairly."""
 
     def __init__(
-        self, client: redis.Redis, broker: redis.Redis | None, config: Settings, publish: Publish
+        self,
+        client: redis.Redis,
+        broker: redis.Redis | None,
+        config: Settings,
+        publish: PublishMany,
     ) -> None:
         self.client, self.broker, self.config, self.publish = client, broker, config, publish
         self.take = _script(client, "fair_take")
@@ -288,15 +331,19 @@ class Dispatcher:
         rr = self.rr.setdefault(queue, RoundRobin())
         sent = 0
         while sent < room and tenants:
-            tenant = rr.pick(tenants, weights)
-            assert tenant is not None
-            entry = self._take(tenant, queue)
-            if entry is None:
-                rr.skip()
-                tenants.remove(tenant)
-                continue
-            self._send(entry)
-            sent += 1
+            # The round robin's next picks for the room left, taken in one round trip; a
+            # tenant that could not give one (empty, capped) leaves the pass.
+            picks = [rr.pick(tenants, weights) or "" for _ in range(room - sent)]
+            batch = []
+            for tenant, entry in zip(picks, self._take_many(picks, queue), strict=True):
+                if entry is not None:
+                    batch.append(entry)
+                elif tenant in tenants:
+                    tenants.remove(tenant)
+                    if rr.last == tenant:
+                        rr.skip()
+            self._send(batch)
+            sent += len(batch)
         return sent
 
     def _weights(self, tenants: list[str]) -> dict[str, int]:
@@ -310,15 +357,45 @@ class Dispatcher:
             self.weights_at = now
         return self.weights
 
+    def _take_keys(self, tenant: str, queue: str) -> list[str]:
+        return [
+            keys.pending(tenant, queue, "cont"), keys.pending(tenant, queue, "start"),
+            keys.pending_index(tenant), keys.slots(tenant), keys.caps(tenant),
+            keys.active(tenant),
+        ]  # fmt: skip
+
     def _take(self, tenant: str, queue: str) -> dict[str, Any] | None:
-        reply = self.take(
-            keys=[
-                keys.pending(tenant, queue, "cont"), keys.pending(tenant, queue, "start"),
-                keys.pending_index(tenant), keys.slots(tenant), keys.caps(tenant),
-                keys.active(tenant),
-            ],
-            args=[self.slot_extra_ms],
-        )  # fmt: skip
+        reply = self.take(keys=self._take_keys(tenant, queue), args=[self.slot_extra_ms])
+        return self._taken(tenant, queue, reply)
+
+    def _take_many(self, tenants: list[str], queue: str) -> list[dict[str, Any] | None]:
+        """One take per tenant named (a tenant named twice gives two steps), in one round
+        trip: EVALSHA in a pipeline, the script loaded once if the server lost it."""
+        for attempt in (1, 2):
+            pipe = self.client.pipeline(transaction=False)
+            for tenant in tenants:
+                pipe.evalsha(self.take.sha, 6, *self._take_keys(tenant, queue), self.slot_extra_ms)
+            try:
+                replies = pipe.execute()
+            except redis.exceptions.NoScriptError:
+                if attempt == 2:
+                    raise
+                self.take.sha = str(self.client.script_load(self.take.script))
+                continue
+            taken: dict[str, dict[str, Any] | None] = {}
+            out: list[dict[str, Any] | None] = []
+            for tenant, reply in zip(tenants, replies, strict=True):
+                if reply[0] != "ok" and tenant in taken:  # said once per tenant is enough
+                    out.append(None)
+                    continue
+                taken[tenant] = entry = self._taken(tenant, queue, reply)
+                out.append(entry)
+            return out
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _taken(self, tenant: str, queue: str, reply: list[Any]) -> dict[str, Any] | None:
+        """The entry a take gave, or None: the tenant has nothing pending (dropped from the
+        queue's set) or is at a cap (its active runs are pruned, then it tries again)."""
         if reply[0] == "ok":
             entry: dict[str, Any] = json.loads(reply[1])
             return entry
@@ -351,15 +428,25 @@ class Dispatcher:
         if sum(int(n) for n in pipe.execute()):
             self.client.sadd(keys.fair_active(queue), tenant)
 
-    def _send(self, entry: dict[str, Any]) -> None:
-        msg = StepMessage(
-            str(entry["tenant"]), str(entry["run_id"]), int(entry["version"]),
-            str(entry["queue"]), str(entry.get("traceparent") or ""),
-        )  # fmt: skip
+    def _send(self, entries: list[dict[str, Any]]) -> None:
+        if not entries:
+            return
+        batch = [
+            (
+                StepMessage(
+                    str(e["tenant"]), str(e["run_id"]), int(e["version"]), str(e["queue"]),
+                    str(e.get("traceparent") or ""),
+                ),
+                float(e["soft_s"]),
+                float(e["hard_s"]),
+            )
+            for e in entries
+        ]  # fmt: skip
         try:
-            self.publish(msg, float(entry["soft_s"]), float(entry["hard_s"]))
-        except Exception as exc:  # the run's pickup lease lapses and the sweeper re-sends it
-            log.warning("dispatch_failed", error=str(exc), run_id=msg.run_id)
+            self.publish(batch)
+        except Exception as exc:  # the runs' pickup leases lapse and the sweeper re-sends them
+            log.warning("dispatch_failed", error=str(exc), steps=len(batch),
+                        run_ids=[m.run_id for m, _, _ in batch[:5]])  # fmt: skip
 
     def _gauges(self) -> None:
         """Each tenant's share as metrics, once a second: the tenants with steps waiting, and

@@ -96,6 +96,12 @@ class Settings(BaseSettings):
     # The dispatcher also wakes this often without a nudge (a slot that lapsed, a lost nudge).
     dispatch_poll_s: float = Field(default=0.5, gt=0, le=60)
 
+    # Celery's task events (task-sent, -received, -started, -succeeded), for Flower or
+    # `celery events`: each is one more publish to the broker per step, 4 in all, for events
+    # nothing of Turnstile reads (its own are the run's stream and the metrics). Off, as in
+    # Celery; turn on to watch the workers with Celery's tools.
+    task_events: bool = False
+
     # Port of the worker's Prometheus endpoint, served by its main process; None or 0: off.
     metrics_port: int | None = None
 

@@ -45,7 +45,7 @@ from worker import keys, metrics, pools, tracing
 from worker.errors import TurnstileError
 from worker.registry import Jobs
 from worker.settings import Settings
-from worker.store import Change, Committed, Loaded, RunStore, excerpt, now_iso
+from worker.store import Change, Committed, Loaded, NextStep, RunStore, excerpt, now_iso
 
 __all__ = ["now_iso"]  # re-exported: callers take the time format from here
 
@@ -144,6 +144,9 @@ class Services:
     ledger: Ledger
     jobs: Jobs
     send: Callable[[StepMessage, RunState], None]  # enqueue the next step
+    # The next step as the commit that makes it due queues it itself, or None: then `send`
+    # sends it after the commit (fair share off, the drills).
+    next_step: Callable[[StepMessage, RunState], NextStep | None] = lambda msg, state: None
     pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(READ_POOL_SIZE, "turnstile-tool")
     )  # the process's tool-call threads, shared by its turns
@@ -350,11 +353,21 @@ class Step:
             if live
             else "-"
         )
+        next_step = self.services.next_step(self._following, state) if live else None
         return self.services.store.commit(
             self._change(
                 state, loaded, lease_ms=lease, events=events, hold=hold,
-                settlements=settlements or [], clear=clear or [], **self._summary(state),
+                settlements=settlements or [], clear=clear or [], next_step=next_step,
+                **self._summary(state),
             )
+        )  # fmt: skip
+
+    @property
+    def _following(self) -> StepMessage:
+        """The message of the run's next step, once this one commits."""
+        return StepMessage(
+            self.msg.tenant, self.msg.run_id, self.msg.version + 1, self.msg.queue,
+            self._traceparent,
         )  # fmt: skip
 
     # -- the step --------------------------------------------------------------------------
@@ -559,13 +572,8 @@ class Step:
             log.error("commit_failed", kind=committed.kind, detail=committed.detail)
             return f"commit_{committed.kind}"
         if isinstance(move, Continue):
-            self.services.send(
-                StepMessage(
-                    self.msg.tenant, self.msg.run_id, committed.version, self.msg.queue,
-                    self._traceparent,
-                ),
-                state,
-            )  # fmt: skip
+            if not committed.queued:
+                self.services.send(self._following, state)
             return "continued"
         if isinstance(move, Suspended):
             log.info("run_suspended", tool=move.held.call.name)

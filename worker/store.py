@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import msgspec
 import redis
@@ -120,6 +120,22 @@ class Change:
     clear: list[str] = field(default_factory=list)  # run-hash fields to delete
     hold: str = ""  # the next turn's ledger hold: "" keeps the stored one, "-" drops it
     if_idle: bool = False  # commit only if no turn of the run is in flight ("busy" otherwise)
+    next_step: NextStep | None = None  # queued by the commit itself (fair share, see fair.py)
+
+
+class NextStep(Protocol):
+    """A run's next step as its tenant's pending list takes it (worker/fair.py `Pending`)."""
+
+    @property
+    def keys(self) -> list[str]: ...  # the pending list, the pending index, the slots
+
+    @property
+    def entry(self) -> str: ...
+
+    @property
+    def before(self) -> str: ...  # the slot the step before gives back
+
+    def announce(self, pipe: Any) -> None: ...  # in the same pipeline, after the entry
 
 
 @dataclass(frozen=True)
@@ -127,6 +143,7 @@ class Committed:
     kind: Literal["ok", "stale", "missing", "ledger", "busy"]
     version: int = 0
     detail: str = ""
+    queued: bool = False  # the commit queued the run's next step (`Change.next_step`)
 
 
 def _s(value: Any) -> str:
@@ -145,7 +162,9 @@ class RunStore:
         self._create = client.register_script(_script("run_create"))
         self._load = client.register_script(library_source() + "\n" + _script("run_load"))
         self._renew = client.register_script(_script("run_renew"))
-        self._commit = client.register_script(library_source() + "\n" + _script("run_commit"))
+        self._commit = client.register_script(
+            "\n".join((library_source(), _script("fair_lib"), _script("run_commit")))
+        )
         self._hold = client.register_script(library_source() + "\n" + _script("run_hold"))
         self._mark = client.register_script(_script("run_mark"))
         self.jobs = Jobs(client)  # for closing messages
@@ -165,7 +184,7 @@ class RunStore:
             except redis.exceptions.NoScriptError:
                 if attempt:
                     raise
-                for script in (self._create, self._load):
+                for script in (self._create, self._load, self._commit):
                     script.sha = str(self.client.script_load(script.script))
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -338,18 +357,24 @@ class RunStore:
         _, release = self.ledger.settle_script_args(tenant, change.run_id, {})
         args += [len(change.clear), *change.clear, change.hold, "1" if change.if_idle else ""]
         args.append(release[1])  # the ledger's journal length, for the releases
+        then = None
+        if change.next_step is not None:
+            script_keys += change.next_step.keys
+            args += [change.next_step.entry, change.next_step.before]
+            then = change.next_step.announce
         try:
             reply = self._durable_call(
                 self._commit,
                 script_keys,
                 args,
                 f"the change to run {change.run_id} was written but",
+                then=then,
             )
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailable(f"store unavailable: {exc}") from exc
         kind = _s(reply[0])
         if kind == "ok":
-            return Committed("ok", version=int(reply[1]))
+            return Committed("ok", version=int(reply[1]), queued=change.next_step is not None)
         if kind == "stale":
             return Committed("stale", version=int(reply[1]))
         if kind == "ledger":
@@ -448,16 +473,27 @@ class RunStore:
 
     # -- durability: a wrapper around the writing script calls ------------------------------
 
-    def _durable_call(self, script: Any, script_keys: list[str], args: list[Any], what: str) -> Any:
-        """Call a writing script; unless durability is `none`, wait for the write to reach
-        the disk or the replicas first (see worker/durability.py)."""
-        if not self.wait_for.waits:
+    def _durable_call(
+        self,
+        script: Any,
+        script_keys: list[str],
+        args: list[Any],
+        what: str,
+        *,
+        then: Callable[[Any], None] | None = None,
+    ) -> Any:
+        """Call a writing script, and `then` add its commands to the same round trip; unless
+        durability is `none`, wait for the write to reach the disk or the replicas first (see
+        worker/durability.py). Returns the script's reply."""
+        if not self.wait_for.waits and then is None:
             return script(keys=script_keys, args=args)
 
         def build(pipe: Any) -> None:
             pipe.evalsha(script.sha, len(script_keys), *script_keys, *args)
+            if then is not None:
+                then(pipe)
 
-        return self._durable(build, what, script)[-1]
+        return self._durable(build, what, script)[0]
 
     def fence(self, what: str = "what was read is") -> None:
         """Wait until everything this client has read is where TURNSTILE_DURABILITY wants a
@@ -483,7 +519,8 @@ class RunStore:
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 raise StoreUnavailable(f"store unavailable: {exc}") from exc
             *written, waited = replies
-            if isinstance(written[-1], redis.exceptions.NoScriptError) and script and not attempt:
+            lost = any(isinstance(r, redis.exceptions.NoScriptError) for r in written)
+            if lost and script and not attempt:
                 script.sha = str(self.client.script_load(script.script))
                 continue
             for reply in written:

@@ -181,7 +181,7 @@ def test_a_step_lost_by_the_dispatcher_is_sent_again(redis_url: str, unique: str
     queue, tenant = f"lost-{unique}", f"l-{unique}"
     client = client_for(redis_url, pickup_lease_s=2)
     run_id = client.submit(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue)
-    taker = fair.Dispatcher(client.client, None, Settings(redis_url=redis_url), lambda *a: None)
+    taker = fair.Dispatcher(client.client, None, Settings(redis_url=redis_url), lambda b: None)
     assert taker._take(tenant, queue) is not None  # taken and never published
     assert fair.tenant_view(client.client, tenant, [queue]).waiting == 0
     with running_workers(redis_url, [queue], 1, stop_timeout_s=20):

@@ -71,7 +71,7 @@ class WorkerProcess:
         self.args = [
             sys.executable, "-m", "celery", "-A", "worker.app:app", "worker",
             "-Q", ",".join(queues), "-c", str(concurrency), "-P", "prefork",
-            "-n", f"{name}@%h", "-E", "--without-gossip", "--without-mingle",
+            "-n", f"{name}@%h", "--without-gossip", "--without-mingle",
             "--without-heartbeat", "-l", "WARNING",
         ]  # fmt: skip
         if pool != "prefork":

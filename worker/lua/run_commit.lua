@@ -3,8 +3,13 @@ Commit one change of a run, atomically: compare-and-set the version, write the s
 summary fields, settle the turn's ledger reservations, close every other hold the run still
 has open, append the events, move the run in the status and outcome indexes, and set or clear
 its lease. Used for every change a run goes through: a turn, a park, a decision, a failure.
-This body follows the ledger's library (see ledger/lib.lua), so `ledger_settle` and
-`ledger_settle_check` are in scope.
+This body follows the ledger's library (see ledger/lib.lua) and fair_lib.lua, so
+`ledger_settle`, `ledger_settle_check` and `fair_queue` are in scope.
+
+The next step: with fair share on, a commit that leaves the run running also queues the run's
+next step in its tenant's pending list (`fair_queue`), in the same script: the step is queued
+if and only if the compare-and-set wins, and no crash can fall between the commit and the
+enqueue.
 
 Holds: every hold taken for the version being replaced is in the run's field `holds` (see
 run_load.lua and run_hold.lua). The settlements listed here are checked all together first
@@ -22,6 +27,7 @@ KEYS
   6 outcome set     turnstile:{T}:outcome:<outcome> (any tenant key when there is none)
   7 inflight hash   turnstile:{T}:inflight
   8-13              the tenant's six ledger keys, in the library's order
+  14-16             to queue the next step: its pending list, the pending index, the slots
 ARGV
   1 run id
   2 expected version
@@ -38,8 +44,11 @@ ARGV
   then the next turn's ledger hold (see run_load.lua): "" keeps it, "-" drops it, else its JSON
   then "1" to commit only if no turn of the run is in flight (its in-flight lease is live), or ""
   then the ledger's journal max length (for the releases)
+  then, to queue the next step (KEYS 14-16): its entry (JSON, for the new version) and the
+  slot to give back, else nothing
 Returns
-  {"ok", new_version} | {"stale", version} | {"missing"} | {"ledger", outcome, detail}
+  {"ok", new_version, queued} (queued: 1 if the next step was queued, 0 if not asked or it
+  was waiting already) | {"stale", version} | {"missing"} | {"ledger", outcome, detail}
   | {"busy", version} (a turn is in flight and the change asked for none: nothing written)
 ]]
 local version, open = unpack(redis.call('HMGET', KEYS[1], 'version', 'holds'))
@@ -70,6 +79,7 @@ local n_hdel = tonumber(ARGV[i])
 local hdel_at = i + 1
 i = i + n_hdel + 1
 local hold, if_idle, maxlen = ARGV[i] or '', ARGV[i + 1] or '', ARGV[i + 2] or '1000'
+local next_entry, give_back = ARGV[i + 3] or '', ARGV[i + 4] or ''
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -135,4 +145,9 @@ else
   redis.call('ZADD', KEYS[3], now + tonumber(ARGV[8]), run_id)
 end
 redis.call('HDEL', KEYS[7], run_id)
-return {'ok', new_version}
+local queued = 0
+if next_entry ~= '' then
+  queued = fair_queue(KEYS[14], KEYS[15], KEYS[16], run_id, tostring(new_version), next_entry,
+    give_back)
+end
+return {'ok', new_version, queued}
