@@ -1,11 +1,16 @@
-"""The run store's commit against a real server: a turn's settlements are all or nothing."""
+"""The run store's commit against a real server: a turn's settlements are all or nothing, and
+the next step is queued with the commit or not at all."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from jobs.support.scenarios import GOAL, USER
 from tests.integration.workers import client_for
+from worker import fair, keys
+from worker.step import StepMessage
 from worker.store import Change
 
 pytestmark = pytest.mark.integration
@@ -43,3 +48,34 @@ def test_a_refused_settlement_leaves_the_other_settlements_and_the_run_unwritten
     after = ledger.read(tenant)["cost_microusd"]
     assert (after.committed, after.reserved) == (before.committed, before.reserved) == (100, 500)
     assert client.run_hash(run_id)[1]["version"] == "1"
+
+
+def test_a_commit_queues_the_next_step_only_if_its_compare_and_set_wins(
+    redis_url: str, unique: str
+) -> None:
+    """With fair share on, the commit that keeps a run running queues its next step in the
+    same script: the step is in the tenant's pending list when the commit returns (no crash can
+    fall between the two), the slot of the step before is given back, and a stale commit (the
+    version moved on) queues nothing."""
+    client = client_for(redis_url)
+    tenant, queue = f"t-{unique}", f"nobody-{unique}"
+    run_id = client.submit(tenant, USER, "support", GOAL, {}, queue=queue)
+    # The first step is pending (no worker reads this queue); say it went, with its slot.
+    client.client.delete(keys.pending(tenant, queue, "start"), keys.pending_index(tenant))
+    client.client.zadd(keys.slots(tenant), {f"{run_id}:1": 2**40})
+    following = StepMessage(tenant, run_id, 2, queue)
+    change = Change(
+        tenant=tenant, run_id=run_id, version=1, old_status="running", status="running",
+        next_step=fair.pending_entry(following, 10.0, 12.0),
+    )  # fmt: skip
+    committed = client.store.commit(change)
+    assert (committed.kind, committed.version, committed.queued) == ("ok", 2, True)
+    pending = client.client.lrange(keys.pending(tenant, queue, "cont"), 0, -1)
+    assert [json.loads(e)["version"] for e in pending] == [2]
+    assert client.client.hget(keys.pending_index(tenant), run_id) == "2"
+    assert client.client.zscore(keys.slots(tenant), f"{run_id}:1") is None
+    assert client.client.sismember(keys.fair_active(queue), tenant)
+
+    stale = client.store.commit(change)  # the same change again: version 1 is gone
+    assert (stale.kind, stale.queued) == ("stale", False)
+    assert client.client.llen(keys.pending(tenant, queue, "cont")) == 1
