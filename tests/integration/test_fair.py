@@ -20,6 +20,7 @@ from worker import fair, keys
 from worker.api import Client
 from worker.cli import app
 from worker.settings import Settings
+from worker.sweeper import Sweeper
 
 pytestmark = pytest.mark.integration
 
@@ -258,3 +259,31 @@ def test_caps_for_a_tenant_not_seen_yet_apply_from_its_first_run(
     assert f'"tenant": "{tenant}", "waiting": 1' in queues.output
     _forget_tenant(client, tenant, queue)
     client.client.srem(keys.QUEUES, queue)
+
+
+def test_a_resent_step_lost_after_dispatch_is_sent_again_at_once(own_server: Any) -> None:
+    """The sweeper re-sent a step; a worker fetched it and was killed before loading it (the
+    broker would give the message back only after its visibility timeout, an hour). With fair
+    share the sweeper sees the step neither pending nor in a live slot, and no load since: it
+    sends it again at its next sweep. While its slot is live, it waits."""
+    tenant, queue = "t", "nobody"
+    client = client_for(own_server.url, pickup_lease_s=1)
+    run_id = client.submit(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue)
+    config = Settings(redis_url=own_server.url, pickup_lease_s=1, sweep_interval_s=0.2)
+    sweeper = Sweeper(client.client, config, fair.route(client.client, config, lambda *a: None))
+    now_ms = int(client.client.time()[0]) * 1000
+
+    def lost_after_dispatch(slot_lapses_ms: int) -> None:
+        """The step the sweeper sent went out (taken, with a slot) and was never loaded."""
+        client.client.delete(keys.pending(tenant, queue, "start"), keys.pending_index(tenant))
+        client.client.zadd(keys.slots(tenant), {f"{run_id}:1": slot_lapses_ms})
+        client.client.hset(keys.run(tenant, run_id), "resent", f"1|{now_ms - 5000}")
+        client.client.zadd(keys.leases(tenant), {run_id: 0})  # its pickup lease lapsed
+        client.client.delete(keys.SWEEP_LOCK)
+
+    lost_after_dispatch(now_ms + 3_600_000)  # the slot is live: the step may yet be picked up
+    assert sweeper.sweep() == 0
+    assert fair.tenant_view(client.client, tenant, [queue]).waiting == 0
+    lost_after_dispatch(now_ms - 1)  # the slot lapsed: the message is gone
+    assert sweeper.sweep() == 1
+    assert fair.tenant_view(client.client, tenant, [queue]).waiting == 1
