@@ -362,10 +362,22 @@ def _start_sweeper(sender: Any = None, **kwargs: Any) -> None:
         dispatcher = fair.Dispatcher(
             connect(config.redis_url, config), _broker_client(config), config, send_steps
         )
+        dispatcher.capacity = _capacity(sender)
         threading.Thread(
             target=dispatcher.loop, args=(_sweeper_stop,), name="turnstile-dispatcher",
             daemon=True,
         ).start()  # fmt: skip
+
+
+def _capacity(consumer: Any) -> tuple[str, list[str], int] | None:
+    """This worker as the dispatcher announces it: its name, the queues it reads and how many
+    turns it holds in flight (the pool's limit: processes on prefork, greenlets on gevent)."""
+    try:
+        queues = sorted(consumer.app.amqp.queues.consume_from)
+        return str(consumer.hostname), queues, int(consumer.pool.limit)
+    except (AttributeError, TypeError, ValueError) as exc:
+        log.warning("capacity_unknown", error=str(exc))
+        return None
 
 
 def _broker_client(config: Settings) -> redis.Redis | None:

@@ -5,16 +5,19 @@ every other tenant wait behind all of them. So a step message does not go straig
 broker: `route` (the one place that decides where a step goes) puts it in its tenant's pending
 list on its queue (continuations and first steps apart, in the tenant's hash slot), and one
 dispatcher at a time (a thread in each worker's main process; a lock elects it) keeps each
-queue's broker list about `dispatch_depth` long, taking steps from the tenants round robin
+queue's broker list about `dispatch_depth` long (or a DEPTH_SHARE of the turns its live
+workers announce they can hold, if more), taking steps from the tenants round robin
 (`weight` consecutive steps each, a weighted round robin) and skipping a tenant at its cap on
 turns in flight. A step takes a slot when dispatched and gives it back when its delivery is
 done (`release`), which nudges the dispatcher: a capped tenant's next step waits in Redis,
 holding no worker and re-publishing nothing, and goes as soon as one of its turns ends.
 
-Crash safety: a take (pop + slot) is one script; a dispatcher that dies between it and the
-publish loses that message, and the run's pickup lease lapses and the sweeper re-sends it, as
-for any lost message. A slot whose step was lost lapses by itself (the step's hard limit plus
-the pickup lease). With `TURNSTILE_FAIR_SHARE=0` every step is published at once, as before.
+A turn's commit queues its run's next step itself (run_commit.lua, through fair_lib.lua), so
+the step exists if and only if the commit does. Crash safety: a take (pop + slot) is one
+script; a dispatcher that dies between it and the publish loses that message, and the run's
+pickup lease lapses and the sweeper re-sends it, as for any lost message. A slot whose step
+was lost lapses by itself (the step's hard limit plus the pickup lease). With
+`TURNSTILE_FAIR_SHARE=0` every step is published at once, as before.
 """
 
 from __future__ import annotations
@@ -45,6 +48,12 @@ Publish = Callable[[StepMessage, float, float], None]
 PublishMany = Callable[[list[tuple[StepMessage, float, float]]], None]
 LUA = Path(__file__).parent / "lua"
 LOCK_MS = 3000  # a dispatcher that stops renewing is replaced this long after
+CAPACITY_EVERY_S = 2.0  # how often each worker announces the turns it can hold in flight
+CAPACITY_TTL_MS = 10_000  # an announcement not renewed this long is a worker gone
+# A queue's broker list is kept at least this share of its workers' capacity deep: a pass
+# then refills it in batches as large as the turns that end meanwhile, so a green worker's
+# hundreds of slots do not wait on passes of a few steps each.
+DEPTH_SHARE = 4
 WEIGHTS_EVERY_S = 1.0  # a weight changed by hand applies within this long
 GAUGES_EVERY_S = 1.0  # how often the dispatcher publishes each tenant's share as metrics
 PRIORITY_STEPS = (0, 3, 6, 9)  # kombu's Redis transport: one list per priority step
@@ -288,6 +297,10 @@ class Dispatcher:
         self.weights: dict[str, int] = {}
         self.gauge_tenants: set[str] = set()
         self.weights_at = 0.0
+        # This worker, as it announces itself: its name, its queues, its turns in flight.
+        self.capacity: tuple[str, list[str], int] | None = None
+        self.announced = 0.0
+        self.depths: dict[str, tuple[float, int]] = {}  # queue -> (when read, depth wanted)
         # A slot outlives its step's hard limit by the pickup lease: time to wait on the queue.
         self.slot_extra_ms = int(config.pickup_lease_s * 1000)
 
@@ -310,11 +323,43 @@ class Dispatcher:
         self.renewed = now if held else 0.0
         return bool(held)
 
+    def announce(self) -> None:
+        """Say how many turns this worker can hold in flight on each of its queues, every
+        CAPACITY_EVERY_S; an announcement lapses CAPACITY_TTL_MS after it was made."""
+        now = time.monotonic()
+        if self.capacity is None or now - self.announced < CAPACITY_EVERY_S:
+            return
+        name, queues, slots = self.capacity
+        lapses = _now_ms(self.client) + CAPACITY_TTL_MS
+        pipe = self.client.pipeline(transaction=False)
+        for queue in queues:
+            pipe.zadd(keys.fair_capacity(queue), {f"{name}|{slots}": lapses})
+        pipe.execute()
+        self.announced = now
+
+    def wanted_depth(self, queue: str) -> int:
+        """How many steps to keep on the queue's broker list: `dispatch_depth`, or a
+        DEPTH_SHARE of the turns its live workers can hold in flight if that is more (read
+        at most once a second)."""
+        now = time.monotonic()
+        read_at, depth = self.depths.get(queue, (0.0, 0))
+        if now - read_at < 1.0:
+            return depth
+        key = keys.fair_capacity(queue)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zremrangebyscore(key, "-inf", _now_ms(self.client))
+        pipe.zrange(key, 0, -1)
+        _, live = pipe.execute()
+        slots = sum(int(str(entry).rpartition("|")[2] or 0) for entry in live)
+        depth = max(self.config.dispatch_depth, slots // DEPTH_SHARE)
+        self.depths[queue] = (now, depth)
+        return depth
+
     def dispatch(self) -> int:
         """One pass over every queue; returns how many steps were sent to the broker."""
         sent = 0
         for queue in sorted(str(q) for q in self.client.smembers(keys.FAIR_QUEUES)):
-            room = self.config.dispatch_depth - self.depth(queue)
+            room = self.wanted_depth(queue) - self.depth(queue)
             if room > 0:
                 sent += self._fill(queue, room)
         return sent
@@ -469,6 +514,7 @@ class Dispatcher:
     def loop(self, stop: threading.Event) -> None:
         while not stop.is_set():
             try:
+                self.announce()
                 if not self.leader():
                     stop.wait(LOCK_MS / 3000)
                     continue

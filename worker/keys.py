@@ -145,3 +145,9 @@ FAIR_WAKE = f"{PREFIX}:fair:wake"  # list: a push or a finished step nudges the 
 def fair_active(queue: str) -> str:
     """Set: the tenants that may have steps pending on `queue`."""
     return f"{PREFIX}:fair:active:{queue}"
+
+
+def fair_capacity(queue: str) -> str:
+    """Zset: "<worker>|<turns it can hold in flight>" of each live worker reading `queue`,
+    scored by when its announcement lapses (ms)."""
+    return f"{PREFIX}:fair:capacity:{queue}"

@@ -64,7 +64,7 @@ class Settings(BaseSettings):
     # replica (that many replicas: WAIT). See worker/durability.py and the README. `none`
     # here because `aof` refuses every write on a server without AOF (a plain redis-server,
     # the demo's and the tests' embedded one); the deploy files, whose server runs AOF, set
-    # `aof`: tests/bench/bench_worker.py measured it at 0.61x the turns/s of `none` with
+    # `aof`: tests/bench/bench_worker.py measured it at 0.79x the turns/s of `none` with
     # zero-latency turns (a turn waits for its commit's fsync; small next to model time).
     durability: Durability = Durability.NONE
     durability_replicas: int = Field(default=1, ge=1)
@@ -90,8 +90,10 @@ class Settings(BaseSettings):
     # dispatcher feeds the queue round robin between tenants, honouring each tenant's cap on
     # turns in flight. Off: every step goes straight to the broker, first come first served.
     fair_share: bool = True
-    # How many steps the dispatcher keeps waiting on a queue's broker list: enough that no
-    # worker waits for the dispatcher, few enough that a newcomer's step is near the front.
+    # How many steps the dispatcher keeps waiting on a queue's broker list, at least: enough
+    # that no worker waits for the dispatcher, few enough that a newcomer's step is near the
+    # front. It grows to a quarter of the turns the queue's live workers can hold in flight
+    # (each announces its pool's limit), so hundreds of green slots fill in few passes.
     dispatch_depth: int = Field(default=8, ge=1, le=10_000)
     # The dispatcher also wakes this often without a nudge (a slot that lapsed, a lost nudge).
     dispatch_poll_s: float = Field(default=0.5, gt=0, le=60)

@@ -9,9 +9,10 @@ workers with a zero-latency model, for the ratio.
 Per configuration: turns/s (committed turns over the time from the first submission to the
 last run ending), turns in flight (sampled every 0.1 s: mean and peak), and the PSS of all
 worker processes and their pool processes (psutil `memory_full_info().pss`, peak), also per
-in-flight turn (peak PSS over peak turns in flight). Prefork at 1 s latency turns
-`concurrency` turns a second at best, so it gets `--prefork-runs` runs, not `--runs`: its
-rate is already steady.
+in-flight turn (peak PSS over peak turns in flight), and the CPU time per turn of the workers,
+the model's server and the store (on one machine they share the cores). Prefork at 1 s
+latency turns `concurrency` turns a second at best, so it gets `--prefork-runs` runs, not
+`--runs`: its rate is already steady.
 Goals (issue 12): with 2 processes, gevent's turns/s at 1 s >= 0.8x its turns/s at zero
 latency; <= 1 GB PSS for all workers together; <= 2 MB PSS per in-flight turn.
 """
@@ -55,6 +56,9 @@ class Figures:
     pss_peak_mb: float
     pss_per_in_flight_turn_mb: float
     outcomes: dict[str, int]
+    # CPU time per turn (ms) spent by the workers, by the model's server, and by the store's:
+    # on one machine they share its cores, so where the CPU goes says what caps turns/s.
+    cpu_ms_per_turn: dict[str, float]
 
 
 def _pss_mb(workers: list[WorkerProcess]) -> float:
@@ -74,6 +78,26 @@ def _pss_mb(workers: list[WorkerProcess]) -> float:
             except psutil.NoSuchProcess:
                 continue
     return total / 2**20
+
+
+def _cpu_s() -> dict[str, float]:
+    """CPU seconds (user + system) so far of this process's children, by kind."""
+    out = {"workers": 0.0, "model server": 0.0, "store": 0.0}
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            line = " ".join(proc.cmdline())
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        kind = (
+            "model server" if "tests.wire.wire_server" in line
+            else "store" if "valkey-server" in line or "redis-server" in line
+            else None if "supervise" in line
+            else "workers"
+        )  # fmt: skip
+        if kind is not None:
+            out[kind] += times.user + times.system
+    return out
 
 
 def measure(
@@ -128,13 +152,11 @@ def measure(
                 )
                 for _ in range(runs)
             ]
-            pending = set(ids)
-            while pending:
-                pending = {
-                    r for r in pending if client.run_hash(r, tenant)[1]["status"] != "stopped"
-                }
-                time.sleep(0.2)
+            stopped = keys.by_status(tenant, "stopped")  # one read a poll, not one per run
+            while int(client.client.scard(stopped)) < runs:
+                time.sleep(0.05)
             seconds = time.monotonic() - started
+            cpu = _cpu_s()
             stop.set()
             sampler.join()
             states = [client.state(r, tenant) for r in ids]
@@ -160,6 +182,7 @@ def measure(
         round(pss_peak, 1),
         round(pss_peak / peak, 2) if peak else 0.0,
         dict(outcomes),
+        {kind: round(1000 * s / max(1, turns), 2) for kind, s in cpu.items()},
     )
 
 

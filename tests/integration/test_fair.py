@@ -287,3 +287,30 @@ def test_a_resent_step_lost_after_dispatch_is_sent_again_at_once(own_server: Any
     lost_after_dispatch(now_ms - 1)  # the slot lapsed: the message is gone
     assert sweeper.sweep() == 1
     assert fair.tenant_view(client.client, tenant, [queue]).waiting == 1
+
+
+def test_each_worker_announces_the_turns_it_can_hold_and_the_depth_follows(
+    redis_url: str, unique: str
+) -> None:
+    """A worker announces its capacity on each queue it reads (its pool's limit); the
+    dispatcher keeps a queue's broker list a quarter of its live workers' capacity deep, never
+    less than TURNSTILE_DISPATCH_DEPTH."""
+    queue = f"cap-{unique}"
+    with running_workers(redis_url, [queue], 2, concurrency=3, stop_timeout_s=20):
+        wait_until(
+            lambda: len(client_for(redis_url).client.zrange(keys.fair_capacity(queue), 0, -1))
+            == 2,
+            timeout_s=20, what="both workers announce themselves",
+        )  # fmt: skip
+        client = client_for(redis_url)
+        announced = client.client.zrange(keys.fair_capacity(queue), 0, -1)
+        assert all(str(entry).endswith("|3") for entry in announced)
+        config = Settings(redis_url=redis_url, dispatch_depth=1)
+        dispatcher = fair.Dispatcher(client.client, None, config, lambda b: None)
+        assert dispatcher.wanted_depth(queue) == 6 // fair.DEPTH_SHARE
+        assert (
+            fair.Dispatcher(
+                client.client, None, Settings(redis_url=redis_url), lambda b: None
+            ).wanted_depth(queue)
+            == Settings().dispatch_depth
+        )
