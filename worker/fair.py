@@ -54,6 +54,10 @@ CAPACITY_TTL_MS = 10_000  # an announcement not renewed this long is a worker go
 # then refills it in batches as large as the turns that end meanwhile, so a green worker's
 # hundreds of slots do not wait on passes of a few steps each.
 DEPTH_SHARE = 4
+# After a pass, the dispatcher lets the nudges of this long gather before the next: at
+# hundreds of commits a second, a pass per nudge would send a step or two for a pass's five
+# round trips; this way a pass sends what ended meanwhile, and a step waits at most this more.
+LINGER_S = 0.005
 WEIGHTS_EVERY_S = 1.0  # a weight changed by hand applies within this long
 GAUGES_EVERY_S = 1.0  # how often the dispatcher publishes each tenant's share as metrics
 PRIORITY_STEPS = (0, 3, 6, 9)  # kombu's Redis transport: one list per priority step
@@ -520,6 +524,7 @@ class Dispatcher:
                     continue
                 self.dispatch()
                 self._gauges()
+                stop.wait(LINGER_S)
                 self.client.blpop([keys.FAIR_WAKE], timeout=self.config.dispatch_poll_s)
             except Exception as exc:  # the store may be down: try again shortly
                 log.warning("dispatch_pass_failed", error=str(exc))

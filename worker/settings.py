@@ -94,7 +94,7 @@ class Settings(BaseSettings):
     # that no worker waits for the dispatcher, few enough that a newcomer's step is near the
     # front. It grows to a quarter of the turns the queue's live workers can hold in flight
     # (each announces its pool's limit), so hundreds of green slots fill in few passes.
-    dispatch_depth: int = Field(default=8, ge=1, le=10_000)
+    dispatch_depth: int = Field(default=16, ge=1, le=10_000)
     # The dispatcher also wakes this often without a nudge (a slot that lapsed, a lost nudge).
     dispatch_poll_s: float = Field(default=0.5, gt=0, le=60)
 
