@@ -30,7 +30,6 @@ from jobs.kernel import READ_POOL_SIZE
 from ledger.client import Ledger
 from ledger.inputs import DEFAULT_DIMENSIONS
 from worker import deadletters, fair, metrics, pools
-from worker.durability import Durability
 from worker.logs import configure as configure_logging
 from worker.pools import Pool
 from worker.registry import Jobs
@@ -234,14 +233,13 @@ def build_services(config: Settings) -> Services:
             log.warning("enqueue_failed", error=str(exc), version=msg.version)
 
     # With fair share on, a run's next step is queued by the commit itself (worker/fair.py,
-    # run_commit.lua). Not where a commit must first be confirmed durable (the next step
-    # would be visible, and could run, before that): it is sent once the wait held. And not
-    # in the drills, which stand in the gap between a commit and its send.
+    # run_commit.lua); not in the drills, which stand in the gap between a commit and its
+    # send. With a durability wait, a worker may take the step while the commit's wait is
+    # under way (milliseconds): a crash then loses that turn with the commit it followed, and
+    # it runs again from the durable version, its writes replayed by their keys, as a turn
+    # killed mid-flight does.
     queues_in_commit = (
-        config.fair_share
-        and config.durability == Durability.NONE
-        and not config.chaos_drop_every
-        and config.chaos_send_copies == 1
+        config.fair_share and not config.chaos_drop_every and config.chaos_send_copies == 1
     )
 
     def next_step(msg: StepMessage, state: Any) -> fair.Pending | None:

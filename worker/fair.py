@@ -36,6 +36,7 @@ import redis
 import structlog
 
 from worker import keys, metrics
+from worker.durability import Durability
 from worker.errors import TurnstileError
 from worker.settings import Settings
 from worker.step import StepMessage
@@ -57,6 +58,9 @@ DEPTH_SHARE = 4
 # After a pass, the dispatcher lets the nudges of this long gather before the next: at
 # hundreds of commits a second, a pass per nudge would send a step or two for a pass's five
 # round trips; this way a pass sends what ended meanwhile, and a step waits at most this more.
+# Not with a durability wait: commits are then bound by their fsync, not by CPU, and a server
+# answers a finished fsync's WAITAOF when its loop next turns, which traffic hastens (at 2 x 1
+# zero-latency turns, aof ran at 0.53x of none's turns/s with the linger, 0.81x without).
 LINGER_S = 0.005
 WEIGHTS_EVERY_S = 1.0  # a weight changed by hand applies within this long
 GAUGES_EVERY_S = 1.0  # how often the dispatcher publishes each tenant's share as metrics
@@ -305,6 +309,7 @@ class Dispatcher:
         self.capacity: tuple[str, list[str], int] | None = None
         self.announced = 0.0
         self.depths: dict[str, tuple[float, int]] = {}  # queue -> (when read, depth wanted)
+        self.linger_s = LINGER_S if config.durability == Durability.NONE else 0.0
         # A slot outlives its step's hard limit by the pickup lease: time to wait on the queue.
         self.slot_extra_ms = int(config.pickup_lease_s * 1000)
 
@@ -524,7 +529,8 @@ class Dispatcher:
                     continue
                 self.dispatch()
                 self._gauges()
-                stop.wait(LINGER_S)
+                if self.linger_s:
+                    stop.wait(self.linger_s)
                 self.client.blpop([keys.FAIR_WAKE], timeout=self.config.dispatch_poll_s)
             except Exception as exc:  # the store may be down: try again shortly
                 log.warning("dispatch_pass_failed", error=str(exc))

@@ -64,7 +64,7 @@ class Settings(BaseSettings):
     # replica (that many replicas: WAIT). See worker/durability.py and the README. `none`
     # here because `aof` refuses every write on a server without AOF (a plain redis-server,
     # the demo's and the tests' embedded one); the deploy files, whose server runs AOF, set
-    # `aof`: tests/bench/bench_worker.py measured it at 0.79x the turns/s of `none` with
+    # `aof`: tests/bench/bench_worker.py measured it at 0.77x the turns/s of `none` with
     # zero-latency turns (a turn waits for its commit's fsync; small next to model time).
     durability: Durability = Durability.NONE
     durability_replicas: int = Field(default=1, ge=1)
