@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Annotated
 
 import typer
@@ -67,6 +68,27 @@ def use_dimensions(source: Callable[[], Sequence[str]]) -> None:
     _extra_dimensions[:] = [source]
 
 
+@dataclass(frozen=True)
+class HandedOn:
+    """Settings that `set` takes beside ceilings and hands to their owner, so that they can be set
+    the way a ceiling is: the turnstile CLI passes a tenant's caps on its share of the workers
+    (`turns_in_flight=20`), which are not spend and are not kept in the ledger. `check` takes
+    the pairs and raises on a bad one (writing nothing); `write(store URL, tenant, checked)`
+    writes them and returns the line to print."""
+
+    names: Callable[[], Collection[str]]
+    check: Callable[[list[str]], object]
+    write: Callable[[str, str, object], str]
+
+
+_handed_on: list[HandedOn] = []
+
+
+def hand_on(settings: HandedOn) -> None:
+    """Name the settings beyond ceilings that `set` accepts (see HandedOn)."""
+    _handed_on[:] = [settings]
+
+
 @contextmanager
 def _ledger(url: str | None) -> Iterator[Ledger]:
     if not url:
@@ -98,7 +120,10 @@ def set_ceilings(
     tenant: Annotated[str, typer.Argument(help="Tenant name.")],
     limits: Annotated[
         list[str],
-        typer.Argument(help="DIMENSION=CEILING pairs, e.g. cost_microusd=100000000."),
+        typer.Argument(
+            help="DIMENSION=CEILING pairs, e.g. cost_microusd=100000000; caps such as "
+            "turns_in_flight=20 too."
+        ),
     ],
     period: Annotated[
         Period, typer.Option("--period", help="When usage starts again from zero (UTC).")
@@ -109,8 +134,19 @@ def set_ceilings(
     redis_url: RedisUrl = None,
 ) -> None:
     """Set ceilings for a tenant: hard unless --soft, with one period for all given. Every
-    pair is checked before any is written: one bad pair and nothing changes."""
-    parsed = [_parse_limit(text) for text in limits]
+    pair is checked before any is written: one bad pair and nothing changes. A tenant's caps
+    on its share of the workers (turns_in_flight, active_runs, weight; NAME=none removes a
+    cap) are taken too, as `turnstile tenants set` takes them: they have no period and are
+    never soft."""
+    other = {n for h in _handed_on for n in h.names()}
+    theirs = [text for text in limits if text.partition("=")[0].strip() in other]
+    ours = [text for text in limits if text.partition("=")[0].strip() not in other]
+    if theirs and (soft or period is not Period.NONE):
+        names = ", ".join(text.partition("=")[0].strip() for text in theirs)
+        raise _fail(f"{names}: a cap on the workers has no period and is never soft; "
+                    "set it without --period and --soft", code=2)  # fmt: skip
+    parsed = [_parse_limit(text) for text in ours]
+    checked = [(h, h.check(theirs)) for h in _handed_on] if theirs else []
     with _ledger(redis_url) as ledger:
         check_tenant(tenant)
         for name, value in parsed:
@@ -120,6 +156,8 @@ def set_ceilings(
             ledger.set_ceiling(tenant, name, value, hard=not soft, period=period.value)
             kind = "soft" if soft else "hard"
             typer.echo(f"{tenant} {name}: ceiling {value} ({kind}, period {period.value})")
+    for handed, settings in checked:
+        typer.echo(handed.write(str(redis_url), tenant, settings))
 
 
 @ledger_app.command("show")

@@ -13,12 +13,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ledger.cli import ledger_app, use_dimensions
+from ledger.cli import hand_on, ledger_app, use_dimensions
 from worker.cli_common import BrokerUrl, JsonFlag, OneLineGroup, RedisUrl, client, fail
 from worker.cli_deadletters import dead_letters_app
 from worker.cli_http import register as register_http
 from worker.cli_ops import register as register_ops
-from worker.cli_tenants import tenants_app
+from worker.cli_tenants import HANDED_ON, tenants_app
 
 app = typer.Typer(
     name="turnstile",
@@ -47,6 +47,7 @@ register_http(app)
 def _root() -> None:
     """Turnstile: durable agent runs on Celery with a shared per-tenant budget ledger."""
     use_dimensions(_job_dimensions)  # `ledger set acme refund_cents=...`: jobs' own dimensions
+    hand_on(HANDED_ON)  # `ledger set acme turns_in_flight=20`: a cap, kept by worker/fair.py
 
 
 @app.command()

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Annotated
+from collections.abc import Mapping
+from typing import Annotated, cast
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ledger.cli import HandedOn
 from worker import keys
 from worker.cli_common import BrokerUrl, JsonFlag, RedisUrl, client
 
@@ -45,8 +47,38 @@ def set_(
     caps = fair.parse_caps(pairs)
     with client(redis_url, broker_url) as c:
         fair.set_caps(c.client, tenant, caps)
-    shown = " ".join(f"{k}={'none' if v is None else v}" for k, v in caps.items())
-    typer.echo(f"tenant {tenant}: {shown}")
+    typer.echo(_shown(tenant, caps))
+
+
+def _shown(tenant: str, caps: Mapping[str, int | None]) -> str:
+    return f"tenant {tenant}: " + " ".join(
+        f"{k}={'none' if v is None else v}" for k, v in caps.items()
+    )
+
+
+def _names() -> tuple[str, ...]:
+    from worker import fair
+
+    return fair.CAPS
+
+
+def _check(pairs: list[str]) -> object:
+    from worker import fair
+
+    return fair.parse_caps(pairs)
+
+
+def _write(redis_url: str, tenant: str, checked: object) -> str:
+    from worker import fair
+
+    caps = cast("dict[str, int | None]", checked)
+    with client(redis_url, None) as c:
+        fair.set_caps(c.client, tenant, caps)
+    return _shown(tenant, caps)
+
+
+# `turnstile ledger set acme turns_in_flight=20` sets a cap as `tenants set` does.
+HANDED_ON = HandedOn(names=_names, check=_check, write=_write)
 
 
 @tenants_app.command("show")

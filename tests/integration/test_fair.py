@@ -238,6 +238,43 @@ def test_bad_caps_are_one_line_and_change_nothing(
     assert client.client.hgetall(keys.caps(tenant)) == {"turns_in_flight": "7"}
 
 
+def test_ledger_set_takes_caps_beside_ceilings_all_checked_first(
+    redis_url: str, unique: str
+) -> None:
+    """`turnstile ledger set acme turns_in_flight=20` sets the cap as `tenants set` does, beside
+    ceilings in the same command; a bad cap writes neither it nor the ceiling next to it, and a
+    cap with --period or --soft (it has neither) is a usage error that writes nothing."""
+    tenant = f"led-{unique}"
+    client = client_for(redis_url)
+    url = ["--redis-url", redis_url]
+    set_ = ["ledger", "set", tenant]
+    result = runner.invoke(
+        app, [*set_, "turns_in_flight=20", "cost_microusd=1000", "weight=2", *url]
+    )
+    assert result.exit_code == 0, result.output
+    assert f"tenant {tenant}: turns_in_flight=20 weight=2" in result.output
+    assert client.client.hgetall(keys.caps(tenant)) == {"turns_in_flight": "20", "weight": "2"}
+    assert client.ledger.read(tenant)["cost_microusd"].ceiling == 1000
+
+    for args, code, message in (
+        (["turns_in_flight=-1", "cost_microusd=5"], 1, "turns_in_flight must be a whole number"),
+        (["weight=0"], 1, "weight must be a whole number >= 1"),
+        (["turns_in_flight=3", "--period", "day"], 2, "has no period and is never soft"),
+        (["active_runs=3", "--soft"], 2, "has no period and is never soft"),
+    ):
+        result = runner.invoke(app, [*set_, *args, *url])
+        assert result.exit_code == code, result.output
+        assert result.stderr.startswith("error: ") and message in result.stderr
+        assert result.stderr.count("\n") == 1 and "Traceback" not in result.output
+    assert client.client.hgetall(keys.caps(tenant)) == {"turns_in_flight": "20", "weight": "2"}
+    assert client.ledger.read(tenant)["cost_microusd"].ceiling == 1000
+
+    result = runner.invoke(app, [*set_, "turns_in_flight=none", *url])
+    assert result.exit_code == 0, result.output
+    assert client.client.hgetall(keys.caps(tenant)) == {"weight": "2"}
+    client.client.delete(keys.caps(tenant))
+
+
 def test_caps_for_a_tenant_not_seen_yet_apply_from_its_first_run(
     redis_url: str, unique: str
 ) -> None:
