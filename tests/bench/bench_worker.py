@@ -3,7 +3,7 @@ Celery task that re-enqueues itself as often, on the same broker with the same s
 the client round trips to the store per turn, beyond the broker's own.
 
     uv run python -m tests.bench.bench_worker [--runs 200] [--rounds 3] [--durability none,aof]
-        [--task-events]
+        [--task-events] [--pool prefork|gevent] [--concurrency N]
 
 Broker and store are two servers, both with AOF (appendfsync everysec) as in production; the
 round trips are counted on the client for the store's port only. Work is enqueued first and
@@ -13,6 +13,8 @@ round by round and the ratio is taken per round, so a noisy machine skews both a
 The support job's tools keep its shop in the store: their round trips are the job's work and
 are shown apart. Goals: a ratio of at least 1.0 and at most 3 round trips per turn.
 
+`--pool gevent --concurrency N` runs both workloads on the green pool, N in flight per process
+(the turn's waits on the store then overlap; the default is prefork with one pool process each).
 `--durability` lists TURNSTILE_DURABILITY settings to measure side by side in each round (the
 first is the one compared with the no-op); `replica` adds a replica following the store.
 """
@@ -44,6 +46,7 @@ from worker.embedded import EmbeddedServer
 from worker.settings import Settings
 
 TASK_EVENTS = ["0"]  # TURNSTILE_TASK_EVENTS for both workloads' workers (--task-events)
+POOL = ["prefork", "1"]  # both workloads' pool and its concurrency (--pool, --concurrency)
 ZERO_LATENCY = {
     "model_latency_s": 0,
     "tool_latency_s": {
@@ -63,7 +66,8 @@ def _workers(
         for i in range(count):
             args = [
                 sys.executable, "-m", "tests.bench.counted_worker", "-A", app, "worker",
-                "-Q", queue, "-c", "1", "-n", f"bench{i}-{uuid.uuid4().hex[:6]}@%h",
+                "-Q", queue, "-P", POOL[0], "-c", POOL[1],
+                "-n", f"bench{i}-{uuid.uuid4().hex[:6]}@%h",
                 "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING",
             ]  # fmt: skip
             procs.append(subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT))
@@ -87,6 +91,7 @@ def _env(
 ) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
     env["TURNSTILE_TASK_EVENTS"] = TASK_EVENTS[0]
+    env["TURNSTILE_POOL"], env["TURNSTILE_CONCURRENCY"] = POOL
     env.update(
         TURNSTILE_BROKER_URL=broker, TURNSTILE_LOG_FORMAT="json",
         BENCH_COUNT_DIR=str(count_dir), BENCH_COUNT_PORT=str(count_port),
@@ -170,8 +175,11 @@ def main() -> None:
     parser.add_argument(
         "--task-events", action="store_true", help="Celery's task events on, for both workloads"
     )
+    parser.add_argument("--pool", choices=["prefork", "gevent"], default="prefork")
+    parser.add_argument("--concurrency", type=int, default=1, help="per worker process")
     args = parser.parse_args()
     TASK_EVENTS[0] = "1" if args.task_events else "0"
+    POOL[:] = [args.pool, str(args.concurrency)]
     settings = [d.strip() for d in args.durability.split(",") if d.strip()]
     work = Path(tempfile.mkdtemp(prefix="turnstile-bench-"))
     ratios, rts, tool_rts = [], [], []

@@ -2,9 +2,11 @@
 
 A round trip is one `send_packed_command` on a connection to the counted port: a command, a
 pipeline or a script call each count once, as the client experiences them. Those made by the
-job's tools (on the process's tool threads) are counted apart: they are the job's work. (`INFO
+job's tools (on the process's tool threads) are counted apart: they are the job's work; so are
+those of the sweeper and the dispatcher, the main process's threads. (`INFO
 commandstats` on the server would also count the commands run inside scripts, so it is not
-the measure.) Each pool process writes its counts to a file when it shuts down.
+the measure.) Each pool process (a green worker: its main process) writes its counts to a file
+when it shuts down.
 
 Usage:
     BENCH_COUNT_PORT=<port> BENCH_COUNT_DIR=<dir> python -m tests.bench.counted_worker <args>
@@ -12,20 +14,29 @@ Usage:
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import threading
-from pathlib import Path
-from typing import Any
 
-import redis.connection
-from celery import signals
-from celery.__main__ import main as celery_main
+from worker.pools import patch_if_green
+
+# `-P gevent`: monkeypatch first, as `turnstile worker` does, before socket or threading load.
+GREEN = patch_if_green(sys.argv[1:], dict(os.environ))
+
+import json  # noqa: E402
+import threading  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import redis.connection  # noqa: E402
+from celery import signals  # noqa: E402
+from celery.__main__ import main as celery_main  # noqa: E402
 
 PORT = int(os.environ.get("BENCH_COUNT_PORT", "0"))
 OUT = Path(os.environ.get("BENCH_COUNT_DIR", "."))
-counts = {"round_trips": 0, "tool_round_trips": 0, "tasks": 0}
+counts = {"round_trips": 0, "tool_round_trips": 0, "background_round_trips": 0, "tasks": 0}
+# The main process's own threads: on prefork their calls are in no pool process's counts; a
+# green worker runs its turns in the main process, and counts them apart there.
+BACKGROUND = ("turnstile-sweeper", "turnstile-dispatcher")
 
 _send: Any = redis.connection.AbstractConnection.send_packed_command
 
@@ -35,8 +46,13 @@ def _counted(self: Any, command: Any, check_health: bool = True) -> None:
         # A job's tools may keep state in the same server (the support job's shop does): their
         # calls are the job's work, not the step's, and are counted apart. Tools run on the
         # process's tool threads.
-        tool = threading.current_thread().name.startswith("turnstile-tool")
-        counts["tool_round_trips" if tool else "round_trips"] += 1
+        name = threading.current_thread().name
+        if name.startswith("turnstile-tool"):
+            counts["tool_round_trips"] += 1
+        elif name in BACKGROUND:
+            counts["background_round_trips"] += 1
+        else:
+            counts["round_trips"] += 1
     _send(self, command, check_health)
 
 
@@ -46,7 +62,7 @@ redis.connection.AbstractConnection.send_packed_command = _counted  # type: igno
 @signals.worker_process_init.connect
 def _reset(**kwargs: Any) -> None:
     counts.update(
-        round_trips=0, tool_round_trips=0, tasks=0
+        round_trips=0, tool_round_trips=0, background_round_trips=0, tasks=0
     )  # what the parent counted before the fork is not ours
 
 
@@ -58,6 +74,12 @@ def _task_done(**kwargs: Any) -> None:
 @signals.worker_process_shutdown.connect
 def _write(**kwargs: Any) -> None:
     (OUT / f"{os.getpid()}.json").write_text(json.dumps(counts))
+
+
+@signals.worker_shutdown.connect
+def _write_green(**kwargs: Any) -> None:
+    if GREEN:  # no pool processes: the turns ran here
+        _write()
 
 
 if __name__ == "__main__":
