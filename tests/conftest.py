@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import tracemalloc
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -50,7 +51,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     a background thread of some test connected while its server was going away, say, would
     otherwise be collected by pytest after the last test and fail a run whose every test
     passed, without naming any test. Here it is collected first, and each one is reported on
-    a line of its own.
+    a line of its own; run with PYTHONTRACEMALLOC=25 to see where it was made.
     """
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)
@@ -58,3 +59,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             gc.collect()
     for warning in caught:
         print(f"\nleft unclosed at the end of the session: {warning.message}", file=sys.stderr)
+        # With PYTHONTRACEMALLOC=N, where it was made (N frames).
+        made = tracemalloc.get_object_traceback(warning.source) if warning.source else None
+        for line in made.format() if made else ():
+            print(line, file=sys.stderr)
