@@ -18,6 +18,11 @@ import pytest
 
 from worker.embedded import EmbeddedServer
 
+# Trace allocations in the test process only (PYTHONTRACEMALLOC would reach every worker process
+# the tests start, and slow their start past the tests' patience).
+if os.environ.get("TURNSTILE_TEST_TRACEMALLOC"):
+    tracemalloc.start(int(os.environ["TURNSTILE_TEST_TRACEMALLOC"]))
+
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
@@ -51,7 +56,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     a background thread of some test connected while its server was going away, say, would
     otherwise be collected by pytest after the last test and fail a run whose every test
     passed, without naming any test. Here it is collected first, and each one is reported on
-    a line of its own; run with PYTHONTRACEMALLOC=25 to see where it was made.
+    a line of its own; run with TURNSTILE_TEST_TRACEMALLOC=25 to see where it was made.
     """
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)
@@ -59,7 +64,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             gc.collect()
     for warning in caught:
         print(f"\nleft unclosed at the end of the session: {warning.message}", file=sys.stderr)
-        # With PYTHONTRACEMALLOC=N, where it was made (N frames).
+        # With TURNSTILE_TEST_TRACEMALLOC=N, where it was made (N frames).
         made = tracemalloc.get_object_traceback(warning.source) if warning.source else None
         for line in made.format() if made else ():
             print(line, file=sys.stderr)
