@@ -22,7 +22,6 @@ was lost lapses by itself (the step's hard limit plus the pickup lease). With
 
 from __future__ import annotations
 
-import hashlib
 import json
 import secrets
 import threading
@@ -40,6 +39,7 @@ from worker.durability import Durability
 from worker.errors import TurnstileError
 from worker.settings import Settings
 from worker.step import StepMessage
+from worker.store import with_scripts
 
 log = structlog.get_logger("turnstile.fair")
 
@@ -90,26 +90,18 @@ def route(
     off, else into the tenant's pending list."""
     if not config.fair_share:
         return publish
-    source = queue_source("fair_push")
-    # The script's sha, computed here: building a sender does no I/O (a server that does not
-    # have the script yet says NOSCRIPT, and it is loaded then).
-    sha = [hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()]
+    # Registering computes the script's sha here: building a sender does no I/O (a server
+    # that does not have the script yet says NOSCRIPT, and it is loaded then).
+    push = client.register_script(queue_source("fair_push"))
 
     def send(msg: StepMessage, soft_s: float, hard_s: float) -> None:
         queued = pending_entry(msg, soft_s, hard_s)
-        for attempt in (1, 2):
-            # EVALSHA in a pipeline as is: redis-py's Script in a pipeline would ask SCRIPT
-            # EXISTS first, a round trip per step; a server that lost it says NOSCRIPT.
-            pipe = client.pipeline(transaction=False)
-            pipe.evalsha(sha[0], len(queued.keys), *queued.keys, *queued.args)
+
+        def build(pipe: Any) -> None:
+            pipe.evalsha(push.sha, len(queued.keys), *queued.keys, *queued.args)
             queued.announce(pipe)
-            try:
-                pipe.execute()
-                return
-            except redis.exceptions.NoScriptError:
-                if attempt == 2:
-                    raise
-                sha[0] = str(client.script_load(source))
+
+        with_scripts(client, (push,), build)
 
     return send
 
@@ -424,28 +416,22 @@ class Dispatcher:
 
     def _take_many(self, tenants: list[str], queue: str) -> list[dict[str, Any] | None]:
         """One take per tenant named (a tenant named twice gives two steps), in one round
-        trip: EVALSHA in a pipeline, the script loaded once if the server lost it."""
-        for attempt in (1, 2):
-            pipe = self.client.pipeline(transaction=False)
+        trip (see `with_scripts`: a take that NOSCRIPT refused took nothing)."""
+
+        def build(pipe: Any) -> None:
             for tenant in tenants:
                 pipe.evalsha(self.take.sha, 6, *self._take_keys(tenant, queue), self.slot_extra_ms)
-            try:
-                replies = pipe.execute()
-            except redis.exceptions.NoScriptError:
-                if attempt == 2:
-                    raise
-                self.take.sha = str(self.client.script_load(self.take.script))
+
+        replies = with_scripts(self.client, (self.take,), build)
+        taken: dict[str, dict[str, Any] | None] = {}
+        out: list[dict[str, Any] | None] = []
+        for tenant, reply in zip(tenants, replies, strict=True):
+            if reply[0] != "ok" and tenant in taken:  # said once per tenant is enough
+                out.append(None)
                 continue
-            taken: dict[str, dict[str, Any] | None] = {}
-            out: list[dict[str, Any] | None] = []
-            for tenant, reply in zip(tenants, replies, strict=True):
-                if reply[0] != "ok" and tenant in taken:  # said once per tenant is enough
-                    out.append(None)
-                    continue
-                taken[tenant] = entry = self._taken(tenant, queue, reply)
-                out.append(entry)
-            return out
-        raise AssertionError("unreachable")  # pragma: no cover
+            taken[tenant] = entry = self._taken(tenant, queue, reply)
+            out.append(entry)
+        return out
 
     def _taken(self, tenant: str, queue: str, reply: list[Any]) -> dict[str, Any] | None:
         """The entry a take gave, or None: the tenant has nothing pending (dropped from the

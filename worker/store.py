@@ -152,6 +152,26 @@ def _s(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def with_scripts(
+    client: redis.Redis, scripts: Sequence[Any], build: Callable[[Any], None]
+) -> list[Any]:
+    """Run the pipeline `build` fills, which calls `scripts` (redis-py Scripts) by their sha:
+    EVALSHA as is, for redis-py's own script support in a pipeline asks SCRIPT EXISTS first,
+    a round trip more each time. A script the server lost (a restart, a failover) is loaded
+    and the pipeline built and run once more, so its other commands must bear running twice."""
+    for attempt in range(2):
+        pipe = client.pipeline(transaction=False)
+        build(pipe)
+        try:
+            return list(pipe.execute())
+        except redis.exceptions.NoScriptError:
+            if attempt:
+                raise
+            for script in scripts:
+                script.sha = str(client.script_load(script.script))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 class RunStore:
     def __init__(
         self, client: redis.Redis, ledger: Ledger, *, wait_for: WaitFor | None = None
@@ -172,21 +192,12 @@ class RunStore:
     # -- writing ---------------------------------------------------------------------------
 
     def _pipeline(self, build: Callable[[Any], None]) -> list[Any]:
-        """Run a pipeline that calls scripts by their sha. redis-py's own script support in
-        pipelines asks SCRIPT EXISTS first, every time: an extra round trip per step. Here a
-        script the server lost (a restart, a failover) is loaded once and the pipeline run
-        again; its other commands are reads and idempotent adds."""
-        for attempt in range(2):
-            pipe = self.client.pipeline(transaction=False)
-            build(pipe)
-            try:
-                return self._execute(pipe)
-            except redis.exceptions.NoScriptError:
-                if attempt:
-                    raise
-                for script in (self._create, self._load, self._commit):
-                    script.sha = str(self.client.script_load(script.script))
-        raise AssertionError("unreachable")  # pragma: no cover
+        """Run a pipeline that calls this store's scripts by their sha (see `with_scripts`);
+        its other commands are reads and idempotent adds."""
+        try:
+            return with_scripts(self.client, (self._create, self._load, self._commit), build)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailable(f"store unavailable: {exc}") from exc
 
     def create(
         self,
