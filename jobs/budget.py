@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 
 import msgspec
 
-from jobs.outcomes import Resource
+from turnstile.jobs.outcomes import Resource
 
 MICRO_PER_MILLION = 1_000_000
 

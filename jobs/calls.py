@@ -17,13 +17,20 @@ from typing import Any, Protocol
 
 import msgspec
 
-from jobs.budget import Usage, est_tokens
-from jobs.clock import Clock
-from jobs.job import Guard, Job, Permit, Severity, tighten
-from jobs.loops import call_signature
-from jobs.state import Call, HeldCall, RunState
-from jobs.tools import PERMANENT_CODES, Tool, ToolContext, ToolOutput, error, normalize_result
-from jobs.trace import Span, Trace, current_span
+from turnstile.jobs.budget import Usage, est_tokens
+from turnstile.jobs.clock import Clock
+from turnstile.jobs.job import Guard, Job, Permit, Severity, tighten
+from turnstile.jobs.loops import call_signature
+from turnstile.jobs.state import Call, HeldCall, RunState
+from turnstile.jobs.tools import (
+    PERMANENT_CODES,
+    Tool,
+    ToolContext,
+    ToolOutput,
+    error,
+    normalize_result,
+)
+from turnstile.jobs.trace import Span, Trace, current_span
 
 TIMEOUT_GRACE_S = 0.05  # how much longer than its timeout a thread is waited for
 

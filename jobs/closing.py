@@ -9,10 +9,10 @@ is told.
 
 from __future__ import annotations
 
-from jobs.calls import plan_step_key
-from jobs.job import Job
-from jobs.outcomes import Outcome, Resource
-from jobs.state import RunState
+from turnstile.jobs.calls import plan_step_key
+from turnstile.jobs.job import Job
+from turnstile.jobs.outcomes import Outcome, Resource
+from turnstile.jobs.state import RunState
 
 _RESOURCE_WORDS = {
     Resource.STEPS: "step",

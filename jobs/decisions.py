@@ -6,11 +6,11 @@ the time, as the kernel has no clock of its own.
 
 from __future__ import annotations
 
-from jobs.errors import DecisionError
-from jobs.job import Job
-from jobs.outcomes import Outcome, Status
-from jobs.state import Decision, RunState
-from jobs.tools import error
+from turnstile.jobs.errors import DecisionError
+from turnstile.jobs.job import Job
+from turnstile.jobs.outcomes import Outcome, Status
+from turnstile.jobs.state import Decision, RunState
+from turnstile.jobs.tools import error
 
 
 def _held(state: RunState, verb: str) -> None:

@@ -15,8 +15,8 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, overload
 
-from jobs.errors import JobDefinitionError
-from jobs.tools import Tool, ToolContext, ToolOutput
+from turnstile.jobs.errors import JobDefinitionError
+from turnstile.jobs.tools import Tool, ToolContext, ToolOutput
 
 _SCALARS: dict[Any, dict[str, Any]] = {
     str: {"type": "string"},

@@ -14,11 +14,11 @@ import msgspec
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from jobs.budget import LEDGER_FIELDS, Budget
-from jobs.errors import JobDefinitionError, ParamsError
-from jobs.model import Model
-from jobs.state import Call, RunState
-from jobs.tools import Tool
+from turnstile.jobs.budget import LEDGER_FIELDS, Budget
+from turnstile.jobs.errors import JobDefinitionError, ParamsError
+from turnstile.jobs.model import Model
+from turnstile.jobs.state import Call, RunState
+from turnstile.jobs.tools import Tool
 
 
 class Permit(StrEnum):

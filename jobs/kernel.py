@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs.budget import Usage, est_tokens, first_unfit, model_cost_microusd, turn_exposure
-from jobs.calls import (
+from turnstile.jobs.budget import Usage, est_tokens, first_unfit, model_cost_microusd, turn_exposure
+from turnstile.jobs.calls import (
     Batch,
     Gate,
     Invoker,
@@ -25,10 +25,10 @@ from jobs.calls import (
     signatures,
     vet,
 )
-from jobs.clock import Clock
-from jobs.job import Job
-from jobs.loops import NO_CALL, oscillating, repeated, stalled, turn_signature
-from jobs.model import (
+from turnstile.jobs.clock import Clock
+from turnstile.jobs.job import Job
+from turnstile.jobs.loops import NO_CALL, oscillating, repeated, stalled, turn_signature
+from turnstile.jobs.model import (
     Model,
     ModelRequest,
     ModelResponse,
@@ -38,13 +38,21 @@ from jobs.model import (
     is_provider_model,
     provider_overhead_tokens,
 )
-from jobs.outcomes import Detector, Outcome, Resource, Status
-from jobs.plans import accept_plan, open_steps, validate_plan
-from jobs.replies import Batch as BatchReply
-from jobs.replies import Final, OneCall, Plan, calls_of, jsonable, parse_reply, reply_tokens
-from jobs.state import HeldCall, RunState
-from jobs.tools import ToolContext, error
-from jobs.trace import ROOT_ID, Span, Trace
+from turnstile.jobs.outcomes import Detector, Outcome, Resource, Status
+from turnstile.jobs.plans import accept_plan, open_steps, validate_plan
+from turnstile.jobs.replies import Batch as BatchReply
+from turnstile.jobs.replies import (
+    Final,
+    OneCall,
+    Plan,
+    calls_of,
+    jsonable,
+    parse_reply,
+    reply_tokens,
+)
+from turnstile.jobs.state import HeldCall, RunState
+from turnstile.jobs.tools import ToolContext, error
+from turnstile.jobs.trace import ROOT_ID, Span, Trace
 
 READ_POOL_SIZE = 8  # concurrent reads in one turn; spec 002's reference uses the same cap
 

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import msgspec
 
-from jobs.errors import KernelError
+from turnstile.jobs.errors import KernelError
 
 # Content written by someone other than the user or the system (a retrieved page, an email
 # body, free text from a tool) is not on this list: storing it would let its author speak to

@@ -17,9 +17,9 @@ from typing import Any, Protocol
 
 import msgspec
 
-from jobs.budget import est_tokens
-from jobs.outcomes import Outcome
-from jobs.state import Call
+from turnstile.jobs.budget import est_tokens
+from turnstile.jobs.outcomes import Outcome
+from turnstile.jobs.state import Call
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from jobs.state import PlanStep
-from jobs.tools import Tool
+from turnstile.jobs.state import PlanStep
+from turnstile.jobs.tools import Tool
 
 
 def _step_problems(index: int, raw: Any) -> tuple[str, str, list[str]] | str:

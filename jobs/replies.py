@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from jobs.budget import est_tokens
-from jobs.state import Call
+from turnstile.jobs.budget import est_tokens
+from turnstile.jobs.state import Call
 
 
 class Final(msgspec.Struct, tag="final", tag_field="type"):

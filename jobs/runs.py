@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from jobs.budget import Budget
-from jobs.errors import ParamsError
-from jobs.job import Job
-from jobs.state import RunState
+from turnstile.jobs.budget import Budget
+from turnstile.jobs.errors import ParamsError
+from turnstile.jobs.job import Job
+from turnstile.jobs.state import RunState
 
 MAX_GOAL_CHARS = 4000
 MAX_ID_CHARS = 128

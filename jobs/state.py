@@ -11,9 +11,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from jobs.budget import Budget, Usage
-from jobs.errors import StateFormatError
-from jobs.outcomes import Outcome, Status
+from turnstile.jobs.budget import Budget, Usage
+from turnstile.jobs.errors import StateFormatError
+from turnstile.jobs.outcomes import Outcome, Status
 
 SCHEMA_VERSION = 1
 

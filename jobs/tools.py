@@ -16,7 +16,7 @@ import msgspec
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from jobs.errors import JobDefinitionError
+from turnstile.jobs.errors import JobDefinitionError
 
 MAX_RESULT_BYTES = 256 * 1024  # a result bigger than this is refused rather than carried in state
 RESULT_STATUSES = frozenset({"ok", "error", "needs_approval", "unknown"})

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from jobs.clock import Clock
+from turnstile.jobs.clock import Clock
 
 ROOT_ID = "task"
 

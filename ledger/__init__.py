@@ -7,8 +7,8 @@ if held.admitted:
     ledger.settle("acme", "run-7:3", {"cost_microusd": 14_000_000})
 """
 
-from ledger.client import Ledger, connect
-from ledger.errors import (
+from turnstile.ledger.client import Ledger, connect
+from turnstile.ledger.errors import (
     LedgerConflict,
     LedgerError,
     LedgerInputError,
@@ -16,8 +16,8 @@ from ledger.errors import (
     LedgerUnavailable,
     LedgerUnknownReservation,
 )
-from ledger.inputs import DEFAULT_DIMENSIONS, MAX_AMOUNT, Period
-from ledger.results import (
+from turnstile.ledger.inputs import DEFAULT_DIMENSIONS, MAX_AMOUNT, Period
+from turnstile.ledger.results import (
     CeilingResult,
     Change,
     DimensionState,

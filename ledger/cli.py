@@ -14,9 +14,9 @@ from rich.console import Console
 from rich.table import Table
 from typer._click.globals import get_current_context  # typer vendors click
 
-from ledger.client import Ledger
-from ledger.errors import LedgerError
-from ledger.inputs import (
+from turnstile.ledger.client import Ledger
+from turnstile.ledger.errors import LedgerError
+from turnstile.ledger.inputs import (
     DEFAULT_DIMENSIONS,
     Period,
     check_amount,

@@ -20,9 +20,9 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
-from ledger import replies
-from ledger.errors import LedgerError, LedgerInputError, LedgerUnavailable
-from ledger.inputs import (
+from turnstile.ledger import replies
+from turnstile.ledger.errors import LedgerError, LedgerInputError, LedgerUnavailable
+from turnstile.ledger.inputs import (
     DEFAULT_DIMENSIONS,
     MAX_AMOUNT,
     check_amount,
@@ -35,8 +35,8 @@ from ledger.inputs import (
     flat_pairs,
     seconds_to_ms,
 )
-from ledger.keys import PENDING_TENANTS, journal_key, tenant_keys
-from ledger.results import (
+from turnstile.ledger.keys import PENDING_TENANTS, journal_key, tenant_keys
+from turnstile.ledger.results import (
     CeilingResult,
     DimensionState,
     JournalEntry,
@@ -44,7 +44,7 @@ from ledger.results import (
     ReserveResult,
     SettleResult,
 )
-from ledger.scripts import OPERATIONS, compose
+from turnstile.ledger.scripts import OPERATIONS, compose
 
 log = structlog.get_logger(__name__)
 

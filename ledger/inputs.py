@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
 
-from ledger.errors import LedgerInputError
+from turnstile.ledger.errors import LedgerInputError
 
 MAX_AMOUNT = 2**53
 """Largest amount, ceiling or total: Lua numbers are doubles, exact up to 2^53."""

@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ledger.errors import (
+from turnstile.ledger.errors import (
     LedgerConflict,
     LedgerInputError,
     LedgerProtocolError,
     LedgerUnknownReservation,
 )
-from ledger.inputs import Period, in_dimension_order
-from ledger.results import (
+from turnstile.ledger.inputs import Period, in_dimension_order
+from turnstile.ledger.results import (
     CeilingResult,
     Change,
     DimensionState,

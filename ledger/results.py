@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-from ledger.inputs import Period
+from turnstile.ledger.inputs import Period
 
 ReserveStatus = Literal["admitted", "rejected", "unavailable", "conflict"]
 

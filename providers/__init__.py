@@ -12,10 +12,10 @@ from typing import Any
 
 import msgspec
 
-from jobs.budget import Budget
-from jobs.model import Model, is_provider_model
-from providers.errors import ProviderConfigError
-from providers.prices import price_of, priced_budget
+from turnstile.jobs.budget import Budget
+from turnstile.jobs.model import Model, is_provider_model
+from turnstile.providers.errors import ProviderConfigError
+from turnstile.providers.prices import price_of, priced_budget
 
 PROVIDERS = ("openai", "anthropic")
 
@@ -36,10 +36,10 @@ def make(spec: str) -> Model:
     """The adapter for a model string."""
     provider, model = parse(spec)
     if provider == "openai":
-        from providers.openai_chat import OpenAIChat  # noqa: PLC0415 - only the SDK asked for
+        from turnstile.providers.openai_chat import OpenAIChat  # noqa: PLC0415 - only the SDK asked for
 
         return OpenAIChat(model, price_of(spec))
-    from providers.anthropic_messages import AnthropicMessages  # noqa: PLC0415
+    from turnstile.providers.anthropic_messages import AnthropicMessages  # noqa: PLC0415
 
     return AnthropicMessages(model, price_of(spec))
 

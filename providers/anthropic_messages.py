@@ -15,11 +15,11 @@ from typing import Any
 
 import anthropic
 
-from jobs.model import ModelRequest, ModelResponse, ModelStop
-from jobs.outcomes import Outcome
-from providers import contract
-from providers.prices import Price, Tokens, cost_microusd
-from providers.retry import Failure, retry_after_s, with_retries
+from turnstile.jobs.model import ModelRequest, ModelResponse, ModelStop
+from turnstile.jobs.outcomes import Outcome
+from turnstile.providers import contract
+from turnstile.providers.prices import Price, Tokens, cost_microusd
+from turnstile.providers.retry import Failure, retry_after_s, with_retries
 
 PROVIDER = "anthropic"
 _CONTEXT_WORDS = ("prompt is too long", "context window", "context length")

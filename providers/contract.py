@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.model import ModelRequest, ToolSpec
-from jobs.replies import MALFORMED
+from turnstile.jobs.model import ModelRequest, ToolSpec
+from turnstile.jobs.replies import MALFORMED
 
 PLAN = "propose_plan"
 FINAL = "final_answer"

@@ -6,7 +6,7 @@ provider's answer at run time is never one of these, it becomes an observation o
 
 from __future__ import annotations
 
-from jobs.errors import ParamsError
+from turnstile.jobs.errors import ParamsError
 
 
 class ProviderConfigError(ParamsError):

@@ -16,11 +16,11 @@ from typing import Any
 
 import openai
 
-from jobs.model import ModelRequest, ModelResponse, ModelStop
-from jobs.outcomes import Outcome
-from providers import contract
-from providers.prices import Price, Tokens, cost_microusd
-from providers.retry import Failure, retry_after_s, with_retries
+from turnstile.jobs.model import ModelRequest, ModelResponse, ModelStop
+from turnstile.jobs.outcomes import Outcome
+from turnstile.providers import contract
+from turnstile.providers.prices import Price, Tokens, cost_microusd
+from turnstile.providers.retry import Failure, retry_after_s, with_retries
 
 PROVIDER = "openai"
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import msgspec
 
-from jobs.budget import MICRO_PER_MILLION, Budget, ceil_div
-from providers.errors import ProviderConfigError
+from turnstile.jobs.budget import MICRO_PER_MILLION, Budget, ceil_div
+from turnstile.providers.errors import ProviderConfigError
 
 PRICES_FILE_ENV = "TURNSTILE_PRICES_FILE"
 

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-from jobs.model import ModelStop, ModelTimeout
-from jobs.outcomes import Outcome, Resource
+from turnstile.jobs.model import ModelStop, ModelTimeout
+from turnstile.jobs.outcomes import Outcome, Resource
 
 T = TypeVar("T")
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from worker.embedded import EmbeddedServer
+from turnstile.worker.dev.embedded import EmbeddedServer
 
 # Trace allocations in the test process only (PYTHONTRACEMALLOC would reach every worker process
 # the tests start, and slow their start past the tests' patience).

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobs.declare import tool
-from jobs.job import Job
-from jobs.model import Scripted
-from jobs.tools import Tool, ToolContext, ToolOutput
+from turnstile.jobs.declare import tool
+from turnstile.jobs.job import Job
+from turnstile.jobs.model import Scripted
+from turnstile.jobs.tools import Tool, ToolContext, ToolOutput
 
 
 def _final(view: Any, i: int) -> dict[str, Any]:

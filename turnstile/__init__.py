@@ -13,18 +13,32 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from jobs.budget import Budget
-from jobs.declare import arguments_schema, tool
-from jobs.errors import JobDefinitionError, KernelError, ParamsError, UnknownJobError
-from jobs.job import GRANT_RULE, Example, Guard, Job, Permit, Severity, Verdict, render_view
-from jobs.model import Model, ModelRequest, ModelResponse, Scripted
-from jobs.state import Call, RunState
-from jobs.tools import Tool, ToolContext, ToolOutput
+from turnstile.jobs.budget import Budget
+from turnstile.jobs.declare import arguments_schema, tool
+from turnstile.jobs.errors import JobDefinitionError, KernelError, ParamsError, UnknownJobError
+from turnstile.jobs.job import (
+    GRANT_RULE,
+    Example,
+    Guard,
+    Job,
+    Permit,
+    Severity,
+    Verdict,
+    render_view,
+)
+from turnstile.jobs.model import Model, ModelRequest, ModelResponse, Scripted
+from turnstile.jobs.state import Call, RunState
+from turnstile.jobs.tools import Tool, ToolContext, ToolOutput
 
 if TYPE_CHECKING:
-    from worker.api import Client, DecisionRefusedError, SubmissionError, connect_client
-    from worker.registry import Registry
-    from worker.settings import Settings
+    from turnstile.worker.client._client import (
+        Client,
+        DecisionRefusedError,
+        SubmissionError,
+        connect_client,
+    )
+    from turnstile.worker.registry import Registry
+    from turnstile.worker.settings import Settings
 
 __all__ = [
     "GRANT_RULE",
@@ -60,12 +74,12 @@ __all__ = [
 ]
 
 _LAZY = {
-    "Client": "worker.api",
-    "DecisionRefusedError": "worker.api",
-    "SubmissionError": "worker.api",
-    "connect_client": "worker.api",
-    "Registry": "worker.registry",
-    "Settings": "worker.settings",
+    "Client": "turnstile.worker.client._client",
+    "DecisionRefusedError": "turnstile.worker.client._client",
+    "SubmissionError": "turnstile.worker.client._client",
+    "connect_client": "turnstile.worker.client._client",
+    "Registry": "turnstile.worker.registry",
+    "Settings": "turnstile.worker.settings",
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from worker.pools import patch_if_green
+from turnstile.worker.runtime.pools import patch_if_green
 
 __all__ = ["main"]
 
@@ -13,6 +13,6 @@ __all__ = ["main"]
 def main() -> None:
     # A green worker monkeypatches before anything imports socket, ssl or threading.
     patch_if_green(sys.argv[1:], dict(os.environ))
-    from worker.cli import main as cli_main  # noqa: PLC0415 - after the patch
+    from turnstile.worker.cli.main import main as cli_main  # noqa: PLC0415 - after the patch
 
     cli_main()

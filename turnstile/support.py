@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import redis
 
-from jobs.job import Job
-from jobs.support.job import support_job
-from jobs.support.shop import InMemoryShop
-from worker.shop import RedisShop
+from turnstile.jobs.job import Job
+from turnstile.jobs.support.job import support_job
+from turnstile.jobs.support.shop import InMemoryShop
+from turnstile.worker.dev.shop import RedisShop
 
 
 def support(client: redis.Redis | None = None, *, drills: bool = False) -> Job:

@@ -26,8 +26,8 @@ import msgspec
 import redis
 import structlog
 
-from jobs.errors import UnknownJobError
-from jobs.job import Job
+from turnstile.jobs.errors import UnknownJobError
+from turnstile.jobs.job import Job
 
 log = structlog.get_logger("turnstile.registry")
 

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from worker.durability import Durability, WaitFor
+from turnstile.worker.store.durability import Durability, WaitFor
 
 
 class Settings(BaseSettings):

@@ -6,13 +6,18 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from jobs.errors import ParamsError
-from jobs.job import GRANT_RULE, Guard, Job, Permit, Severity, Verdict
-from jobs.state import Call, RunState
-from jobs.support.models import MODELS, check_model_params, make_model
-from jobs.support.shop import ShopBackend
-from jobs.support.tools import DEFAULT_LATENCY_S, DRILL_PARAMS, REFUND_DIMENSION, support_tools
-from jobs.tools import Tool
+from turnstile.jobs.errors import ParamsError
+from turnstile.jobs.job import GRANT_RULE, Guard, Job, Permit, Severity, Verdict
+from turnstile.jobs.state import Call, RunState
+from turnstile.jobs.support.models import MODELS, check_model_params, make_model
+from turnstile.jobs.support.shop import ShopBackend
+from turnstile.jobs.support.tools import (
+    DEFAULT_LATENCY_S,
+    DRILL_PARAMS,
+    REFUND_DIMENSION,
+    support_tools,
+)
+from turnstile.jobs.tools import Tool
 
 NAME = "support"
 _OVERRIDE_WORDS = ("ignore", "override", "bypass")

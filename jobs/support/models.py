@@ -9,8 +9,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from jobs.errors import ParamsError
-from jobs.model import Model, ModelRequest, ModelResponse, Scripted, is_provider_model
+from turnstile.jobs.errors import ParamsError
+from turnstile.jobs.model import Model, ModelRequest, ModelResponse, Scripted, is_provider_model
 
 DEFAULT_MODEL_LATENCY_S = 1.5
 
@@ -95,7 +95,7 @@ MODELS = ("policy", *PROVOCATIONS)
 def check_model_params(params: Mapping[str, Any]) -> None:
     kind = params.get("model", "policy")
     if is_provider_model(kind):
-        from providers import parse  # noqa: PLC0415 - the kernel never loads providers itself
+        from turnstile.providers import parse  # noqa: PLC0415 - the kernel never loads providers itself
 
         parse(str(kind))
     elif kind not in MODELS:
@@ -121,7 +121,7 @@ def make_model(params: Mapping[str, Any], *, drills: bool = False) -> Model:
     check_model_params(params)
     kind = params.get("model", "policy")
     if is_provider_model(kind):
-        from providers import make  # noqa: PLC0415 - network adapters load only when asked for
+        from turnstile.providers import make  # noqa: PLC0415 - network adapters load only when asked for
 
         return make(str(kind))
     latency = float(params.get("model_latency_s", DEFAULT_MODEL_LATENCY_S))

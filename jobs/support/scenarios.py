@@ -9,17 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs.budget import Budget
-from jobs.clock import SimClock
-from jobs.kernel import Runtime, run
-from jobs.model import Model
-from jobs.runs import new_run
-from jobs.state import RunState
-from jobs.support.job import support_job
-from jobs.support.shop import InMemoryShop
-from jobs.support.tools import shop_of
-from jobs.tools import ToolContext
-from jobs.trace import Trace
+from turnstile.jobs.budget import Budget
+from turnstile.jobs.clock import SimClock
+from turnstile.jobs.kernel import Runtime, run
+from turnstile.jobs.model import Model
+from turnstile.jobs.runs import new_run
+from turnstile.jobs.state import RunState
+from turnstile.jobs.support.job import support_job
+from turnstile.jobs.support.shop import InMemoryShop
+from turnstile.jobs.support.tools import shop_of
+from turnstile.jobs.tools import ToolContext
+from turnstile.jobs.trace import Trace
 
 TENANT = "demo"
 USER = "cu_ana"

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.support.shop import ShopBackend, order_view, refund, status_email
-from jobs.tools import Tool, ToolContext, ToolOutput
+from turnstile.jobs.support.shop import ShopBackend, order_view, refund, status_email
+from turnstile.jobs.tools import Tool, ToolContext, ToolOutput
 
 DEFAULT_LATENCY_S = {
     "get_order": 0.4,

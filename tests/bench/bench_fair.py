@@ -24,13 +24,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from jobs.support.scenarios import GOAL, USER
 from tests.bench.bench_worker import ZERO_LATENCY, _env, _stop, _workers
-from worker import keys
-from worker.api import Client
-from worker.app import connect, sender
-from worker.embedded import EmbeddedServer
-from worker.settings import Settings
+from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.client._client import Client
+from turnstile.worker.dev.embedded import EmbeddedServer
+from turnstile.worker.runtime.app import connect, sender
+from turnstile.worker.settings import Settings
+from turnstile.worker.store import keys
 
 SETTINGS = {"on": True, "off": False}
 
@@ -70,8 +70,8 @@ def cost_round(
     client = _client(store, broker, fair)
     for i in range(runs):
         client.submit(names[i % tenants], USER, "support", GOAL, ZERO_LATENCY, queue=queue)
-    procs = _workers("worker.app:app", queue, _env_for(broker, store, counts, fair), 2,
-                     work / f"{queue}.log")  # fmt: skip
+    procs = _workers("turnstile.worker.runtime.app:app", queue,
+                     _env_for(broker, store, counts, fair), 2, work / f"{queue}.log")  # fmt: skip
     try:
         started = time.perf_counter()
         while sum(int(client.client.scard(keys.by_status(t, "stopped"))) for t in names) < runs:
@@ -101,7 +101,7 @@ def starvation_round(
     queue, tag = f"s-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex[:6]
     a, b = f"a-{tag}", f"b-{tag}"
     client = _client(store, broker, fair)
-    procs = _workers("worker.app:app", queue,
+    procs = _workers("turnstile.worker.runtime.app:app", queue,
                      _env_for(broker, store, Path(tempfile.mkdtemp(dir=work)), fair), 2,
                      work / f"{queue}.log")  # fmt: skip
     try:

@@ -22,10 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from jobs.support.scenarios import GOAL, USER
 from tests.integration.apiserver import make_key, running_api
 from tests.integration.workers import client_for
-from worker.embedded import EmbeddedServer
+from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.dev.embedded import EmbeddedServer
 
 
 def _client_rate(redis_url: str, tenant: str, queue: str, runs: int) -> float:

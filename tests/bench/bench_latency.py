@@ -31,11 +31,11 @@ from typing import Any
 
 import psutil
 
-from jobs.support.scenarios import GOAL, USER
 from tests.integration.workers import WorkerProcess, client_for
 from tests.wire.wire import MODELS, wire_server
-from worker import keys
-from worker.embedded import EmbeddedServer
+from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.dev.embedded import EmbeddedServer
+from turnstile.worker.store import keys
 
 BUDGET = {"max_tokens": 40_000, "max_tool_calls": 8}
 PREFORK_DEFAULT_CONCURRENCY = 2  # `turnstile worker`'s default

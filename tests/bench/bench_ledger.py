@@ -27,11 +27,11 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ledger import Ledger
-from ledger.client import connect
-from ledger.inputs import flat_pairs, in_dimension_order
-from ledger.keys import tenant_keys
-from worker.embedded import EmbeddedServer
+from turnstile.ledger import Ledger
+from turnstile.ledger.client import connect
+from turnstile.ledger.inputs import flat_pairs, in_dimension_order
+from turnstile.ledger.keys import tenant_keys
+from turnstile.worker.dev.embedded import EmbeddedServer
 
 PROCESSES = 4
 AMOUNTS = {"steps": 1, "tool_calls": 3, "tokens": 64_000, "cost_microusd": 280_000}

@@ -24,12 +24,13 @@ from typing import Any
 
 import redis
 
-from jobs.support.scenarios import GOAL, USER
-from ledger.keys import tenant_keys
 from tests.integration.workers import client_for, running_workers, settled
-from worker import keys, retention
-from worker.embedded import EmbeddedServer
-from worker.settings import Settings
+from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.ledger.keys import tenant_keys
+from turnstile.worker.dev.embedded import EmbeddedServer
+from turnstile.worker.scheduling import retention
+from turnstile.worker.settings import Settings
+from turnstile.worker.store import keys
 
 ZERO_LATENCY: dict[str, Any] = {
     "model_latency_s": 0,

@@ -35,15 +35,15 @@ from pathlib import Path
 
 import redis
 
-from jobs.support.scenarios import GOAL, USER
 from tests.bench.noop_app import HARD_LIMIT_S, SOFT_LIMIT_S
 from tests.bench.noop_app import app as noop_app
-from worker import keys
-from worker.api import Client
-from worker.app import connect, sender
-from worker.durability import Durability
-from worker.embedded import EmbeddedServer
-from worker.settings import Settings
+from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.client._client import Client
+from turnstile.worker.dev.embedded import EmbeddedServer
+from turnstile.worker.runtime.app import connect, sender
+from turnstile.worker.settings import Settings
+from turnstile.worker.store import keys
+from turnstile.worker.store.durability import Durability
 
 TASK_EVENTS = ["0"]  # TURNSTILE_TASK_EVENTS for both workloads' workers (--task-events)
 POOL = ["prefork", "1"]  # both workloads' pool and its concurrency (--pool, --concurrency)
@@ -115,7 +115,7 @@ def support_round(
     for _ in range(runs):
         client.submit(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue)
     env = _env(broker.url, store.url, counts, store.port, durability)
-    procs = _workers("worker.app:app", queue, env, 2, work / f"{queue}.log")
+    procs = _workers("turnstile.worker.runtime.app:app", queue, env, 2, work / f"{queue}.log")
     try:
         started = time.perf_counter()
         stopped = keys.by_status(tenant, "stopped")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 
-from worker.pools import patch_if_green
+from turnstile.worker.runtime.pools import patch_if_green
 
 # `-P gevent`: monkeypatch first, as `turnstile worker` does, before socket or threading load.
 GREEN = patch_if_green(sys.argv[1:], dict(os.environ))

@@ -11,8 +11,8 @@ import functools
 import redis
 from celery import Task, signals
 
-from worker.app import make_app
-from worker.settings import settings
+from turnstile.worker.runtime.app import make_app
+from turnstile.worker.settings import settings
 
 app = make_app(settings())
 SOFT_LIMIT_S, HARD_LIMIT_S = 38, 40  # what a step of a 30 s run is sent with

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from worker.http.apikeys import Role, create
+from turnstile.worker.http.apikeys import Role, create
 
 READY_TIMEOUT_S = 30.0
 
@@ -46,7 +46,7 @@ class ApiServer:
     def start(self) -> ApiServer:
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-c", "from worker.cli import main; main()", "api"],
+                [sys.executable, "-c", "from turnstile.worker.cli.main import main; main()", "api"],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         deadline = time.monotonic() + READY_TIMEOUT_S

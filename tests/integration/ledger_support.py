@@ -8,9 +8,9 @@ admission, settlement, expiry order) is the production library, unchanged.
 
 from __future__ import annotations
 
-from ledger import Ledger
-from ledger.keys import tenant_key, tenant_keys
-from ledger.scripts import library_source, operation_source
+from turnstile.ledger import Ledger
+from turnstile.ledger.keys import tenant_key, tenant_keys
+from turnstile.ledger.scripts import library_source, operation_source
 
 _CLOCK_SHADOW = """
 local ledger_now = function()

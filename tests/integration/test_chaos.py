@@ -19,14 +19,15 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from jobs.support.scenarios import BY_LETTER, GOAL, USER
 from tests.integration.workers import WorkerProcess, client_for, wait_until
-from worker import control, deadletters
-from worker.api import Client, DecisionRefusedError
-from worker.app import STEP_TASK, producer
-from worker.control import Scope
-from worker.embedded import EmbeddedServer
-from worker.shop import RedisShop
+from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
+from turnstile.worker.broker import deadletters
+from turnstile.worker.client._client import Client, DecisionRefusedError
+from turnstile.worker.dev.embedded import EmbeddedServer
+from turnstile.worker.dev.shop import RedisShop
+from turnstile.worker.ops import control
+from turnstile.worker.ops.control import Scope
+from turnstile.worker.runtime.app import STEP_TASK, producer
 
 pytestmark = pytest.mark.integration
 

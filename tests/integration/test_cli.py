@@ -16,12 +16,12 @@ import msgspec
 import pytest
 from typer.testing import CliRunner, Result
 
-from jobs.support.scenarios import BY_LETTER, GOAL, USER
 from tests.integration.workers import WorkerProcess, client_for, running_workers, wait_until
-from worker import keys
-from worker.api import Client
-from worker.cli import app
-from worker.shop import RedisShop
+from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
+from turnstile.worker.cli.main import app
+from turnstile.worker.client._client import Client
+from turnstile.worker.dev.shop import RedisShop
+from turnstile.worker.store import keys
 
 pytestmark = pytest.mark.integration
 
@@ -174,8 +174,8 @@ def test_watch_prints_turns_as_they_happen_in_stored_order(
     env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
     seen: list[tuple[dict[str, Any], str, bool]] = []
     with subprocess.Popen(
-        [sys.executable, "-c", "from worker.cli import main; main()", "watch", run_id,
-         "--json", "--redis-url", redis_url],
+        [sys.executable, "-c", "from turnstile.worker.cli.main import main; main()", "watch",
+         run_id, "--json", "--redis-url", redis_url],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     ) as watcher:  # fmt: skip
         assert watcher.stdout is not None and watcher.stderr is not None

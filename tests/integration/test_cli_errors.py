@@ -15,12 +15,12 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from jobs.support.scenarios import BY_LETTER, GOAL, USER
-from ledger import Ledger
 from tests.integration.workers import client_for, running_workers, wait_until
-from worker import keys
-from worker.cli import app
-from worker.embedded import EmbeddedServer, free_port
+from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
+from turnstile.ledger import Ledger
+from turnstile.worker.cli.main import app
+from turnstile.worker.dev.embedded import EmbeddedServer, free_port
+from turnstile.worker.store import keys
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +34,7 @@ def turnstile(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """The command as a user runs it: its own process, its own environment."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
     return subprocess.run(
-        [sys.executable, "-c", "from worker.cli import main; main()", *args],
+        [sys.executable, "-c", "from turnstile.worker.cli.main import main; main()", *args],
         env={**base, **env}, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False,
     )  # fmt: skip
 

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from jobs.support.scenarios import BY_LETTER, GOAL, USER
 from tests.integration.workers import (
     WorkerProcess,
     client_for,
@@ -23,11 +22,13 @@ from tests.integration.workers import (
     stored_row,
     wait_until,
 )
-from worker import control, keys
-from worker.api import Client, SubmissionError
-from worker.cli import app
-from worker.control import Scope
-from worker.shop import RedisShop
+from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
+from turnstile.worker.cli.main import app
+from turnstile.worker.client._client import Client, SubmissionError
+from turnstile.worker.dev.shop import RedisShop
+from turnstile.worker.ops import control
+from turnstile.worker.ops.control import Scope
+from turnstile.worker.store import keys
 
 pytestmark = pytest.mark.integration
 

@@ -14,13 +14,13 @@ import redis
 from kombu import Connection
 from typer.testing import CliRunner
 
-from jobs.support.scenarios import GOAL, USER
 from tests.integration.test_metrics import free_port, scrape, value
 from tests.integration.workers import client_for, running_workers, settled, wait_until
-from worker import keys
-from worker.app import STEP_TASK
-from worker.cli import app
-from worker.deadletters import Channel, Transport
+from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.broker.deadletters import Channel, Transport
+from turnstile.worker.cli.main import app
+from turnstile.worker.runtime.app import STEP_TASK
+from turnstile.worker.store import keys
 
 pytestmark = pytest.mark.integration
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from jobs.support.scenarios import GOAL, USER
 from tests.integration.workers import client_for, running_workers, settled, wait_until
-from worker import keys
-from worker.api import SubmissionError
-from worker.cli import app
+from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.cli.main import app
+from turnstile.worker.client._client import SubmissionError
+from turnstile.worker.store import keys
 
 pytestmark = pytest.mark.integration
 

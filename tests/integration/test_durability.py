@@ -11,11 +11,11 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from jobs.support.scenarios import BY_LETTER, GOAL, USER
 from tests.integration.workers import client_for, running_workers, wait_until
-from worker.cli import app
-from worker.embedded import EmbeddedServer
-from worker.store import NotDurableError
+from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
+from turnstile.worker.cli.main import app
+from turnstile.worker.dev.embedded import EmbeddedServer
+from turnstile.worker.store.runs import NotDurableError
 
 pytestmark = pytest.mark.integration
 

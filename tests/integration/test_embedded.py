@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis
 
-from worker.embedded import EmbeddedServer
+from turnstile.worker.dev.embedded import EmbeddedServer
 
 
 def test_embedded_server_keeps_data_across_restart_with_aof() -> None:

@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from jobs.support.scenarios import GOAL, USER
 from tests.integration.workers import client_for, running_workers, settled, wait_until
-from worker import fair, keys
-from worker.api import Client
-from worker.cli import app
-from worker.settings import Settings
-from worker.sweeper import Sweeper
+from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.cli.main import app
+from turnstile.worker.client._client import Client
+from turnstile.worker.scheduling import fair
+from turnstile.worker.scheduling.sweeper import Sweeper
+from turnstile.worker.settings import Settings
+from turnstile.worker.store import keys
 
 pytestmark = pytest.mark.integration
 

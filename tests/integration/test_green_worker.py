@@ -10,7 +10,6 @@ import time
 
 import pytest
 
-from jobs.support.scenarios import BY_LETTER, GOAL, USER
 from tests.integration.test_chaos import _ledger_problems, _run_problems
 from tests.integration.workers import (
     WorkerProcess,
@@ -19,9 +18,10 @@ from tests.integration.workers import (
     running_workers,
     wait_until,
 )
-from worker import keys
-from worker.api import Client
-from worker.embedded import EmbeddedServer
+from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
+from turnstile.worker.client._client import Client
+from turnstile.worker.dev.embedded import EmbeddedServer
+from turnstile.worker.store import keys
 
 pytestmark = pytest.mark.integration
 
@@ -64,7 +64,7 @@ def test_a_blocked_hub_kills_its_process() -> None:
     code = (
         "from gevent import monkey; monkey.patch_all()\n"
         "import sys\n"
-        "from worker.pools import Watchdog\n"
+        "from turnstile.worker.runtime.pools import Watchdog\n"
         "Watchdog(0.5, on_kill=lambda s: print('hub_blocked', flush=True)).start()\n"
         "import gevent; gevent.sleep(0.2)\n"
         "monkey.get_original('time', 'sleep')(30)\n"

@@ -15,14 +15,14 @@ import httpx
 import msgspec
 import pytest
 
-from jobs.support.scenarios import BY_LETTER, GOAL, USER
 from tests.integration.apiserver import ApiServer, http, make_key, running_api, sse_events
 from tests.integration.workers import WorkerProcess, client_for, running_workers, wait_until
-from worker import keys
-from worker.api import Client
-from worker.http import keys as http_keys
-from worker.http.apikeys import Role
-from worker.shop import RedisShop
+from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
+from turnstile.worker.client._client import Client
+from turnstile.worker.dev.shop import RedisShop
+from turnstile.worker.http import keys as http_keys
+from turnstile.worker.http.apikeys import Role
+from turnstile.worker.store import keys
 
 pytestmark = pytest.mark.integration
 

@@ -11,12 +11,12 @@ import msgspec
 import pytest
 import redis
 
-from jobs.support.scenarios import GOAL, USER
 from tests.integration.apiserver import http, make_key, running_api
 from tests.integration.receivers import FAST, Receiver, receiving
 from tests.integration.workers import WorkerProcess, client_for, running_workers, wait_until
-from worker.http import keys as http_keys
-from worker.http.dispatch import Delivery
+from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.http import keys as http_keys
+from turnstile.worker.http.webhook_delivery import Delivery
 
 pytestmark = pytest.mark.integration
 

@@ -13,12 +13,12 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from jobs.support.scenarios import GOAL, USER
 from tests.integration.apiserver import ApiServer, http, make_key, running_api
 from tests.integration.workers import wait_until
-from worker import keys
-from worker.cli import app
-from worker.embedded import EmbeddedServer
+from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.cli.main import app
+from turnstile.worker.dev.embedded import EmbeddedServer
+from turnstile.worker.store import keys
 
 pytestmark = pytest.mark.integration
 

@@ -17,8 +17,8 @@ from schemathesis.core.result import Ok
 from schemathesis.specs.openapi.checks import content_type_conformance, status_code_conformance
 
 from tests.integration.apiserver import ApiServer, make_key, running_api
-from worker.embedded import EmbeddedServer
-from worker.http.apikeys import Role
+from turnstile.worker.dev.embedded import EmbeddedServer
+from turnstile.worker.http.apikeys import Role
 
 pytestmark = pytest.mark.integration
 

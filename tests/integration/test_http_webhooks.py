@@ -11,13 +11,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from jobs.support.scenarios import BY_LETTER, GOAL, USER
 from tests.integration.apiserver import ApiServer, http, make_key, running_api
 from tests.integration.receivers import FAST, Receiver, receiving
 from tests.integration.workers import WorkerProcess, client_for, running_workers, wait_until
-from worker.api import Client
-from worker.http import keys as http_keys
-from worker.http.webhooks import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
+from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
+from turnstile.worker.client._client import Client
+from turnstile.worker.http import keys as http_keys
+from turnstile.worker.http.routes_webhooks import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
 
 pytestmark = pytest.mark.integration
 

@@ -30,3 +30,4 @@ def test_importing_the_client_keeps_the_services_celery_app_and_signals(
     assert probe["current_app_kept_after_submit"] is True
     assert probe["signals_untouched"] is True
     assert probe["status"] == "running" and probe["run_id"].startswith("run_")
+    assert probe["service_worker_module"] is None  # the editable install adds no `worker`

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.support.scenarios import GOAL, USER
 from tests.integration.workers import client_for, running_workers, settled, wait_until
-from worker.replay import replay_run
-from worker.shop import RedisShop
+from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.dev.shop import RedisShop
+from turnstile.worker.ops.replay import replay_run
 
 pytestmark = pytest.mark.integration
 

@@ -7,9 +7,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from ledger import Ledger
-from ledger.cli import ledger_app
-from worker.cli import app
+from turnstile.ledger import Ledger
+from turnstile.ledger.cli import ledger_app
+from turnstile.worker.cli.main import app
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from ledger import Ledger
+from turnstile.ledger import Ledger
 
 pytestmark = pytest.mark.integration
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger import Ledger
-from ledger.keys import tenant_key
-from ledger.scripts import library_source
+from turnstile.ledger import Ledger
+from turnstile.ledger.keys import tenant_key
+from turnstile.ledger.scripts import library_source
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from ledger import (
+from tests.integration.ledger_support import ClockedLedger, raw_usage
+from turnstile.ledger import (
     MAX_AMOUNT,
     Ledger,
     LedgerConflict,
@@ -17,9 +18,8 @@ from ledger import (
     Period,
     Rejection,
 )
-from ledger.keys import PENDING_TENANTS, tenant_keys, usage_key
-from ledger.scripts import compose
-from tests.integration.ledger_support import ClockedLedger, raw_usage
+from turnstile.ledger.keys import PENDING_TENANTS, tenant_keys, usage_key
+from turnstile.ledger.scripts import compose
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from ledger import Ledger, Rejection, ReserveResult
+from turnstile.ledger import Ledger, Rejection, ReserveResult
 
 pytestmark = pytest.mark.integration
 

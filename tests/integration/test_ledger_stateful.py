@@ -29,14 +29,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from ledger import (
-    LedgerConflict,
-    LedgerUnknownReservation,
-    Period,
-    Rejection,
-)
-from ledger.inputs import in_dimension_order
 from tests.integration.ledger_support import ClockedLedger, raw_usage
+from turnstile.ledger import LedgerConflict, LedgerUnknownReservation, Period, Rejection
+from turnstile.ledger.inputs import in_dimension_order
 
 pytestmark = pytest.mark.integration
 

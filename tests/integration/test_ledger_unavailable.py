@@ -11,8 +11,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ledger import Ledger, LedgerUnavailable
-from worker.embedded import EmbeddedServer
+from turnstile.ledger import Ledger, LedgerUnavailable
+from turnstile.worker.dev.embedded import EmbeddedServer
 
 pytestmark = pytest.mark.integration
 

@@ -12,12 +12,12 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from jobs.support.scenarios import GOAL, USER
 from tests.integration.workers import client_for
-from worker import control
-from worker.api import Client
-from worker.cli import app
-from worker.embedded import EmbeddedServer
+from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.cli.main import app
+from turnstile.worker.client._client import Client
+from turnstile.worker.dev.embedded import EmbeddedServer
+from turnstile.worker.ops import control
 
 pytestmark = pytest.mark.integration
 

@@ -8,10 +8,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from jobs.job import render_view
-from jobs.support.scenarios import GOAL
 from tests.integration.workers import client_for
-from worker.cli import app
+from turnstile.jobs.job import render_view
+from turnstile.jobs.support.scenarios import GOAL
+from turnstile.worker.cli.main import app
 
 pytestmark = pytest.mark.integration
 

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from jobs.errors import KernelError
-from jobs.memory import InMemoryMemory, MemoryStore, Note, recall, remember
-from worker import keys
-from worker.memory import FORGET_BATCH, RedisMemory
+from turnstile.jobs.errors import KernelError
+from turnstile.jobs.memory import InMemoryMemory, MemoryStore, Note, recall, remember
+from turnstile.worker.store import keys
+from turnstile.worker.store.memory import FORGET_BATCH, RedisMemory
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobs.budget import Budget
 from tests.integration.workers import (
     WorkerProcess,
     client_for,
@@ -20,9 +19,10 @@ from tests.integration.workers import (
     settled,
     wait_until,
 )
-from worker import fair
-from worker.api import Client
-from worker.embedded import EmbeddedServer
+from turnstile.jobs.budget import Budget
+from turnstile.worker.client._client import Client
+from turnstile.worker.dev.embedded import EmbeddedServer
+from turnstile.worker.scheduling import fair
 
 pytestmark = pytest.mark.integration
 

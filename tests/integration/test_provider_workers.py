@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from jobs.outcomes import Outcome
-from jobs.support.scenarios import GOAL, USER
 from tests.integration.workers import client_for, running_workers, settled, wait_until
 from tests.wire.wire import MODELS, otlp_receiver, wire_server
-from worker.api import SubmissionError
-from worker.replay import replay_run
-from worker.shop import RedisShop
+from turnstile.jobs.outcomes import Outcome
+from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.client._client import SubmissionError
+from turnstile.worker.dev.shop import RedisShop
+from turnstile.worker.ops.replay import replay_run
 
 pytestmark = pytest.mark.integration
 

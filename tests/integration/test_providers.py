@@ -13,23 +13,23 @@ from typing import Any
 import msgspec
 import pytest
 
-import providers
-from jobs.budget import Budget
-from jobs.clock import ActiveClock, SimClock
-from jobs.kernel import Continue, Finished, Move, Runtime, exposure, turn
-from jobs.model import Replay, responses_from_spans
-from jobs.outcomes import Outcome
-from jobs.runs import new_run
-from jobs.state import RunState
-from jobs.support.job import support_job
-from jobs.support.scenarios import GOAL, USER
-from jobs.support.shop import InMemoryShop
-from jobs.support.tools import REFUND_DIMENSION
-from jobs.trace import Trace
-from ledger.client import Ledger
-from ledger.inputs import DEFAULT_DIMENSIONS
 from tests.wire.wire import MODELS, Wire, wire_server
-from worker.step import ledger_amounts
+from turnstile import providers
+from turnstile.jobs.budget import Budget
+from turnstile.jobs.clock import ActiveClock, SimClock
+from turnstile.jobs.kernel import Continue, Finished, Move, Runtime, exposure, turn
+from turnstile.jobs.model import Replay, responses_from_spans
+from turnstile.jobs.outcomes import Outcome
+from turnstile.jobs.runs import new_run
+from turnstile.jobs.state import RunState
+from turnstile.jobs.support.job import support_job
+from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.jobs.support.shop import InMemoryShop
+from turnstile.jobs.support.tools import REFUND_DIMENSION
+from turnstile.jobs.trace import Trace
+from turnstile.ledger.client import Ledger
+from turnstile.ledger.inputs import DEFAULT_DIMENSIONS
+from turnstile.worker.runtime.step import ledger_amounts
 
 pytestmark = pytest.mark.integration
 

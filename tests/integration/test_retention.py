@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 import redis
 
-from jobs.support.scenarios import GOAL, USER
 from tests.integration.workers import client_for, running_workers, settled, wait_until
-from worker import keys, retention
-from worker.api import Client
-from worker.embedded import EmbeddedServer
-from worker.settings import Settings
+from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.client._client import Client
+from turnstile.worker.dev.embedded import EmbeddedServer
+from turnstile.worker.scheduling import retention
+from turnstile.worker.settings import Settings
+from turnstile.worker.store import keys
 
 pytestmark = pytest.mark.integration
 

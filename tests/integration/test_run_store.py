@@ -7,11 +7,12 @@ import json
 
 import pytest
 
-from jobs.support.scenarios import GOAL, USER
 from tests.integration.workers import client_for
-from worker import fair, keys
-from worker.step import StepMessage
-from worker.store import Change
+from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.runtime.step import StepMessage
+from turnstile.worker.scheduling import fair
+from turnstile.worker.store import keys
+from turnstile.worker.store.runs import Change
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis
 
-from jobs.support.shop import (
+from turnstile.jobs.support.shop import (
     Applied,
     InMemoryShop,
     Order,
@@ -21,9 +21,9 @@ from jobs.support.shop import (
     refund,
     status_email,
 )
-from worker import shop as shop_module
-from worker.embedded import EmbeddedServer
-from worker.shop import RedisShop, ShopContention, ShopError, shop_keys
+from turnstile.worker.dev import shop as shop_module
+from turnstile.worker.dev.embedded import EmbeddedServer
+from turnstile.worker.dev.shop import RedisShop, ShopContention, ShopError, shop_keys
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,6 @@ import msgspec
 import pytest
 import redis
 
-from jobs.budget import Budget
-from jobs.support.scenarios import BY_LETTER, GOAL, SCENARIOS, USER
 from tests.integration.workers import (
     WorkerProcess,
     client_for,
@@ -25,12 +23,15 @@ from tests.integration.workers import (
     stored_row,
     wait_until,
 )
-from worker import control, keys
-from worker.api import Client, SubmissionError
-from worker.app import STEP_TASK, producer
-from worker.embedded import EmbeddedServer
-from worker.shop import RedisShop
-from worker.store import SubmissionConflictError
+from turnstile.jobs.budget import Budget
+from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, SCENARIOS, USER
+from turnstile.worker.client._client import Client, SubmissionError
+from turnstile.worker.dev.embedded import EmbeddedServer
+from turnstile.worker.dev.shop import RedisShop
+from turnstile.worker.ops import control
+from turnstile.worker.runtime.app import STEP_TASK, producer
+from turnstile.worker.store import keys
+from turnstile.worker.store.runs import SubmissionConflictError
 
 pytestmark = pytest.mark.integration
 

@@ -18,11 +18,11 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from jobs.support.scenarios import GOAL, USER
 from tests.integration.workers import WorkerProcess, client_for, settled, wait_until
-from worker.app import producer
-from worker.cli import app
-from worker.embedded import EmbeddedServer
+from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.cli.main import app
+from turnstile.worker.dev.embedded import EmbeddedServer
+from turnstile.worker.runtime.app import producer
 
 pytestmark = pytest.mark.integration
 

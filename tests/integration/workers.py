@@ -16,10 +16,10 @@ from typing import Any
 
 import psutil
 
-from jobs.support.scenarios import row, table
-from worker.api import Client, connect_client
-from worker.settings import Settings
-from worker.shop import RedisShop
+from turnstile.jobs.support.scenarios import row, table
+from turnstile.worker.client._client import Client, connect_client
+from turnstile.worker.dev.shop import RedisShop
+from turnstile.worker.settings import Settings
 
 READY_TIMEOUT_S = 30.0
 
@@ -69,7 +69,7 @@ class WorkerProcess:
             **(env or {}),
         }
         self.args = [
-            sys.executable, "-m", "celery", "-A", "worker.app:app", "worker",
+            sys.executable, "-m", "celery", "-A", "turnstile.worker.runtime.app:app", "worker",
             "-Q", ",".join(queues), "-c", str(concurrency), "-P", "prefork",
             "-n", f"{name}@%h", "--without-gossip", "--without-mingle",
             "--without-heartbeat", "-l", "WARNING",

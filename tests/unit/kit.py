@@ -9,15 +9,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs.budget import Budget
-from jobs.clock import Clock, SimClock
-from jobs.job import Job, PolicyFn, allow_all
-from jobs.kernel import Move, Runtime, run
-from jobs.model import Model, ModelRequest, ModelResponse
-from jobs.runs import new_run
-from jobs.state import RunState
-from jobs.tools import Tool, ToolContext, ToolOutput
-from jobs.trace import Trace
+from turnstile.jobs.budget import Budget
+from turnstile.jobs.clock import Clock, SimClock
+from turnstile.jobs.job import Job, PolicyFn, allow_all
+from turnstile.jobs.kernel import Move, Runtime, run
+from turnstile.jobs.model import Model, ModelRequest, ModelResponse
+from turnstile.jobs.runs import new_run
+from turnstile.jobs.state import RunState
+from turnstile.jobs.tools import Tool, ToolContext, ToolOutput
+from turnstile.jobs.trace import Trace
 
 ID_SCHEMA = {
     "type": "object",

@@ -3,7 +3,8 @@ fit every ceiling, and the first dimension that does not fit is named."""
 
 from __future__ import annotations
 
-from jobs.budget import (
+from tests.unit.kit import Listed, World, call, go, make_job, read_tool
+from turnstile.jobs.budget import (
     Budget,
     Usage,
     admission_rows,
@@ -11,8 +12,7 @@ from jobs.budget import (
     model_cost_microusd,
     turn_exposure,
 )
-from jobs.outcomes import Outcome, Resource
-from tests.unit.kit import Listed, World, call, go, make_job, read_tool
+from turnstile.jobs.outcomes import Outcome, Resource
 
 SPEC_BUDGET = Budget(
     max_steps=12, max_cost_microusd=1_000_000, deadline_ms=300_000, max_tool_calls=50

@@ -11,10 +11,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobs.budget import Budget
-from jobs.model import ModelRequest, ModelResponse, Scripted
-from jobs.outcomes import Outcome, Status
-from jobs.support.scenarios import Scenario, run_scenario
+from turnstile.jobs.budget import Budget
+from turnstile.jobs.model import ModelRequest, ModelResponse, Scripted
+from turnstile.jobs.outcomes import Outcome, Status
+from turnstile.jobs.support.scenarios import Scenario, run_scenario
 
 TOOLS = ["get_order", "issue_refund", "send_status_email", "search_policy", "delete_order"]
 ORDERS = ["ord_1001", "ord_1004", "ord_9999"]

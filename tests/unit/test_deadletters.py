@@ -7,7 +7,13 @@ from typing import Any
 
 import pytest
 
-from worker.deadletters import MAX_RAW_BYTES, Reason, envelope_problem, header_problem, make
+from turnstile.worker.broker.deadletters import (
+    MAX_RAW_BYTES,
+    Reason,
+    envelope_problem,
+    header_problem,
+    make,
+)
 
 
 def good_envelope(**props: Any) -> dict[str, Any]:

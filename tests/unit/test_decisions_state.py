@@ -5,19 +5,19 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from jobs.budget import Budget
-from jobs.calls import plan_step_key
-from jobs.closing import closing_message, recorded_steps
-from jobs.decisions import approve, cancel, deny
-from jobs.errors import DecisionError, ParamsError, StateFormatError
-from jobs.outcomes import TERMINAL, Outcome, Status
-from jobs.runs import new_run
-from jobs.state import RunState
-from jobs.support.job import support_job
-from jobs.support.scenarios import BY_LETTER, run_scenario
-from jobs.support.shop import InMemoryShop
-from jobs.tools import ToolContext
 from tests.unit.kit import Listed, World, call, go, make_job, read_tool, write_tool
+from turnstile.jobs.budget import Budget
+from turnstile.jobs.calls import plan_step_key
+from turnstile.jobs.closing import closing_message, recorded_steps
+from turnstile.jobs.decisions import approve, cancel, deny
+from turnstile.jobs.errors import DecisionError, ParamsError, StateFormatError
+from turnstile.jobs.outcomes import TERMINAL, Outcome, Status
+from turnstile.jobs.runs import new_run
+from turnstile.jobs.state import RunState
+from turnstile.jobs.support.job import support_job
+from turnstile.jobs.support.scenarios import BY_LETTER, run_scenario
+from turnstile.jobs.support.shop import InMemoryShop
+from turnstile.jobs.tools import ToolContext
 
 AT = "2026-11-29T12:00:00Z"
 

@@ -14,8 +14,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from worker.metrics import Metrics
-from worker.settings import Settings
+from turnstile.worker.observability.metrics import Metrics
+from turnstile.worker.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

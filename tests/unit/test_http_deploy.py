@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
-from worker.http.app import create_app
-from worker.settings import Settings
+from turnstile.worker.http.app import create_app
+from turnstile.worker.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 EVERY_INTERFACE = "0.0.0.0"  # noqa: S104 - in a container the API must listen beyond loopback

@@ -13,16 +13,16 @@ import httpx
 import structlog
 from fastapi import FastAPI
 
-from jobs.budget import Budget
-from worker.http import problems
-from worker.http.context import RUN_ID
-from worker.http.dispatch import backoff_s, delivery_id
-from worker.http.problems import one_line
-from worker.http.routes_runs import idempotent_run_id
-from worker.http.schemas import BudgetBody
-from worker.http.sse import _kind, frame
-from worker.http.webhooks import sign, verify
-from worker.store import encode_event
+from turnstile.jobs.budget import Budget
+from turnstile.worker.http import problems
+from turnstile.worker.http.context import RUN_ID
+from turnstile.worker.http.problems import one_line
+from turnstile.worker.http.routes_runs import idempotent_run_id
+from turnstile.worker.http.routes_webhooks import sign, verify
+from turnstile.worker.http.schemas import BudgetBody
+from turnstile.worker.http.sse import _kind, frame
+from turnstile.worker.http.webhook_delivery import backoff_s, delivery_id
+from turnstile.worker.store.runs import encode_event
 
 
 def test_a_signature_is_hmac_sha256_over_timestamp_dot_body() -> None:

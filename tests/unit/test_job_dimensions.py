@@ -10,22 +10,22 @@ import msgspec
 import pytest
 import redis
 
-from jobs.budget import Usage
-from jobs.calls import call_key
-from jobs.clock import SimClock
-from jobs.declare import tool
-from jobs.job import GRANT_RULE, Job, Permit, Verdict
-from jobs.kernel import Finished, Runtime, exposure, turn
-from jobs.outcomes import Outcome
-from jobs.runs import new_run
-from jobs.state import Call, HeldCall, RunState
-from jobs.tools import Tool, ToolContext, ToolOutput
-from jobs.trace import Trace
-from ledger.client import Ledger
-from ledger.inputs import DEFAULT_DIMENSIONS
 from tests.unit.kit import Listed
-from worker.step import LedgerDown, LedgerGate, StepMessage, split_actual
-from worker.store import RunStore
+from turnstile.jobs.budget import Usage
+from turnstile.jobs.calls import call_key
+from turnstile.jobs.clock import SimClock
+from turnstile.jobs.declare import tool
+from turnstile.jobs.job import GRANT_RULE, Job, Permit, Verdict
+from turnstile.jobs.kernel import Finished, Runtime, exposure, turn
+from turnstile.jobs.outcomes import Outcome
+from turnstile.jobs.runs import new_run
+from turnstile.jobs.state import Call, HeldCall, RunState
+from turnstile.jobs.tools import Tool, ToolContext, ToolOutput
+from turnstile.jobs.trace import Trace
+from turnstile.ledger.client import Ledger
+from turnstile.ledger.inputs import DEFAULT_DIMENSIONS
+from turnstile.worker.runtime.step import LedgerDown, LedgerGate, StepMessage, split_actual
+from turnstile.worker.store.runs import RunStore
 
 REFUNDED: list[int] = []
 

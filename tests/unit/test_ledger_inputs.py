@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ledger import DEFAULT_DIMENSIONS, MAX_AMOUNT, Ledger, LedgerInputError, Period
-from ledger.inputs import (
+from turnstile.ledger import DEFAULT_DIMENSIONS, MAX_AMOUNT, Ledger, LedgerInputError, Period
+from turnstile.ledger.inputs import (
     check_amounts,
     check_period,
     check_tenant,

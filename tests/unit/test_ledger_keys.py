@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis.crc import key_slot
 
-from ledger.keys import PENDING_TENANTS, tenant_key, tenant_keys
+from turnstile.ledger.keys import PENDING_TENANTS, tenant_key, tenant_keys
 
 
 @given(

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from ledger.scripts import OPERATIONS, compose, library_source, operation_source
+from turnstile.ledger.scripts import OPERATIONS, compose, library_source, operation_source
 
 
 @pytest.mark.parametrize("operation", OPERATIONS)

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from ledger import Ledger, LedgerInputError
-from ledger.inputs import check_tenant
-from ledger.keys import tenant_keys
+from turnstile.ledger import Ledger, LedgerInputError
+from turnstile.ledger.inputs import check_tenant
+from turnstile.ledger.keys import tenant_keys
 
 
 def unreachable_ledger() -> Ledger:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobs.budget import Budget
-from jobs.loops import call_signature, oscillating
-from jobs.model import ModelRequest, ModelResponse
-from jobs.outcomes import Outcome
-from jobs.tools import ToolContext
 from tests.unit.kit import Listed, World, call, go, make_job, read_tool
+from turnstile.jobs.budget import Budget
+from turnstile.jobs.loops import call_signature, oscillating
+from turnstile.jobs.model import ModelRequest, ModelResponse
+from turnstile.jobs.outcomes import Outcome
+from turnstile.jobs.tools import ToolContext
 
 
 def test_signature_ignores_call_ids_and_argument_order() -> None:

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from jobs.errors import KernelError
-from jobs.memory import InMemoryMemory, recall, remember
-from jobs.plans import validate_plan
-from jobs.support.job import support_job
-from jobs.support.shop import InMemoryShop
+from turnstile.jobs.errors import KernelError
+from turnstile.jobs.memory import InMemoryMemory, recall, remember
+from turnstile.jobs.plans import validate_plan
+from turnstile.jobs.support.job import support_job
+from turnstile.jobs.support.shop import InMemoryShop
 
 TOOLS = support_job(InMemoryShop()).tools
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.pools import check, pool_in_argv
+from turnstile.worker.runtime.pools import check, pool_in_argv
 
 
 @pytest.mark.parametrize(

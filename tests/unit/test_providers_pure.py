@@ -10,21 +10,21 @@ from pathlib import Path
 
 import pytest
 
-import providers
-from jobs.budget import Budget
-from jobs.kernel import exposure
-from jobs.model import CONTRACT_TOKENS, ModelRequest, ModelStop, ModelTimeout, ToolSpec
-from jobs.outcomes import Outcome
-from jobs.replies import parse_reply
-from jobs.runs import new_run
-from jobs.state import Call
-from jobs.support.job import support_job
-from jobs.support.scenarios import GOAL, USER
-from jobs.support.shop import InMemoryShop
-from providers import contract
-from providers.errors import ProviderConfigError
-from providers.prices import PRICES_FILE_ENV, Price, Tokens, cost_microusd, price_of
-from providers.retry import Failure, retry_after_s, with_retries
+from turnstile import providers
+from turnstile.jobs.budget import Budget
+from turnstile.jobs.kernel import exposure
+from turnstile.jobs.model import CONTRACT_TOKENS, ModelRequest, ModelStop, ModelTimeout, ToolSpec
+from turnstile.jobs.outcomes import Outcome
+from turnstile.jobs.replies import parse_reply
+from turnstile.jobs.runs import new_run
+from turnstile.jobs.state import Call
+from turnstile.jobs.support.job import support_job
+from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.jobs.support.shop import InMemoryShop
+from turnstile.providers import contract
+from turnstile.providers.errors import ProviderConfigError
+from turnstile.providers.prices import PRICES_FILE_ENV, Price, Tokens, cost_microusd, price_of
+from turnstile.providers.retry import Failure, retry_after_s, with_retries
 
 ROOT = Path(__file__).parents[2]
 

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from jobs.clock import SimClock
-from jobs.decisions import approve
-from jobs.errors import ParamsError
-from jobs.job import Job
-from jobs.kernel import Finished, Runtime, Suspended, run
-from jobs.runs import new_run
-from jobs.trace import Trace
+from turnstile.jobs.clock import SimClock
+from turnstile.jobs.decisions import approve
+from turnstile.jobs.errors import ParamsError
+from turnstile.jobs.job import Job
+from turnstile.jobs.kernel import Finished, Runtime, Suspended, run
+from turnstile.jobs.runs import new_run
+from turnstile.jobs.trace import Trace
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from jobs.declare import tool
-from jobs.errors import JobDefinitionError, ParamsError, UnknownJobError
-from jobs.job import Job
-from jobs.runs import new_run
-from jobs.tools import ToolContext
 from tests import plugins
-from worker.registry import Registry
+from turnstile.jobs.declare import tool
+from turnstile.jobs.errors import JobDefinitionError, ParamsError, UnknownJobError
+from turnstile.jobs.job import Job
+from turnstile.jobs.runs import new_run
+from turnstile.jobs.tools import ToolContext
+from turnstile.worker.registry import Registry
 
 P = "tests.plugins"
 

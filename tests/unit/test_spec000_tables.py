@@ -9,17 +9,17 @@ from typing import Any
 
 import pytest
 
-from jobs.budget import Budget
-from jobs.clock import SimClock
-from jobs.decisions import approve
-from jobs.job import render_view
-from jobs.kernel import run
-from jobs.model import Recorder, Replay
-from jobs.outcomes import Outcome, Status
-from jobs.state import RunState
-from jobs.support.scenarios import BY_LETTER, InProcess, Scenario, run_scenario, start
-from jobs.support.shop import InMemoryShop
-from jobs.trace import Trace, postmortem
+from turnstile.jobs.budget import Budget
+from turnstile.jobs.clock import SimClock
+from turnstile.jobs.decisions import approve
+from turnstile.jobs.job import render_view
+from turnstile.jobs.kernel import run
+from turnstile.jobs.model import Recorder, Replay
+from turnstile.jobs.outcomes import Outcome, Status
+from turnstile.jobs.state import RunState
+from turnstile.jobs.support.scenarios import BY_LETTER, InProcess, Scenario, run_scenario, start
+from turnstile.jobs.support.shop import InMemoryShop
+from turnstile.jobs.trace import Trace, postmortem
 
 # scenario: (outcome, detail, steps, tool_calls, tokens, elapsed_s, effects) from spec 000
 SCENARIO_TABLE: dict[str, tuple[str, str | None, int, int, int, float, list[list[Any]]]] = {

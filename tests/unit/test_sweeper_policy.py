@@ -3,7 +3,7 @@ delivery loads it, or until the broker's visibility timeout has passed."""
 
 from __future__ import annotations
 
-from worker.sweeper import still_waiting
+from turnstile.worker.scheduling.sweeper import still_waiting
 
 HOUR_MS = 3_600_000
 

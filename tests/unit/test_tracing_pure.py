@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from jobs.trace import Span, semconv
-from worker.step import StepMessage, parse_message
-from worker.tracing import run_traceparent
+from turnstile.jobs.trace import Span, semconv
+from turnstile.worker.observability.tracing import run_traceparent
+from turnstile.worker.runtime.step import StepMessage, parse_message
 
 KWARGS = {"tenant": "t", "run_id": "r", "version": 2, "queue": "q"}
 

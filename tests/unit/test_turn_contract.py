@@ -10,18 +10,18 @@ from typing import Any
 
 import pytest
 
-from jobs.budget import Budget, Usage
-from jobs.calls import Gate
-from jobs.clock import SimClock
-from jobs.job import Guard, Permit, Severity, Verdict
-from jobs.kernel import Runtime, turn
-from jobs.model import ModelTimeout
-from jobs.outcomes import Outcome, Status
-from jobs.runs import new_run
-from jobs.state import Call, RunState
-from jobs.tools import Tool, ToolContext
-from jobs.trace import Trace
 from tests.unit.kit import Listed, World, batch, call, go, make_job, read_tool, write_tool
+from turnstile.jobs.budget import Budget, Usage
+from turnstile.jobs.calls import Gate
+from turnstile.jobs.clock import SimClock
+from turnstile.jobs.job import Guard, Permit, Severity, Verdict
+from turnstile.jobs.kernel import Runtime, turn
+from turnstile.jobs.model import ModelTimeout
+from turnstile.jobs.outcomes import Outcome, Status
+from turnstile.jobs.runs import new_run
+from turnstile.jobs.state import Call, RunState
+from turnstile.jobs.tools import Tool, ToolContext
+from turnstile.jobs.trace import Trace
 
 REQUEST = contextvars.ContextVar("request", default="none")
 

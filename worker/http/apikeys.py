@@ -17,8 +17,8 @@ from enum import StrEnum
 import msgspec
 import redis
 
-from worker.errors import TurnstileError
-from worker.http import keys
+from turnstile.worker.errors import TurnstileError
+from turnstile.worker.http import keys
 
 KEY_PREFIX = "tsk_"
 TENANT = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.\-]{0,127}$")

@@ -13,14 +13,25 @@ from typing import Any
 import redis.asyncio as aioredis
 from fastapi import FastAPI
 
-from worker.api import Client
-from worker.app import connect, sender
-from worker.http import context, dispatch, problems, routes_ops, routes_runs, webhooks
-from worker.http.context import Api
-from worker.http.problems import response
-from worker.http.ratelimit import RateLimiter
-from worker.http.settings import ApiSettings
-from worker.settings import Settings
+from turnstile.worker.client._client import Client
+from turnstile.worker.http import (
+    context,
+    problems,
+    routes_ops,
+    routes_runs,
+)
+from turnstile.worker.http import (
+    routes_webhooks as webhooks,
+)
+from turnstile.worker.http import (
+    webhook_delivery as dispatch,
+)
+from turnstile.worker.http.context import Api
+from turnstile.worker.http.problems import response
+from turnstile.worker.http.ratelimit import RateLimiter
+from turnstile.worker.http.settings import ApiSettings
+from turnstile.worker.runtime.app import connect, sender
+from turnstile.worker.settings import Settings
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

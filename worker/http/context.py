@@ -13,22 +13,22 @@ from fastapi import Depends, FastAPI, Path, Request
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from jobs.errors import KernelError, UnknownJobError
-from ledger.errors import LedgerError, LedgerInputError, LedgerUnavailable
-from worker import keys
-from worker.api import (
+from turnstile.jobs.errors import KernelError, UnknownJobError
+from turnstile.ledger.errors import LedgerError, LedgerInputError, LedgerUnavailable
+from turnstile.worker.client._client import (
     Client,
     DecisionRefusedError,
     RunNotFoundError,
     SubmissionError,
 )
-from worker.control import ControlError
-from worker.http import apikeys
-from worker.http.apikeys import ApiKey
-from worker.http.problems import Problem, response
-from worker.http.ratelimit import RateLimiter
-from worker.http.settings import ApiSettings
-from worker.store import StoreUnavailable, SubmissionConflictError
+from turnstile.worker.http import apikeys
+from turnstile.worker.http.apikeys import ApiKey
+from turnstile.worker.http.problems import Problem, response
+from turnstile.worker.http.ratelimit import RateLimiter
+from turnstile.worker.http.settings import ApiSettings
+from turnstile.worker.ops.control import ControlError
+from turnstile.worker.store import keys
+from turnstile.worker.store.runs import StoreUnavailable, SubmissionConflictError
 
 # As the client accepts them, none starting with '-' (a command line could not name it again).
 RUN_ID = r"^[A-Za-z0-9_.:][A-Za-z0-9_.:\-]{0,127}$"

@@ -7,7 +7,7 @@ carry the tenant's tag like the run keys they follow.
 
 from __future__ import annotations
 
-from worker.keys import PREFIX
+from turnstile.worker.store.keys import PREFIX
 
 API = f"{PREFIX}:api"
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import redis
 
-from jobs.outcomes import Outcome, Status
-from worker import keys
-from worker.http.problems import Problem
+from turnstile.jobs.outcomes import Outcome, Status
+from turnstile.worker.http.problems import Problem
+from turnstile.worker.store import keys
 
 FIELDS = ("status", "outcome", "detail", "queue", "job", "user", "created_ms", "updated_ms")
 SCAN_ROUNDS = 8  # SSCAN steps one page may take to fill, so a sparse set still answers quickly

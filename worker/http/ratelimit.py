@@ -8,8 +8,8 @@ from pathlib import Path
 
 import redis
 
-from worker.http import keys
-from worker.http.problems import Problem
+from turnstile.worker.http import keys
+from turnstile.worker.http.problems import Problem
 
 SCRIPT = (Path(__file__).parent / "lua" / "rate.lua").read_text
 

@@ -9,12 +9,13 @@ import msgspec
 import redis
 from fastapi import APIRouter, Path, Query
 
-from worker import control, keys
-from worker.control import Scope
-from worker.http.context import NAME, Caller, Ctx, Operator, tenant_scope
-from worker.http.problems import Problem
-from worker.http.routes_runs import PROBLEMS
-from worker.http.schemas import CeilingBody, ControlBody, LedgerView
+from turnstile.worker.http.context import NAME, Caller, Ctx, Operator, tenant_scope
+from turnstile.worker.http.problems import Problem
+from turnstile.worker.http.routes_runs import PROBLEMS
+from turnstile.worker.http.schemas import CeilingBody, ControlBody, LedgerView
+from turnstile.worker.ops import control
+from turnstile.worker.ops.control import Scope
+from turnstile.worker.store import keys
 
 router = APIRouter(responses=PROBLEMS)
 

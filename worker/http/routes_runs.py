@@ -8,12 +8,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import StreamingResponse
 
-from worker import control
-from worker.api import SubmissionError
-from worker.http import listing, sse
-from worker.http.context import Caller, Ctx, RunIdPath, run_tenant, tenant_scope
-from worker.http.problems import Problem
-from worker.http.schemas import (
+from turnstile.worker.client._client import SubmissionError
+from turnstile.worker.http import listing, sse
+from turnstile.worker.http.context import Caller, Ctx, RunIdPath, run_tenant, tenant_scope
+from turnstile.worker.http.problems import Problem
+from turnstile.worker.http.schemas import (
     USER,
     ApproveBody,
     CancelBody,
@@ -26,8 +25,9 @@ from worker.http.schemas import (
     SubmitBody,
     Submitted,
 )
-from worker.keys import queue_control, run
-from worker.store import SubmissionConflictError
+from turnstile.worker.ops import control
+from turnstile.worker.store.keys import queue_control, run
+from turnstile.worker.store.runs import SubmissionConflictError
 
 PROBLEMS: dict[int | str, dict[str, Any]] = {
     status: {"model": ProblemBody, "content": {"application/problem+json": {}}}

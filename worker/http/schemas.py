@@ -7,8 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ledger.inputs import Period
-from worker.http.context import NAME, RUN_ID
+from turnstile.ledger.inputs import Period
+from turnstile.worker.http.context import NAME, RUN_ID
 
 USER = r"^[A-Za-z0-9_.@:][A-Za-z0-9_.@:\-]{0,127}$"
 Count = Field(default=None, ge=0, le=2**53)

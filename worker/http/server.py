@@ -5,10 +5,10 @@ from __future__ import annotations
 import uvicorn
 from fastapi import FastAPI
 
-from worker.http.app import create_app
-from worker.http.settings import ApiSettings
-from worker.logs import configure
-from worker.settings import Settings
+from turnstile.worker.http.app import create_app
+from turnstile.worker.http.settings import ApiSettings
+from turnstile.worker.observability.logs import configure
+from turnstile.worker.settings import Settings
 
 
 def build(config: Settings, api_settings: ApiSettings) -> FastAPI:

@@ -17,9 +17,9 @@ import msgspec
 import redis
 import redis.asyncio as aioredis
 
-from jobs.outcomes import Status
-from worker import keys
-from worker.http.problems import Problem
+from turnstile.jobs.outcomes import Status
+from turnstile.worker.http.problems import Problem
+from turnstile.worker.store import keys
 
 EVENT_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
 BATCH = 200

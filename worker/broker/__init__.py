@@ -1,0 +1,1 @@
+"""Everything that knows kombu's layout: the transport, dead letters."""

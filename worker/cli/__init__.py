@@ -1,0 +1,1 @@
+"""The `turnstile` command: one module per command group."""

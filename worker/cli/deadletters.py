@@ -1,0 +1,113 @@
+"""`turnstile dead-letters list|drop`: the queue entries workers could not take in.
+
+They live on the broker (`--broker-url`, the store's server by default), beside the queues;
+`worker.deadletters` says how they get there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated
+
+import redis
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Column, Table
+
+from turnstile.worker.cli.common import BrokerUrl, JsonFlag, RedisUrl, client, fail
+
+dead_letters_app = typer.Typer(
+    help="Queue entries a worker could not take in (not JSON, a broken envelope, an unknown "
+    "task, ...), kept with the reason.",
+    no_args_is_help=True,
+)
+
+Queue = Annotated[
+    str | None,
+    typer.Option("--queue", envvar="TURNSTILE_DEAD_LETTER_QUEUE", show_default=False,
+                 help="Only this queue's dead letters."),
+]  # fmt: skip
+Limit = Annotated[
+    int, typer.Option("--limit", envvar="TURNSTILE_LIMIT", min=1, max=10_000, help="At most.")
+]
+Ids = Annotated[
+    list[str] | None,
+    typer.Option("--id", envvar="TURNSTILE_DEAD_LETTER_IDS", show_default=False,
+                 help="A dead letter's id (see `list`); repeat for more."),
+]  # fmt: skip
+All = Annotated[
+    bool,
+    typer.Option("--all", envvar="TURNSTILE_DEAD_LETTER_ALL",
+                 help="Every dead letter (of --queue, if given)."),
+]  # fmt: skip
+
+RAW_SHOWN_CHARS = 60
+
+
+@contextmanager
+def broker(redis_url: str | None, broker_url: str | None) -> Iterator[redis.Redis]:
+    with client(redis_url, broker_url) as c:
+        url = c.config.broker
+        conn = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5)
+        try:
+            yield conn
+        except redis.RedisError as exc:
+            fail(f"broker unreachable: {exc}")
+        finally:
+            conn.close()
+
+
+@dead_letters_app.command("list")
+def list_(
+    queue: Queue = None,
+    limit: Limit = 100,
+    as_json: JsonFlag = False,
+    redis_url: RedisUrl = None,
+    broker_url: BrokerUrl = None,
+) -> None:
+    """The newest dead letters, newest first: queue, when, why, and the start of the entry."""
+    from turnstile.worker.broker import deadletters
+
+    with broker(redis_url, broker_url) as conn:
+        letters = deadletters.listing(conn, queue, limit)
+    if as_json:
+        typer.echo(json.dumps([dataclasses.asdict(d) for d in letters]))
+        return
+    if not letters:
+        typer.echo("no dead letters")
+        return
+    table = Table(
+        Column("id", no_wrap=True), "queue", Column("at", no_wrap=True),
+        Column("reason", no_wrap=True), Column("bytes", justify="right"), "detail", "entry",
+    )  # fmt: skip
+    for d in letters:
+        shown = d.raw[:RAW_SHOWN_CHARS] + ("…" if len(d.raw) > RAW_SHOWN_CHARS else "")
+        table.add_row(
+            d.id, escape(d.queue), d.at[:19], d.reason, str(d.size_bytes), escape(d.detail),
+            escape(shown if d.raw_encoding == "text" else f"base64:{shown}"),
+        )  # fmt: skip
+    console = Console()  # piped, a table is as wide as it needs (up to 160 columns)
+    (console if console.is_terminal else Console(width=max(console.width, 160))).print(table)
+
+
+@dead_letters_app.command("drop")
+def drop(
+    ids: Ids = None,
+    all_: All = False,
+    queue: Queue = None,
+    as_json: JsonFlag = False,
+    redis_url: RedisUrl = None,
+    broker_url: BrokerUrl = None,
+) -> None:
+    """Remove dead letters: the ones named by --id, or --all of them (of --queue, if given)."""
+    from turnstile.worker.broker import deadletters
+
+    if bool(ids) == all_:
+        fail("say which: --id ID (repeatable) or --all", code=2)
+    with broker(redis_url, broker_url) as conn:
+        gone = deadletters.drop(conn, queue=queue, ids=None if all_ else list(ids or []))
+    typer.echo(json.dumps({"dropped": gone}) if as_json else f"dropped {gone} dead letters")

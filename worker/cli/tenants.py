@@ -1,0 +1,110 @@
+"""`turnstile tenants set|show`: how much of the workers a tenant may occupy.
+
+Not the ledger: a cap on turns in flight and a fair-share weight are not spend, have no period
+and are read by the dispatcher (worker/fair.py), not by the ledger's scripts; so they live in
+their own hash per tenant and their own command, beside `turnstile ledger`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Annotated, cast
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from turnstile.ledger.cli import HandedOn
+from turnstile.worker.cli.common import BrokerUrl, JsonFlag, RedisUrl, client
+from turnstile.worker.store import keys
+
+tenants_app = typer.Typer(
+    help="A tenant's share of the workers: a cap on its turns in flight, its fair-share weight.",
+    no_args_is_help=True,
+)
+
+TenantArg = Annotated[str, typer.Argument(help="The tenant (it need not have runs yet).")]
+Pairs = Annotated[
+    list[str],
+    typer.Argument(help="turns_in_flight=N, active_runs=N (none: no cap), weight=N (default 1).",
+                   show_default=False),
+]  # fmt: skip
+
+
+@tenants_app.command("set")
+def set_(
+    tenant: TenantArg, pairs: Pairs, redis_url: RedisUrl = None, broker_url: BrokerUrl = None
+) -> None:
+    """Set a tenant's caps (turns in flight, active runs) and weight; checked before anything
+    is written. A tenant not seen yet is allowed: the settings apply from its first run."""
+    from turnstile.worker.client._client import check_name
+    from turnstile.worker.scheduling import fair
+
+    check_name("tenant", tenant)
+    caps = fair.parse_caps(pairs)
+    with client(redis_url, broker_url) as c:
+        fair.set_caps(c.client, tenant, caps)
+    typer.echo(_shown(tenant, caps))
+
+
+def _shown(tenant: str, caps: Mapping[str, int | None]) -> str:
+    return f"tenant {tenant}: " + " ".join(
+        f"{k}={'none' if v is None else v}" for k, v in caps.items()
+    )
+
+
+def _names() -> tuple[str, ...]:
+    from turnstile.worker.scheduling import fair
+
+    return fair.CAPS
+
+
+def _check(pairs: list[str]) -> object:
+    from turnstile.worker.scheduling import fair
+
+    return fair.parse_caps(pairs)
+
+
+def _write(redis_url: str, tenant: str, checked: object) -> str:
+    from turnstile.worker.scheduling import fair
+
+    caps = cast("dict[str, int | None]", checked)
+    with client(redis_url, None) as c:
+        fair.set_caps(c.client, tenant, caps)
+    return _shown(tenant, caps)
+
+
+# `turnstile ledger set acme turns_in_flight=20` sets a cap as `tenants set` does.
+HANDED_ON = HandedOn(names=_names, check=_check, write=_write)
+
+
+@tenants_app.command("show")
+def show(
+    tenant: Annotated[str | None, typer.Argument(help="One tenant; default every tenant.")] = None,
+    as_json: JsonFlag = False,
+    redis_url: RedisUrl = None,
+    broker_url: BrokerUrl = None,
+) -> None:
+    """Each tenant's steps waiting for the dispatcher, turns in flight, cap and weight."""
+    from turnstile.worker.scheduling import fair
+
+    with client(redis_url, broker_url) as c:
+        names = [tenant] if tenant else sorted(str(t) for t in c.client.smembers(keys.TENANTS))
+        queues = sorted(str(q) for q in c.client.smembers(keys.FAIR_QUEUES))
+        views = [fair.tenant_view(c.client, name, queues) for name in names]
+    if as_json:
+        typer.echo(json.dumps([dataclasses.asdict(v) for v in views]))
+        return
+    table = Table("tenant", "waiting", "in flight", "cap", "active runs", "cap", "weight")
+    for v in views:
+        table.add_row(escape(v.tenant), str(v.waiting), str(v.in_flight), _cap(v.cap),
+                      str(v.active_runs), _cap(v.runs_cap), str(v.weight))  # fmt: skip
+
+    Console().print(table)
+
+
+def _cap(cap: int | None) -> str:
+    return "-" if cap is None else str(cap)

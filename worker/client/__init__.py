@@ -1,0 +1,1 @@
+"""What a service imports: submit, state, decisions, memory. No Celery worker side."""

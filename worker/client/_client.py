@@ -1,0 +1,426 @@
+"""The Python API for services that enqueue work: submit a run, read it, decide on it.
+
+Every input is checked before anything is written: an unknown job, a budget above what the
+tenant allows, an oversized goal or params, an empty tenant or user, a name that starts with
+`-` are clear errors.
+
+A submission or a decision is stored first and its step sent after. A broker that does not
+take the step does not undo it: the run's pickup lease lapses and the sweeper sends the step
+(`Submitted.sent` / `Client.deferred` say so), so an accepted run always runs.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import redis
+
+from turnstile.jobs.budget import Budget
+from turnstile.jobs.decisions import approve as kernel_approve
+from turnstile.jobs.decisions import cancel as kernel_cancel
+from turnstile.jobs.decisions import deny as kernel_deny
+from turnstile.jobs.errors import KernelError
+from turnstile.jobs.memory import Note, recall, remember
+from turnstile.jobs.outcomes import Status
+from turnstile.jobs.runs import new_run
+from turnstile.jobs.state import RunState
+from turnstile.ledger.client import Ledger
+from turnstile.ledger.inputs import DEFAULT_DIMENSIONS
+from turnstile.providers import budget_for, unpriced
+from turnstile.providers.prices import PRICES_FILE_ENV
+from turnstile.worker.errors import TurnstileError
+from turnstile.worker.registry import Registry
+from turnstile.worker.runtime.app import connect, sender
+from turnstile.worker.runtime.step import StepMessage, next_hold, now_iso, time_limits
+from turnstile.worker.scheduling.fair import route
+from turnstile.worker.settings import Settings
+from turnstile.worker.store import keys
+from turnstile.worker.store.memory import RedisMemory
+from turnstile.worker.store.runs import Change, RunStore, SubmissionConflictError, fingerprint
+
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.\-]{0,63}$")
+RUN_ID = re.compile(r"^[A-Za-z0-9_.:][A-Za-z0-9_.:\-]{0,127}$")
+CANCEL_TRIES = 5  # a run that moves on under a cancel this often is refused; try again
+RUN_TENANTS = keys.RUN_TENANTS
+
+
+class SubmissionError(TurnstileError):
+    """A submission refused before anything was written."""
+
+
+class InvalidNameError(SubmissionError):
+    """A tenant, user, queue or run id that cannot be a name: refused before any write."""
+
+
+def check_name(what: str, value: object) -> str:
+    """A tenant, user or queue name as every command and call accepts it: not empty, and not
+    starting with `-`, which a command line would read as an option (so the name could be
+    written but never named again)."""
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidNameError(f"{what} must be a non-empty name")
+    if value.startswith("-"):
+        raise InvalidNameError(f"bad {what} {value!r}: a name may not start with '-'")
+    return value
+
+
+def check_run_id(run_id: object) -> str:
+    if not isinstance(run_id, str) or not RUN_ID.match(run_id):
+        raise InvalidNameError(
+            f"bad run id {run_id!r}: 1-128 letters, digits, '.', '_', ':' or '-', "
+            "not starting with '-'"
+        )
+    return run_id
+
+
+@dataclass(frozen=True)
+class Submitted:
+    run_id: str
+    created: bool  # False: the same submission was made before (idempotent on the run id)
+    sent: bool  # False: stored, but the broker did not take the step; the sweeper sends it
+
+
+class RunNotFoundError(TurnstileError):
+    pass
+
+
+class DecisionRefusedError(TurnstileError):
+    """An approve, deny or cancel that does not apply to the run as it stands."""
+
+
+Send = Callable[[StepMessage, float, float], None]
+
+
+def _budget(raw: Budget | Mapping[str, Any] | None, default: Budget) -> Budget:
+    if raw is None:
+        return default
+    if isinstance(raw, Budget):
+        return raw
+    try:
+        return msgspec.convert({**msgspec.to_builtins(default), **dict(raw)}, Budget)
+    except msgspec.ValidationError as exc:
+        raise SubmissionError(f"budget: {exc}") from exc
+
+
+class Client:
+    def __init__(self, client: redis.Redis, config: Settings, send: Send) -> None:
+        # Where a step goes (the broker, or its tenant's pending list): worker/fair.py.
+        self.client, self.config, self.send = client, config, route(client, config, send)
+        self.jobs = Registry(
+            client, drills=config.allow_drills
+        )  # the jobs this process can see: entry points, TURNSTILE_JOBS
+        self.ledger = Ledger(
+            client, grace_s=config.ledger_grace_s,
+            dimensions=(*DEFAULT_DIMENSIONS, *self.jobs.dimensions()),
+        )  # fmt: skip
+        self.store = RunStore(client, self.ledger, wait_for=config.wait_for)
+        self.memory = RedisMemory(client)
+        self.deferred: list[str] = []  # runs whose step the broker did not take (sweeper sends)
+
+    # -- submitting ------------------------------------------------------------------------
+
+    def submit(
+        self,
+        tenant: str,
+        user: str,
+        job: str,
+        goal: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        budget: Budget | Mapping[str, Any] | None = None,
+        queue: str = "default",
+        run_id: str | None = None,
+    ) -> str:
+        """Create the run and enqueue its first step; idempotent on `run_id`."""
+        return self.submit_run(
+            tenant, user, job, goal, params, budget=budget, queue=queue, run_id=run_id
+        ).run_id
+
+    def submit_run(
+        self,
+        tenant: str,
+        user: str,
+        job: str,
+        goal: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        budget: Budget | Mapping[str, Any] | None = None,
+        queue: str = "default",
+        run_id: str | None = None,
+    ) -> Submitted:
+        """`submit`, saying whether the run was new and whether its step reached the broker."""
+        run_id = f"run_{uuid.uuid4().hex[:20]}" if run_id is None else check_run_id(run_id)
+        state = self._new_state(
+            tenant=tenant, user=user, job=job, goal=goal, params=params, budget=budget,
+            queue=queue, run_id=run_id,
+        )  # fmt: skip
+        self._check_tenant_allows(tenant, state.budget)
+        self._check_model_priced(tenant, state.params)
+        if self.client.hget(keys.queue_control(queue), "draining"):
+            raise SubmissionError(f"queue {queue!r} is draining: it takes no new runs")
+        digest = fingerprint([tenant, user, job, goal, state.params, state.budget, queue])
+        owner = self._claim_run_id(run_id, tenant)
+        if owner != tenant:
+            raise SubmissionConflictError(f"run id {run_id!r} belongs to another tenant")
+        created, stored = self.store.create(
+            tenant=tenant, run_id=run_id, state_json=state.to_json().decode(), fingerprint=digest,
+            queue=queue, job=job, user_id=user,
+            pickup_lease_ms=int(self.config.pickup_lease_s * 1000),
+            event={
+                "type": "submitted", "state": msgspec.to_builtins(state), "queue": queue,
+                "at": now_iso(),
+            },
+            hold=next_hold(self.ledger, self.config, state, self.jobs.get(job), version=1),
+        )  # fmt: skip
+        if not created and stored != digest:
+            raise SubmissionConflictError(f"run {run_id!r} exists with a different submission")
+        sent = created and self._send(StepMessage(tenant, run_id, 1, queue), state)
+        return Submitted(run_id, created, sent)
+
+    def _new_state(
+        self, *, tenant: str, user: str, job: str, goal: str, params: Mapping[str, Any] | None,
+        budget: Budget | Mapping[str, Any] | None, queue: str, run_id: str,
+    ) -> RunState:  # fmt: skip
+        check_name("tenant", tenant)
+        check_name("user", user)
+        check_name("queue", queue)
+        if not QUEUE_NAME.match(queue):
+            raise InvalidNameError(
+                "queue must be 1-64 letters, digits, '.', '_' or '-', not starting with '-'"
+            )
+        if not isinstance(goal, str) or len(goal) > self.config.max_goal_chars:
+            raise SubmissionError(
+                f"goal must be text of at most {self.config.max_goal_chars} characters"
+            )
+        if params is not None and not isinstance(params, Mapping):
+            raise SubmissionError(f"params must be a JSON object, not {type(params).__name__}")
+        try:
+            size = len(msgspec.json.encode(params or {}))
+        except (TypeError, ValueError) as exc:
+            raise SubmissionError(f"params must be JSON: {exc}") from exc
+        if size > self.config.max_params_bytes:
+            raise SubmissionError(
+                f"params are {size} bytes; at most {self.config.max_params_bytes}"
+            )
+        try:
+            definition = self.jobs.get(job)
+            chosen = budget_for(
+                params or {}, _budget(budget, definition.budget), default=budget is None
+            )
+            if chosen.deadline_ms > self.config.max_deadline_s * 1000:
+                raise SubmissionError(
+                    f"deadline above the {self.config.max_deadline_s:.0f} s a run may have"
+                )
+            return new_run(
+                run_id=run_id, tenant=tenant, user_id=user, job=definition, goal=goal,
+                params=params, budget=chosen, memory=self.recall(tenant, user, goal),
+            )  # fmt: skip
+        except KernelError as exc:
+            raise SubmissionError(str(exc)) from exc
+
+    def _check_tenant_allows(self, tenant: str, budget: Budget) -> None:
+        """A run may not ask for more than its tenant's hard ceilings could ever give it."""
+        asked = {"cost_microusd": budget.max_cost_microusd, "tokens": budget.max_tokens,
+                 "steps": budget.max_steps, "tool_calls": budget.max_tool_calls}  # fmt: skip
+        for dimension, state in self.ledger.read(tenant).items():
+            if state.hard and state.ceiling is not None and asked.get(dimension, 0) > state.ceiling:
+                raise SubmissionError(
+                    f"budget asks for {asked[dimension]} {dimension}; "
+                    f"tenant {tenant!r} allows {state.ceiling}"
+                )
+
+    def _check_model_priced(self, tenant: str, params: Mapping[str, Any]) -> None:
+        """A tenant with a cost ceiling only runs models whose spend can be priced."""
+        spec = unpriced(params)
+        cost = self.ledger.read(tenant).get("cost_microusd") if spec else None
+        if spec and cost is not None and cost.ceiling is not None:
+            raise SubmissionError(
+                f"model {spec!r} has no price and tenant {tenant!r} has a cost ceiling: add its"
+                f" price to the file named in {PRICES_FILE_ENV}"
+            )
+
+    def _claim_run_id(self, run_id: str, tenant: str) -> str:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hsetnx(RUN_TENANTS, run_id, tenant)
+        pipe.hget(RUN_TENANTS, run_id)
+        return str(pipe.execute()[1])
+
+    def _send(self, msg: StepMessage, state: RunState) -> bool:
+        """Send the step; False when the broker did not take it. The run is stored with a
+        pickup lease, so the sweeper sends the step when the lease lapses: the caller is told
+        the run was accepted, never that it failed (it would run anyway)."""
+        soft_s, hard_s = time_limits(state, self.config)
+        try:
+            self.send(msg, soft_s, hard_s)
+        except Exception:  # any failure of the broker client: the sweeper covers it
+            self.deferred.append(msg.run_id)
+            return False
+        return True
+
+    # -- long-term memory: a tenant's user's notes -----------------------------------------
+
+    def remember(self, tenant: str, user: str, text: str, *, source: str, ttl_s: float) -> str:
+        """Store a note for a tenant's user if its source may write memory; says what
+        happened."""
+        check_name("tenant", tenant)
+        check_name("user", user)
+        return remember(
+            self.memory, tenant=tenant, user_id=user, text=text, source=source,
+            now_s=time.time(), ttl_s=ttl_s,
+        )  # fmt: skip
+
+    def recall(self, tenant: str, user: str, query: str) -> list[str]:
+        """The tenant's user's live notes that match the query: shown to the model, labelled
+        as remembered, in the run's first view. Scoped to the tenant and the user before any
+        matching."""
+        if not all(isinstance(v, str) and v.strip() for v in (tenant, user)):
+            return []
+        return recall(self.memory, tenant=tenant, user_id=user, query=query, now_s=time.time())
+
+    def forget(self, tenant: str, *, user: str | None = None, source: str | None = None) -> int:
+        """Delete a tenant's notes by user, by source, or both; how many went."""
+        check_name("tenant", tenant)
+        if user is not None:
+            check_name("user", user)
+        return self.memory.forget(tenant=tenant, user_id=user, source=source)
+
+    def notes(self, tenant: str, *, user: str | None = None) -> list[Note]:
+        """A tenant's live notes, one user's or every user's."""
+        check_name("tenant", tenant)
+        if user is not None:
+            check_name("user", user)
+        return self.memory.notes(tenant, time.time(), user_id=user)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def tenant_of(self, run_id: str) -> str:
+        tenant = self.client.hget(RUN_TENANTS, run_id)
+        if not tenant:
+            raise RunNotFoundError(f"no run {run_id!r}")
+        return str(tenant)
+
+    def run_hash(self, run_id: str, tenant: str | None = None) -> tuple[str, dict[str, str]]:
+        tenant = tenant or self.tenant_of(run_id)
+        stored = self.store.hash(tenant, run_id)
+        if not stored:
+            raise RunNotFoundError(f"no run {run_id!r} for tenant {tenant!r}")
+        return tenant, stored
+
+    def state(self, run_id: str, tenant: str | None = None) -> RunState:
+        _, stored = self.run_hash(run_id, tenant)
+        return RunState.from_json(stored["state"])
+
+    # -- deciding --------------------------------------------------------------------------
+
+    def _decide(
+        self,
+        run_id: str,
+        by: str,
+        apply: Callable[[RunState], dict[str, Any]],
+        *,
+        if_idle: bool = False,
+    ) -> RunState:
+        tenant, stored = self.run_hash(run_id)
+        state = RunState.from_json(stored["state"])
+        try:
+            event = apply(state)
+        except KernelError as exc:
+            raise DecisionRefusedError(str(exc)) from exc
+        at = state.decisions[-1].at if state.decisions else now_iso()
+        event.update(by=by, at=at)  # the decision's own time: the record and the state agree
+        events = [event]
+        if state.status is Status.STOPPED:  # a denial or a cancel ends the run here and now
+            left = self.store.leave(
+                tenant=tenant, run_id=run_id, version=int(stored["version"]),
+                old_status=stored["status"], state=state, events=events, at=at,
+                clear=["cancel_by", "cancel_reason"], if_idle=if_idle,
+            )  # fmt: skip
+            if left.kind != "ok":
+                raise DecisionRefusedError(
+                    f"run {run_id} changed while deciding ({left.kind}); try again"
+                )
+            return state
+        live = state.status is Status.RUNNING
+        committed = self.store.commit(
+            Change(
+                tenant=tenant, run_id=run_id, version=int(stored["version"]),
+                old_status=stored["status"], status=state.status.value,
+                state_json=state.to_json().decode(),
+                outcome=state.outcome.value if state.outcome else "",
+                detail=state.detail or "", reason=state.reason or "",
+                lease_ms=int(self.config.pickup_lease_s * 1000) if live else None,
+                events=events,
+                hold=next_hold(
+                    self.ledger, self.config, state, self.jobs.get(state.job),
+                    version=int(stored["version"]) + 1,
+                ) if live else "-",
+            )
+        )  # fmt: skip
+        if committed.kind != "ok":
+            raise DecisionRefusedError(
+                f"run {run_id} changed while deciding ({committed.kind}); try again"
+            )
+        if live:  # a broker that does not take the step leaves it to the sweeper (self.deferred)
+            self._send(StepMessage(tenant, run_id, committed.version, stored["queue"]), state)
+        return state
+
+    def approve(self, run_id: str, *, by: str, digest: str | None = None) -> RunState:
+        def apply(state: RunState) -> dict[str, Any]:
+            kernel_approve(state, by=by, at=now_iso(), digest=digest)
+            assert state.approval is not None
+            return {"type": "decision", "kind": "approved", "digest": state.approval.digest}
+
+        return self._decide(run_id, by, apply)
+
+    def deny(self, run_id: str, *, by: str, reason: str) -> RunState:
+        def apply(state: RunState) -> dict[str, Any]:
+            kernel_deny(state, self.jobs.get(state.job), by=by, at=now_iso(), reason=reason)
+            return {"type": "decision", "kind": "denied", "reason": reason}
+
+        return self._decide(run_id, by, apply)
+
+    def cancel(self, run_id: str, *, by: str, reason: str = "cancelled by an operator") -> str:
+        """Cancelled at once ("cancelled") unless a turn of the run is in flight; then
+        "requested": the run is cancelled at its next turn boundary. Both go through the
+        store's version compare-and-set, so a cancel never lands on a run that moved on."""
+        for _ in range(CANCEL_TRIES):
+            tenant, stored = self.run_hash(run_id)
+            status = stored["status"]
+            if status == Status.STOPPED.value:
+                raise DecisionRefusedError(
+                    f"cannot cancel run {run_id}: it already ended {stored.get('outcome')}"
+                )
+
+            def apply(state: RunState) -> dict[str, Any]:
+                kernel_cancel(state, by=by, at=now_iso(), reason=reason)
+                return {"type": "decision", "kind": "cancelled", "reason": reason}
+
+            try:
+                self._decide(run_id, by, apply, if_idle=True)
+                return "cancelled"
+            except DecisionRefusedError:
+                pass  # a turn is in flight, or the run moved on: look again
+            if status == Status.RUNNING.value and stored.get("cancel_by"):
+                return "requested"  # asked before; the step at the boundary will see it
+            if status == Status.RUNNING.value:
+                marked = self.store.mark(
+                    tenant, run_id, version=int(stored["version"]), status=status,
+                    fields={"cancel_by": by, "cancel_reason": reason},
+                    event={"type": "cancel_requested", "by": by, "reason": reason,
+                           "at": now_iso()},
+                )  # fmt: skip
+                if marked.kind == "ok":
+                    return "requested"
+        raise DecisionRefusedError(f"run {run_id} kept changing while cancelling; try again")
+
+
+def connect_client(config: Settings) -> Client:
+    """A client over the configured store, sending steps through the configured broker."""
+    if config.redis_url is None:
+        raise SubmissionError("no store: set TURNSTILE_REDIS_URL")
+    return Client(connect(config.redis_url, config), config, sender(config.broker))

@@ -1,0 +1,1 @@
+"""For development: the demo, the embedded server, the demo shop."""

@@ -1,0 +1,158 @@
+"""Webhook endpoints: a tenant registers an HTTP(S) URL for `run.needs_approval` and
+`run.finished`; the secret that signs its deliveries is shown once, at registration.
+
+Deliveries are made by `worker.http.dispatch`, outside the step: it learns of events by reading
+what every commit already writes (the runs index and each run's event stream), so a slow or
+failing endpoint can never hold a turn back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+import msgspec
+import redis
+from fastapi import APIRouter, Path, Response
+from pydantic import BaseModel, Field
+
+from turnstile.worker.http import keys
+from turnstile.worker.http.context import Caller, Ctx
+from turnstile.worker.http.problems import Problem
+from turnstile.worker.http.routes_runs import PROBLEMS
+from turnstile.worker.http.schemas import Strict
+
+MAX_ENDPOINTS = 20  # per tenant: each is one more delivery per event
+SIGNATURE_HEADER = "Turnstile-Signature"
+TIMESTAMP_HEADER = "Turnstile-Timestamp"
+
+
+class WebhookEvent(StrEnum):
+    NEEDS_APPROVAL = "run.needs_approval"
+    FINISHED = "run.finished"
+
+
+# The stream event each webhook event is read from.
+FROM_STREAM = {"suspended": WebhookEvent.NEEDS_APPROVAL, "finished": WebhookEvent.FINISHED}
+
+
+class Endpoint(msgspec.Struct, frozen=True):
+    id: str
+    tenant: str
+    url: str
+    events: list[str]
+    secret: str
+    created_at: str
+    description: str = ""
+
+    def public(self, status: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {"id": self.id, "url": self.url, "events": self.events,
+                "description": self.description, "created_at": self.created_at,
+                "last_delivery": status}  # fmt: skip
+
+
+def sign(secret: str, timestamp: str, body: bytes) -> str:
+    """HMAC-SHA256 of `timestamp.body` with the endpoint's secret, as the header carries it."""
+    mac = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
+    return f"v1={mac.hexdigest()}"
+
+
+def verify(secret: str, timestamp: str, body: bytes, signature: str) -> bool:
+    """What a receiver does: recompute and compare in constant time."""
+    return hmac.compare_digest(sign(secret, timestamp, body), signature)
+
+
+def endpoints(r: redis.Redis, tenant: str) -> list[Endpoint]:
+    ids = sorted(str(i) for i in r.smembers(keys.tenant_webhooks(tenant)))
+    raw = r.hmget(keys.WEBHOOKS, ids) if ids else []
+    return [msgspec.json.decode(x, type=Endpoint) for x in raw if x]
+
+
+def _check_url(url: str, https_only: bool) -> None:
+    parts = urlsplit(url)
+    allowed = ("https",) if https_only else ("http", "https")
+    if parts.scheme not in allowed or not parts.hostname:
+        raise Problem(422, "invalid_url", f"url must be an absolute {' or '.join(allowed)} URL")
+    if parts.username or parts.password:
+        raise Problem(422, "invalid_url", "url must not carry credentials; sign instead")
+
+
+class WebhookBody(Strict):
+    url: str = Field(min_length=8, max_length=2000)
+    events: list[WebhookEvent] = Field(
+        default_factory=lambda: list(WebhookEvent), min_length=1, max_length=2
+    )
+    description: str = Field(default="", max_length=200)
+
+
+class WebhookCreated(BaseModel):
+    id: str
+    url: str
+    events: list[str]
+    description: str
+    created_at: str
+    secret: str = Field(description="Signs every delivery; shown only now.")
+
+
+router = APIRouter(responses=PROBLEMS, tags=["webhooks"])
+EndpointId = Annotated[str, Path(pattern=r"^wh_[0-9a-f]{16}$")]
+
+
+@router.post("/v1/webhooks", status_code=201, response_model=WebhookCreated)
+def create_webhook(body: WebhookBody, key: Caller, ctx: Ctx) -> WebhookCreated:
+    """Register an endpoint for the key's tenant's run events."""
+    _check_url(body.url, ctx.settings.webhook_https_only)
+    r = ctx.redis
+    if r.scard(keys.tenant_webhooks(key.tenant)) >= MAX_ENDPOINTS:
+        raise Problem(409, "too_many_webhooks", f"a tenant has at most {MAX_ENDPOINTS} endpoints")
+    made = Endpoint(
+        id=f"wh_{secrets.token_hex(8)}", tenant=key.tenant, url=body.url,
+        events=sorted({e.value for e in body.events}),
+        secret=f"whsec_{secrets.token_urlsafe(32)}",
+        created_at=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        description=body.description,
+    )  # fmt: skip
+    seconds, micros = r.time()
+    pipe = r.pipeline(transaction=False)
+    # The dispatcher starts from now: runs created before the first endpoint are not announced.
+    pipe.set(keys.cursor(key.tenant), int(seconds) * 1000 + int(micros) // 1000, nx=True)
+    pipe.hset(keys.WEBHOOKS, made.id, msgspec.json.encode(made))
+    pipe.sadd(keys.tenant_webhooks(key.tenant), made.id)
+    pipe.sadd(keys.WEBHOOK_TENANTS, key.tenant)
+    pipe.execute()
+    return WebhookCreated(**{k: v for k, v in made.public().items() if k != "last_delivery"},
+                          secret=made.secret)  # fmt: skip
+
+
+@router.get("/v1/webhooks")
+def list_webhooks(key: Caller, ctx: Ctx) -> dict[str, Any]:
+    """The tenant's endpoints, each with its last delivery (never the secrets)."""
+    found = endpoints(ctx.redis, key.tenant)
+    raw = ctx.redis.hmget(keys.WEBHOOK_STATUS, [e.id for e in found]) if found else []
+    status = [msgspec.json.decode(s) if s else None for s in raw]
+    return {"webhooks": [e.public(s) for e, s in zip(found, status, strict=True)]}
+
+
+@router.delete("/v1/webhooks/{endpoint_id}", status_code=204, response_class=Response)
+def delete_webhook(endpoint_id: EndpointId, key: Caller, ctx: Ctx) -> Response:
+    """Remove an endpoint; deliveries still pending for it are dropped."""
+    r = ctx.redis
+    if not r.srem(keys.tenant_webhooks(key.tenant), endpoint_id):
+        raise Problem(404, "webhook_not_found", f"no webhook {endpoint_id!r}")
+    pipe = r.pipeline(transaction=False)
+    pipe.hdel(keys.WEBHOOKS, endpoint_id)
+    pipe.hdel(keys.WEBHOOK_STATUS, endpoint_id)
+    pipe.execute()
+    if not r.scard(keys.tenant_webhooks(key.tenant)):
+        # No endpoint left: the dispatcher forgets the tenant, and a later endpoint starts
+        # from its own registration instead of announcing every run made in between.
+        pipe = r.pipeline(transaction=False)
+        pipe.srem(keys.WEBHOOK_TENANTS, key.tenant)
+        pipe.delete(keys.cursor(key.tenant), keys.watch(key.tenant), keys.done(key.tenant))
+        pipe.execute()
+    return Response(status_code=204)

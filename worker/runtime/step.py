@@ -1,0 +1,594 @@
+"""One step of a run, in DESIGN.md's order: gate, load, admit, turn, commit, next.
+
+The Celery task only parses its message and calls `Step(...).run()`; everything here is plain
+Python over the store, the ledger and the kernel, so the order is readable in one place.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import structlog
+from celery.exceptions import SoftTimeLimitExceeded
+
+from turnstile.jobs.budget import Usage
+from turnstile.jobs.clock import ActiveClock
+from turnstile.jobs.decisions import cancel
+from turnstile.jobs.errors import StateFormatError, UnknownJobError
+from turnstile.jobs.job import Job
+from turnstile.jobs.kernel import (
+    READ_POOL_SIZE,
+    Continue,
+    Finished,
+    Move,
+    Runtime,
+    Suspended,
+    exposure,
+    finish,
+    turn,
+)
+from turnstile.jobs.outcomes import Outcome, Resource, Status
+from turnstile.jobs.state import RunState
+from turnstile.jobs.trace import Trace
+from turnstile.ledger import replies as ledger_replies
+from turnstile.ledger.client import Ledger
+from turnstile.ledger.results import ReserveResult
+from turnstile.worker.errors import TurnstileError
+from turnstile.worker.observability import metrics, tracing
+from turnstile.worker.registry import Jobs
+from turnstile.worker.runtime import pools
+from turnstile.worker.settings import Settings
+from turnstile.worker.store import keys
+from turnstile.worker.store.runs import (
+    Change,
+    Committed,
+    Loaded,
+    NextStep,
+    RunStore,
+    excerpt,
+    now_iso,
+)
+
+__all__ = ["now_iso"]  # re-exported: callers take the time format from here
+
+log = structlog.get_logger("turnstile.step")
+
+MAX_TRACEPARENT_CHARS = 128
+
+
+class LedgerDown(TurnstileError):  # noqa: N818 - the ledger is down, said plainly
+    """The ledger did not answer: hard limits fail closed, the step is retried later."""
+
+
+@dataclass(frozen=True)
+class StepMessage:
+    tenant: str
+    run_id: str
+    version: int
+    queue: str
+    traceparent: str = ""  # the run's W3C trace context, so all its turns share one trace
+
+    def as_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "tenant": self.tenant,
+            "run_id": self.run_id,
+            "version": self.version,
+            "queue": self.queue,
+        }
+        if self.traceparent:
+            kwargs["traceparent"] = self.traceparent
+        return kwargs
+
+
+def parse_message(args: tuple[Any, ...], kwargs: dict[str, Any]) -> StepMessage | str:
+    """The step's arguments, or why they are not a step message."""
+    if args:  # an excerpt: the arguments can be megabytes, and the reason is stored
+        return excerpt(f"positional arguments are not accepted: {list(args)[:4]!r}", 300)
+    tenant, run_id, version, queue = (
+        kwargs.get(k) for k in ("tenant", "run_id", "version", "queue")
+    )
+    if not isinstance(tenant, str) or not tenant or not isinstance(run_id, str) or not run_id:
+        return "tenant and run_id must be non-empty strings"
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        return "version must be a positive integer"
+    if not isinstance(queue, str) or not queue:
+        return "queue must be a non-empty string"
+    traceparent = kwargs.get("traceparent")  # optional; a bad one only costs the trace link
+    if not isinstance(traceparent, str) or len(traceparent) > MAX_TRACEPARENT_CHARS:
+        traceparent = ""
+    return StepMessage(tenant, run_id, version, queue, traceparent)
+
+
+def time_limits(state: RunState, settings: Settings) -> tuple[float, float]:
+    """(soft, hard) time limits of the run's next step: the run's remaining active time plus a
+    grace, so that a call ignoring its own timeout is still stopped from outside."""
+    remaining_s = max(0, state.budget.deadline_ms - state.usage.elapsed_ms) / 1000
+    hard = min(remaining_s, settings.max_deadline_s) + settings.step_grace_s
+    return max(1.0, hard - settings.soft_margin_s), hard
+
+
+def ledger_amounts(usage: Usage) -> dict[str, int]:
+    """The built-in four dimensions and whatever job dimensions the usage carries."""
+    return usage.ledger_amounts()
+
+
+def hold_id(run_id: str, step: int, version: int) -> str:
+    """The reservation id of a turn: "<run>:<step>", qualified by the version of the step
+    message that takes it. A redelivered message takes the same hold again (the ledger
+    replays it); after a park released a hold, the resumed run takes a new one."""
+    return f"{run_id}:{step}:v{version}"
+
+
+def next_hold(
+    ledger: Ledger, settings: Settings, state: RunState, job: Job, *, version: int
+) -> str:
+    """The ledger hold the run's next turn will take, as the load script reads it: computed
+    whenever the run is committed live, for the step message of `version`, so that step
+    reserves inside its one read. It is the worst case of the next turn (the kernel's
+    exposure), held until the step's hard time limit has passed."""
+    unfit, worst = exposure(state, job)
+    if unfit is not None:
+        return msgspec.json.encode({"unfit": unfit.value}).decode()
+    _, hard_s = time_limits(state, settings)
+    reservation_id = hold_id(state.run_id, state.usage.steps + 1, version)
+    _, argv = ledger.reserve_script_args(
+        state.tenant, reservation_id, ledger_amounts(worst), timeout_s=hard_s
+    )
+    return msgspec.json.encode({"argv": argv}).decode()
+
+
+@dataclass
+class Services:
+    """What every step of one worker process shares."""
+
+    settings: Settings
+    store: RunStore
+    ledger: Ledger
+    jobs: Jobs
+    send: Callable[[StepMessage, RunState], None]  # enqueue the next step
+    # The next step as the commit that makes it due queues it itself, or None: then `send`
+    # sends it after the commit (fair share off, the drills).
+    next_step: Callable[[StepMessage, RunState], NextStep | None] = lambda msg, state: None
+    pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(READ_POOL_SIZE, "turnstile-tool")
+    )  # the process's tool-call threads, shared by its turns
+    heartbeat: Heartbeat = field(default_factory=lambda: Heartbeat(5.0))
+
+
+class LedgerGate:
+    """Asks the tenant's ledger for a batch larger than the turn's allowance, before it runs.
+    The hold is recorded on the run (the next commit settles or releases it), and taken only
+    while the run is still at the version the turn loaded."""
+
+    def __init__(self, store: RunStore, msg: StepMessage, reservation_id: str, timeout_s: float):
+        self.store, self.msg, self.reservation_id, self.timeout_s = (
+            store,
+            msg,
+            reservation_id,
+            timeout_s,
+        )
+        self.reserved: Usage | None = None
+        self.rejected: str | None = None  # the dimension that refused, for tenant.<dimension>
+
+    def extend(self, extra: Usage) -> bool:
+        """Admitted or not. An unreachable ledger is no refusal (the run would end as if its
+        tenant were out of budget): the step is retried, as when the load finds it down. A run
+        that moved on past the turn's version takes no hold."""
+        _, argv = self.store.ledger.reserve_script_args(
+            self.msg.tenant, self.reservation_id, ledger_amounts(extra), timeout_s=self.timeout_s
+        )
+        result = self.store.hold(self.msg.tenant, self.msg.run_id, self.msg.version, argv)
+        if result is None:
+            return False
+        if result.status == "unavailable":
+            raise LedgerDown(result.detail)
+        if result.admitted:
+            self.reserved = extra
+        self.rejected = result.first_rejected
+        return result.admitted
+
+
+def split_actual(actual: Usage, holds: list[tuple[str, Usage]]) -> list[tuple[str, Usage]]:
+    """Share a turn's actual usage among its holds, each taking up to what it reserved; the
+    last takes whatever is left (an overage is booked, and flagged, on it)."""
+    left = ledger_amounts(actual)
+    out = []
+    for index, (reservation_id, held) in enumerate(holds):
+        limit = ledger_amounts(held)
+        last = index == len(holds) - 1
+        share = {d: left[d] if last else min(left[d], limit.get(d, 0)) for d in left}
+        left = {d: left[d] - share[d] for d in left}
+        out.append((reservation_id, Usage.from_ledger_amounts(share)))
+    return out
+
+
+class Heartbeat:
+    """Renews the in-flight lease of every turn the process is running, so the sweeper leaves
+    them alone: one per turn on a green worker's hundreds, one on a prefork process. One
+    thread (a greenlet on a green worker), started on first use, serves them all."""
+
+    def __init__(self, every_s: float) -> None:
+        self._every_s = every_s
+        self._renewals: dict[int, Callable[[], None]] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def beating(self, renew: Callable[[], None]) -> Iterator[None]:
+        with self._lock:
+            token = id(renew)
+            self._renewals[token] = renew
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="turnstile-heartbeat", daemon=True
+                )
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._renewals.pop(token, None)
+
+    @property
+    def beating_now(self) -> int:
+        """How many turns' leases are being renewed."""
+        return len(self._renewals)
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(self._every_s)
+            with self._lock:
+                renewals = list(self._renewals.values())
+            for renew in renewals:
+                try:
+                    renew()
+                except Exception as exc:  # a missed heartbeat only risks a harmless duplicate
+                    log.warning("heartbeat_failed", error=str(exc))
+
+
+@dataclass
+class Step:
+    """One delivery of a step message being handled."""
+
+    services: Services
+    msg: StepMessage
+    delivery: str = "-"  # the message: its task id and retry count
+    after: str = ""  # the earlier delivery of this step that exited cleanly, if any
+    loaded: bool = False  # whether this delivery's load ran (and so counted as an attempt)
+    # This delivery, as its load records it: the message, and a nonce, since a message
+    # redelivered after a kill is the same message but another delivery.
+    token: str = field(default_factory=lambda: secrets.token_hex(4))
+
+    def __post_init__(self) -> None:
+        self.token = f"{self.delivery}.{self.token}"
+
+    @property
+    def clean_exit(self) -> str:
+        """What a retry of this delivery names as `after`: this delivery if its load counted
+        it, else whatever this one was given."""
+        return self.token if self.loaded else self.after
+
+    @property
+    def settings(self) -> Settings:
+        return self.services.settings
+
+    # -- commits ---------------------------------------------------------------------------
+
+    def _change(self, state: RunState | None, loaded: Loaded, **kw: Any) -> Change:
+        return Change(
+            tenant=self.msg.tenant,
+            run_id=self.msg.run_id,
+            version=self.msg.version,
+            old_status=loaded.status or "running",
+            state_json=state.to_json().decode() if state is not None else "",
+            **kw,
+        )
+
+    def _summary(self, state: RunState) -> dict[str, Any]:
+        return {
+            "status": state.status.value,
+            "outcome": state.outcome.value if state.outcome else "",
+            "detail": state.detail or "",
+            "reason": state.reason or "",
+        }
+
+    def _leave(
+        self,
+        loaded: Loaded,
+        state: RunState | None,
+        *,
+        reason: str = "",
+        events: list[dict[str, Any]] | None = None,
+        settlements: list[list[str]] | None = None,
+        clear: list[str] | None = None,
+    ) -> Committed:
+        """The run ends or parks here: through the store's one way out."""
+        return self.services.store.leave(
+            tenant=self.msg.tenant, run_id=self.msg.run_id, version=self.msg.version,
+            old_status=loaded.status or "running", state=state, reason=reason,
+            events=events or [], settlements=settlements or [], clear=clear or [],
+        )  # fmt: skip
+
+    def fail(self, loaded: Loaded, reason: str, state: RunState | None = None) -> Committed:
+        """End the run `error` with the reason; the state is kept as it was if it is broken."""
+        log.error("run_failed", reason=excerpt(reason))
+        if state is not None:
+            finish(state, Outcome.ERROR, reason)
+        return self._leave(loaded, state, reason=reason)
+
+    def park(self, loaded: Loaded, state: RunState) -> Committed:
+        why = (
+            "tenant paused"
+            if loaded.tenant_paused
+            else "queue paused"
+            if loaded.queue_paused
+            else "queue draining"
+        )
+        state.status = Status.PARKED
+        log.info("run_parked", why=why)
+        event = {"type": "parked", "why": why, "step": state.usage.steps, "at": now_iso()}
+        return self._leave(loaded, state, reason=why, events=[event])
+
+    def finish_now(
+        self,
+        loaded: Loaded,
+        state: RunState,
+        job: Job,
+        events: list[dict[str, Any]],
+        *,
+        settlements: list[list[str]] | None = None,
+        clear: list[str] | None = None,
+    ) -> Committed:
+        """Commit a state the step changed, with its events, and what follows from it."""
+        if state.status is Status.STOPPED:
+            return self._leave(loaded, state, events=events, settlements=settlements, clear=clear)
+        if state.status is Status.SUSPENDED and state.pending is not None:
+            held = state.pending
+            events.append(
+                {"type": "suspended", "tool": held.call.name, "args": held.call.args,
+                 "digest": held.digest, "reason": held.reason, "at": now_iso()}
+            )  # fmt: skip
+        live = state.status is Status.RUNNING
+        lease = int(self.settings.pickup_lease_s * 1000) if live else None
+        hold = (
+            next_hold(self.services.ledger, self.settings, state, job, version=self.msg.version + 1)
+            if live
+            else "-"
+        )
+        next_step = self.services.next_step(self._following, state) if live else None
+        return self.services.store.commit(
+            self._change(
+                state, loaded, lease_ms=lease, events=events, hold=hold,
+                settlements=settlements or [], clear=clear or [], next_step=next_step,
+                **self._summary(state),
+            )
+        )  # fmt: skip
+
+    @property
+    def _following(self) -> StepMessage:
+        """The message of the run's next step, once this one commits."""
+        return StepMessage(
+            self.msg.tenant, self.msg.run_id, self.msg.version + 1, self.msg.queue,
+            self._traceparent,
+        )  # fmt: skip
+
+    # -- the step --------------------------------------------------------------------------
+
+    def run(self) -> str:
+        """Handle the delivery; returns what happened, for the log and the tests."""
+        store = self.services.store
+        loaded = store.load(
+            tenant=self.msg.tenant, run_id=self.msg.run_id, version=self.msg.version,
+            queue=self.msg.queue, inflight_lease_ms=int(self.settings.inflight_lease_s * 1000),
+            delivery=self.token, after=self.after,
+        )  # fmt: skip
+        self.loaded = loaded.kind == "go"
+        if loaded.kind != "go":
+            log.info(
+                "step_skipped",
+                why=loaded.kind,
+                current_version=loaded.version,
+                status=loaded.status,
+            )
+            return loaded.kind
+        if loaded.attempts > self.settings.max_step_attempts:
+            reason = (
+                f"step {self.msg.version} was delivered {loaded.attempts} times without a "
+                "commit: its turn keeps killing the worker"
+            )
+            self.fail(loaded, reason, self._parse(loaded))
+            return "poison"
+        try:
+            state = RunState.from_json(loaded.state)
+            job = self.services.jobs.get(state.job)
+        except (StateFormatError, UnknownJobError) as exc:
+            self.fail(loaded, str(exc))
+            return "broken"
+        structlog.contextvars.bind_contextvars(step=state.usage.steps + 1)
+        return self._gate_and_turn(loaded, state, job)
+
+    def _parse(self, loaded: Loaded) -> RunState | None:
+        try:
+            return RunState.from_json(loaded.state)
+        except StateFormatError:
+            return None
+
+    def _gate_and_turn(self, loaded: Loaded, state: RunState, job: Job) -> str:
+        if loaded.cancel_by:
+            at, reason = now_iso(), loaded.cancel_reason or "cancelled"
+            cancel(state, by=loaded.cancel_by, at=at, reason=reason)
+            decision = {"type": "decision", "kind": "cancelled", "by": loaded.cancel_by, "at": at,
+                        "reason": reason}  # fmt: skip
+            self.finish_now(loaded, state, job, [decision], clear=["cancel_by", "cancel_reason"])
+            return "cancelled"
+        if loaded.tenant_paused or loaded.queue_paused or loaded.queue_draining:
+            self.park(loaded, state)
+            return "parked"
+        return self._admit_and_turn(loaded, state, job)
+
+    def _admit_and_turn(self, loaded: Loaded, state: RunState, job: Job) -> str:
+        step_no = state.usage.steps + 1
+        _, hard_s = time_limits(state, self.settings)
+        view = job.render(state)  # rendered once: it sizes the hold and is the model's input
+        unfit, worst = exposure(state, job, view)
+        holds: list[tuple[str, Usage]] = []
+        if unfit is None:
+            reservation_id = hold_id(state.run_id, step_no, self.msg.version)
+            result = self._hold(loaded, reservation_id, worst, hard_s)
+            if result.status == "unavailable":
+                raise LedgerDown(result.detail)
+            if not result.admitted:
+                dimension = result.first_rejected or "conflict"
+                reason = f"the tenant's {dimension} ceiling has no room for the next turn"
+                log.info("tenant_budget_refused", dimension=dimension, status=result.status)
+                metrics.tenant_refused(dimension)
+                finish(state, Outcome.BUDGET_EXHAUSTED, reason, f"tenant.{dimension}")
+                self.finish_now(loaded, state, job, [])
+                return "refused"
+            holds.append((reservation_id, worst))
+        return self._turn(loaded, state, job, holds, hard_s, view=view)
+
+    def _hold(
+        self, loaded: Loaded, reservation_id: str, worst: Usage, hard_s: float
+    ) -> ReserveResult:
+        """The ledger's answer for this turn's hold: the one the load took, or, for a run that
+        carries no hold (one written before holds were), a reservation taken now."""
+        ledger = self.services.ledger
+        if loaded.hold in ("admitted", "rejected", "conflict") and loaded.hold_id == reservation_id:
+            if ledger_replies.needs_index(loaded.hold_reply):
+                ledger.index_tenant(self.msg.tenant)
+            return ledger_replies.reserve(loaded.hold_reply)
+        _, argv = ledger.reserve_script_args(
+            self.msg.tenant, reservation_id, ledger_amounts(worst), timeout_s=hard_s
+        )
+        taken = self.services.store.hold(self.msg.tenant, self.msg.run_id, self.msg.version, argv)
+        if taken is None:  # the run moved on since the load: this turn will not commit
+            return ReserveResult(status="conflict", admitted=False, detail="the run moved on")
+        return taken
+
+    def _turn(
+        self,
+        loaded: Loaded,
+        state: RunState,
+        job: Job,
+        holds: list[tuple[str, Usage]],
+        hard_s: float,
+        *,
+        view: str,
+    ) -> str:
+        before = msgspec.structs.replace(state.usage)
+        soft_s, _ = time_limits(state, self.settings)
+        clock = ActiveClock(state.usage.elapsed_ms / 1000)
+        trace = Trace(clock)
+        gate = LedgerGate(
+            self.services.store,
+            self.msg,
+            hold_id(state.run_id, before.steps + 1, self.msg.version) + ":x",
+            hard_s,
+        )
+        runtime = Runtime(
+            job=job, model=job.model(state.params), clock=clock, trace=trace, gate=gate,
+            pool=self.services.pool,
+        )  # fmt: skip
+        try:
+            with (
+                self.services.heartbeat.beating(self._renew_lease),
+                pools.soft_limit(soft_s, SoftTimeLimitExceeded),
+            ):
+                move = turn(state, runtime, view=view)
+        except SoftTimeLimitExceeded:
+            state, move = self._out_of_time(loaded)
+            actual = sum((h for _, h in holds), Usage())  # worst case: nothing more is known
+        else:
+            actual = state.usage - before
+        finally:
+            runtime.close()
+        if gate.reserved is not None:
+            holds.append((gate.reservation_id, gate.reserved))
+        settlements = [
+            self.services.ledger.settle_script_args(state.tenant, rid, ledger_amounts(share))[1]
+            for rid, share in split_actual(actual, holds)
+        ]
+        event = {
+            "type": "turn", "step": state.usage.steps, "version": self.msg.version + 1,
+            "status": state.status.value, "usage": msgspec.to_builtins(actual),
+            "totals": msgspec.to_builtins(state.usage), "last_result": state.last_result,
+            "spans": msgspec.to_builtins(trace.spans), "at": now_iso(),
+        }  # fmt: skip
+        committed = self.finish_now(loaded, state, job, [event], settlements=settlements)
+        done = self._next(committed, state, move)
+        model = str(state.params.get("model") or "") or None
+        tracing.export_turn(self._traceparent, trace.spans, clock, run_id=state.run_id, model=model)
+        if isinstance(move, Finished):
+            tracing.export_run_end(self._traceparent, state, model)
+        return done
+
+    @property
+    def _traceparent(self) -> str:
+        return self.msg.traceparent or tracing.run_traceparent(self.msg.run_id)
+
+    def _cancel_if_requested(self, version: int, state: RunState) -> str | None:
+        """A cancel requested while the turn ran finds the run suspended, where no step will
+        come to see it: honour it now, through the same compare-and-set (an operator's
+        decision that got there first wins)."""
+        by, reason, stored = self.services.store.client.hmget(
+            keys.run(self.msg.tenant, self.msg.run_id), "cancel_by", "cancel_reason", "version"
+        )
+        if not by or str(stored) != str(version):
+            return None
+        at, why = now_iso(), str(reason or "cancelled")
+        cancel(state, by=str(by), at=at, reason=why)
+        decision = {"type": "decision", "kind": "cancelled", "by": str(by), "at": at,
+                    "reason": why}  # fmt: skip
+        left = self.services.store.leave(
+            tenant=self.msg.tenant, run_id=self.msg.run_id, version=version,
+            old_status=Status.SUSPENDED.value, state=state, events=[decision],
+            clear=["cancel_by", "cancel_reason"],
+        )  # fmt: skip
+        return "cancelled" if left.kind == "ok" else None
+
+    def _renew_lease(self) -> None:
+        self.services.store.renew(
+            tenant=self.msg.tenant, run_id=self.msg.run_id, queue=self.msg.queue,
+            lease_ms=int(self.settings.inflight_lease_s * 1000),
+        )  # fmt: skip
+
+    def _out_of_time(self, loaded: Loaded) -> tuple[RunState, Move]:
+        """The soft limit fired inside the turn: something ignored its timeout. Start again
+        from the state as loaded and end the run; if an approved held call may have run, its
+        outcome is unknown, otherwise the run ran out of time."""
+        state = RunState.from_json(loaded.state)
+        state.usage.elapsed_ms = state.budget.deadline_ms
+        if state.pending is not None:
+            state.unconfirmed = state.pending.call.plan_step or state.pending.call.name
+            reason = "the turn outlived its time limit while an approved call may have run"
+            return state, finish(state, Outcome.UNKNOWN_OUTCOME, reason)
+        reason = "the turn outlived its time limit: a call ignored its timeout"
+        return state, finish(state, Outcome.BUDGET_EXHAUSTED, reason, Resource.DEADLINE)
+
+    def _next(self, committed: Committed, state: RunState, move: Move) -> str:
+        if committed.kind == "stale":
+            log.info("turn_discarded", why="another delivery committed this version first")
+            return "stale"
+        if committed.kind != "ok":
+            log.error("commit_failed", kind=committed.kind, detail=committed.detail)
+            return f"commit_{committed.kind}"
+        if isinstance(move, Continue):
+            if not committed.queued:
+                self.services.send(self._following, state)
+            return "continued"
+        if isinstance(move, Suspended):
+            log.info("run_suspended", tool=move.held.call.name)
+            return self._cancel_if_requested(committed.version, state) or "suspended"
+        assert isinstance(move, Finished)
+        log.info("run_finished", outcome=move.outcome.value, detail=move.detail)
+        metrics.run_finished(move.outcome.value, move.detail)
+        return "finished"

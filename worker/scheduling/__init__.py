@@ -1,0 +1,1 @@
+"""Who runs next: fair share and its dispatcher, the sweeper, retention."""

@@ -1,0 +1,141 @@
+"""Retention: nothing in the store grows for good.
+
+A finished run is kept `retain_finished_s` after it ended (`TURNSTILE_RETAIN_FINISHED_S`, three
+days by default), then removed with everything that names it: its hash, its event stream, its
+entries in the tenant's runs, status and outcome indexes, its lease and in-flight entries
+(`run_expire.lua`, one atomic script per run), and its entry in the run-tenants map. After
+that its id is forgotten: submitting it again makes a new run. The ledger's period buckets
+that have ended and that no reservation still books in are pruned (`Ledger.prune_periods`).
+
+The sweeper's timer calls `run_due` in every worker; one of them at a time does a pass (a lock
+key that lapses after `retention_interval_s`), so a pass runs about once an interval. A pass
+walks each tenant's runs index from the oldest, only as far as runs created before the
+cutoff (a run ends after it was created), and removes at most `MAX_PER_TENANT` runs per
+tenant, so it stays short; the next pass goes on where this one stopped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+import structlog
+
+from turnstile.ledger.client import Ledger
+from turnstile.worker.settings import Settings
+from turnstile.worker.store import keys
+
+log = structlog.get_logger("turnstile.retention")
+
+BATCH = 200  # runs read and removed per round trip
+MAX_PER_TENANT = 2000  # runs removed per tenant per pass: bounds how long a pass takes
+SCRIPT = (Path(__file__).parents[1] / "store" / "lua" / "run_expire.lua").read_text
+
+
+@dataclass(frozen=True)
+class Retained:
+    """What one retention pass removed."""
+
+    runs: int  # finished runs removed
+    buckets: int  # ledger period buckets pruned, over every tenant
+
+
+def _s(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode()
+    return "" if value is None else str(value)
+
+
+def _now_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def run_due(client: redis.Redis, config: Settings, ledger: Ledger) -> Retained | None:
+    """A retention pass, unless another worker did one less than an interval ago."""
+    interval_ms = max(100, int(config.retention_interval_s * 1000))
+    if not client.set(keys.RETENTION_LOCK, "1", nx=True, px=interval_ms):
+        return None
+    done = retain(client, config, ledger)
+    if done.runs or done.buckets:
+        log.info("retention_pass", runs_removed=done.runs, buckets_pruned=done.buckets)
+    return done
+
+
+def retain(client: redis.Redis, config: Settings, ledger: Ledger) -> Retained:
+    """One pass over every tenant: remove the runs that ended before the cutoff, prune the
+    ledger's old period buckets."""
+    cutoff_ms = _now_ms(client) - int(config.retain_finished_s * 1000)
+    expire = client.register_script(SCRIPT())
+    runs = buckets = 0
+    for raw in client.sscan_iter(keys.TENANTS, count=BATCH):
+        tenant = _s(raw)
+        runs += expire_runs(client, expire, tenant, cutoff_ms)
+        buckets += len(ledger.prune_periods(tenant))
+    return Retained(runs, buckets)
+
+
+def expire_runs(client: redis.Redis, expire: Any, tenant: str, cutoff_ms: int) -> int:
+    """Remove the tenant's runs that ended at or before `cutoff_ms`; returns how many."""
+    removed, skipped = 0, 0
+    while removed < MAX_PER_TENANT:
+        # Runs created before the cutoff, oldest first, past the ones kept on this pass.
+        ids = [
+            _s(r)
+            for r in client.zrangebyscore(
+                keys.runs(tenant), "-inf", cutoff_ms, start=skipped, num=BATCH
+            )
+        ]
+        if not ids:
+            break
+        gone = _remove(client, expire, tenant, _due(client, tenant, ids, cutoff_ms), cutoff_ms)
+        skipped += len(ids) - gone
+        removed += gone
+    return removed
+
+
+def _due(client: redis.Redis, tenant: str, ids: list[str], cutoff_ms: int) -> list[tuple[str, str]]:
+    """(run id, outcome) of the runs among `ids` that are stopped and ended by the cutoff, and
+    of entries with no run behind them."""
+    pipe = client.pipeline(transaction=False)
+    for run_id in ids:
+        pipe.hmget(keys.run(tenant, run_id), "status", "updated_ms", "outcome")
+    due = []
+    for run_id, (status, updated, outcome) in zip(ids, pipe.execute(), strict=True):
+        ended = _s(status) == "stopped" and int(_s(updated) or 0) <= cutoff_ms
+        if status is None or ended:
+            due.append((run_id, _s(outcome)))
+    return due
+
+
+def _remove(
+    client: redis.Redis, expire: Any, tenant: str, due: list[tuple[str, str]], cutoff_ms: int
+) -> int:
+    if not due:
+        return 0
+    pipe = client.pipeline(transaction=False)
+    for run_id, outcome in due:
+        script_keys = [
+            keys.run(tenant, run_id),
+            keys.events(tenant, run_id),
+            keys.runs(tenant),
+            keys.by_status(tenant, "stopped"),
+            keys.by_outcome(tenant, outcome or "none"),
+            keys.leases(tenant),
+            keys.inflight(tenant),
+        ]
+        expire(keys=script_keys, args=[run_id, cutoff_ms, outcome], client=pipe)
+    gone = [run_id for (run_id, _), ok in zip(due, pipe.execute(), strict=True) if ok]
+    # The run-tenants map last: a crash before it leaves an entry that finds no run (a
+    # lookup says "no run"), never a run that cannot be found. Only this tenant's entries.
+    if gone:
+        pipe = client.pipeline(transaction=False)
+        for run_id in gone:
+            pipe.hget(keys.RUN_TENANTS, run_id)
+        owners = pipe.execute()
+        mine = [r for r, owner in zip(gone, owners, strict=True) if _s(owner) == tenant]
+        if mine:
+            client.hdel(keys.RUN_TENANTS, *mine)
+    return len(gone)

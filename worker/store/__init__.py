@@ -1,0 +1,1 @@
+"""The Redis data model: runs, keys, Lua scripts (one loader), durability, memory."""

@@ -1,0 +1,153 @@
+"""Every Redis key of the worker, built in one place.
+
+A run's keys carry its tenant's hash tag, the same one the ledger's keys carry, so the commit
+script can compare-and-set the run and settle the tenant's reservation in one slot.
+"""
+
+from __future__ import annotations
+
+from turnstile.ledger.keys import tenant_keys as ledger_tenant_keys
+
+PREFIX = "turnstile"
+
+TENANTS = f"{PREFIX}:tenants"  # every tenant that has runs: the sweeper's starting point
+SWEEP_LOCK = f"{PREFIX}:sweeper:lock"
+RETENTION_LOCK = f"{PREFIX}:retention:lock"  # one retention pass at a time, once an interval
+RUN_TENANTS = f"{PREFIX}:run-tenants"  # hash: run id -> tenant, so a run id alone finds its run
+FENCE = f"{PREFIX}:fence"  # counter: a reader's own write, to wait for what it read (store.fence)
+
+
+def _t(tenant: str, name: str) -> str:
+    return f"{PREFIX}:{{{tenant}}}:{name}"
+
+
+def run(tenant: str, run_id: str) -> str:
+    """Hash: state, version, status, outcome, detail, reason, queue, job, user, attempts..."""
+    return _t(tenant, f"run:{run_id}")
+
+
+def events(tenant: str, run_id: str) -> str:
+    """Stream: the run's events, appended by the same script that commits the state."""
+    return _t(tenant, f"events:{run_id}")
+
+
+def runs(tenant: str) -> str:
+    """Sorted set: the tenant's run ids by creation time (ms)."""
+    return _t(tenant, "runs")
+
+
+def by_status(tenant: str, status: str) -> str:
+    return _t(tenant, f"status:{status}")
+
+
+def by_outcome(tenant: str, outcome: str) -> str:
+    return _t(tenant, f"outcome:{outcome}")
+
+
+def leases(tenant: str) -> str:
+    """Sorted set: run id scored by when its lease lapses (server ms)."""
+    return _t(tenant, "leases")
+
+
+def control(tenant: str) -> str:
+    """Hash: the tenant's operator flags (paused, by, at)."""
+    return _t(tenant, "control")
+
+
+def inflight(tenant: str) -> str:
+    """Hash: run id -> "<queue>|<pid>|<host>|<delivery token>|<lease ms>" for turns running
+    now, with the time their in-flight lease lapses; a drain waits for its queue's live turns
+    to end."""
+    return _t(tenant, "inflight")
+
+
+def queue_control(queue: str) -> str:
+    """Hash: a queue's operator flags (paused, draining, by, at). Not tenant-tagged: a queue is
+    shared by tenants, and it is read in the same pipeline as the run, not inside a script."""
+    return f"{PREFIX}:queue:{queue}"
+
+
+QUEUES = f"{PREFIX}:queues"  # every queue that has been used or controlled
+
+# On the broker, beside the queues: what workers took off a queue and could not run.
+DEAD_LETTER_QUEUES = f"{PREFIX}:dead"  # set: the queues that have dead letters
+
+
+def dead_letters(queue: str) -> str:
+    """List, on the broker: the queue's dead letters as JSON, newest first."""
+    return f"{PREFIX}:dead:{queue}"
+
+
+# -- long-term memory: every key of a tenant's notes carries the tenant's hash tag -------------
+
+
+def memory_notes(tenant: str, user_id: str) -> str:
+    """Sorted set: one user's note records (JSON), scored by when each expires (seconds)."""
+    return _t(tenant, f"mem:notes:{user_id}")
+
+
+def memory_seq(tenant: str, user_id: str) -> str:
+    """Counter: the last sequence number given to a note of this user."""
+    return _t(tenant, f"mem:seq:{user_id}")
+
+
+def memory_users(tenant: str) -> str:
+    """Set: every user of the tenant that was ever given a note (`memory list` walks it)."""
+    return _t(tenant, "mem:users")
+
+
+def memory_source_users(tenant: str, source: str) -> str:
+    """Set: every user of the tenant that was ever given a note from `source`."""
+    return _t(tenant, f"mem:source:{source}:users")
+
+
+def ledger(tenant: str) -> list[str]:
+    return ledger_tenant_keys(tenant)
+
+
+# -- fair share: each tenant's steps wait in lists of its own until the dispatcher sends them --
+
+
+def pending(tenant: str, queue: str, kind: str) -> str:
+    """List: the tenant's step entries (JSON) waiting for the dispatcher on `queue`; `kind` is
+    "cont" (a run's later steps, taken first) or "start" (new runs' first steps)."""
+    return _t(tenant, f"pending:{queue}:{kind}")
+
+
+def pending_index(tenant: str) -> str:
+    """Hash: run id -> the version of its step waiting in a pending list (a re-send of a step
+    that waits is not queued twice)."""
+    return _t(tenant, "pending-index")
+
+
+def slots(tenant: str) -> str:
+    """Sorted set: "<run id>:<version>" of each step dispatched and not yet done, scored by
+    when the slot lapses (server ms): the tenant's turns in flight, against its cap."""
+    return _t(tenant, "slots")
+
+
+def caps(tenant: str) -> str:
+    """Hash: the tenant's scheduling settings (turns_in_flight, active_runs, weight); not spend."""
+    return _t(tenant, "caps")
+
+
+def active(tenant: str) -> str:
+    """Sorted set: run id -> when its first step was dispatched (ms), until the run ends: the
+    tenant's active runs, against its cap."""
+    return _t(tenant, "active")
+
+
+FAIR_QUEUES = f"{PREFIX}:fair:queues"  # set: the queues that may have pending steps
+FAIR_LOCK = f"{PREFIX}:fair:lock"  # one dispatcher at a time
+FAIR_WAKE = f"{PREFIX}:fair:wake"  # list: a push or a finished step nudges the dispatcher
+
+
+def fair_active(queue: str) -> str:
+    """Set: the tenants that may have steps pending on `queue`."""
+    return f"{PREFIX}:fair:active:{queue}"
+
+
+def fair_capacity(queue: str) -> str:
+    """Zset: "<worker>|<turns it can hold in flight>" of each live worker reading `queue`,
+    scored by when its announcement lapses (ms)."""
+    return f"{PREFIX}:fair:capacity:{queue}"

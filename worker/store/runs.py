@@ -1,0 +1,570 @@
+"""The run store: each run's state and version in Redis, its indexes and its event stream.
+
+Three scripts do most of the writing: create (once per run), load (once per step: the state,
+the attempt count, the lease and the gate flags in one round trip) and commit (every change a
+run goes through, compare-and-set on the version, settling the ledger in the same script).
+Two small ones take a hold mid-turn (hold) and record a cancel request (mark). Every hold a
+run takes is recorded on the run, and the next commit settles or releases it: `leave` is the
+one way out of a run (ended, parked or cancelled), for every caller.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import msgspec
+import redis
+
+from turnstile.jobs.closing import closing_message, closing_without_state, recorded_steps
+from turnstile.jobs.errors import StateFormatError, UnknownJobError
+from turnstile.jobs.kernel import finish
+from turnstile.jobs.outcomes import Outcome, Status
+from turnstile.jobs.state import RunState
+from turnstile.ledger import replies as ledger_replies
+from turnstile.ledger.client import Ledger
+from turnstile.ledger.results import ReserveResult
+from turnstile.ledger.scripts import library_source
+from turnstile.worker.errors import TurnstileError
+from turnstile.worker.registry import Jobs
+from turnstile.worker.store import keys
+from turnstile.worker.store.durability import WaitFor
+
+LUA = Path(__file__).parent / "lua"
+HOST = socket.gethostname()
+EVENTS_MAXLEN = 10_000  # per run; a run of this many events has long hit its step limit
+REASON_MAX_CHARS = 500  # a stored reason is an excerpt: a message's arguments can be megabytes
+
+
+class StoreUnavailable(TurnstileError):  # noqa: N818 - the store is down, said plainly
+    """The store could not be reached; the caller retries later. Nothing was half-written."""
+
+
+class NotDurableError(StoreUnavailable):
+    """A write made but not confirmed where TURNSTILE_DURABILITY wants it (the disk, the
+    replicas) in time: a crash of the server now may lose it. A step retries as if the store
+    were down (its commit, if it survives, makes the retry a no-op); a caller is told."""
+
+
+class SubmissionConflictError(TurnstileError):
+    """A run id that exists already, submitted with different contents."""
+
+
+def inflight_tag(queue: str) -> str:
+    """Where a turn runs, as its in-flight entry says: "<queue>|<pid>|<host>"."""
+    return f"{queue}|{os.getpid()}|{HOST}"
+
+
+def _script(name: str) -> str:
+    return (LUA / f"{name}.lua").read_text()
+
+
+def fingerprint(payload: Any) -> str:
+    return hashlib.sha256(msgspec.json.encode(payload, order="sorted")).hexdigest()[:24]
+
+
+def encode_event(event: dict[str, Any]) -> str:
+    return msgspec.json.encode(event, order="sorted").decode()
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def excerpt(text: str, limit: int = REASON_MAX_CHARS) -> str:
+    """At most `limit` characters of `text`, saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 40]}... ({len(text) - limit + 40} more characters)"
+
+
+@dataclass(frozen=True)
+class Loaded:
+    kind: Literal["missing", "stale", "idle", "busy", "go"]
+    version: int = 0
+    status: str = ""
+    state: str = ""
+    attempts: int = 0
+    tenant_paused: bool = False
+    cancel_by: str = ""
+    cancel_reason: str = ""
+    queue_paused: bool = False
+    queue_draining: bool = False
+    hold: str = "none"  # what became of the next turn's ledger hold; see run_load.lua
+    hold_reply: Any = ""  # ledger_reserve's reply, or the unfit dimension
+    hold_id: str = ""  # the reservation id, when the load took a hold
+
+
+@dataclass
+class Change:
+    """One commit: everything a run's hash, indexes, lease, stream and ledger will get."""
+
+    tenant: str
+    run_id: str
+    version: int  # the version the caller loaded
+    old_status: str
+    status: str
+    state_json: str = ""  # "" keeps the stored state
+    outcome: str = ""
+    detail: str = ""
+    reason: str = ""
+    lease_ms: int | None = None  # None drops the lease
+    events: list[dict[str, Any]] = field(default_factory=list)
+    settlements: list[list[str]] = field(default_factory=list)  # ledger_settle ARGV each
+    clear: list[str] = field(default_factory=list)  # run-hash fields to delete
+    hold: str = ""  # the next turn's ledger hold: "" keeps the stored one, "-" drops it
+    if_idle: bool = False  # commit only if no turn of the run is in flight ("busy" otherwise)
+    next_step: NextStep | None = None  # queued by the commit itself (fair share, see fair.py)
+
+
+class NextStep(Protocol):
+    """A run's next step as its tenant's pending list takes it (worker/fair.py `Pending`)."""
+
+    @property
+    def keys(self) -> list[str]: ...  # the pending list, the pending index, the slots
+
+    @property
+    def entry(self) -> str: ...
+
+    @property
+    def before(self) -> str: ...  # the slot the step before gives back
+
+    def announce(self, pipe: Any) -> None: ...  # in the same pipeline, after the entry
+
+
+@dataclass(frozen=True)
+class Committed:
+    kind: Literal["ok", "stale", "missing", "ledger", "busy"]
+    version: int = 0
+    detail: str = ""
+    queued: bool = False  # the commit queued the run's next step (`Change.next_step`)
+
+
+def _s(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode()
+    return "" if value is None else str(value)
+
+
+def with_scripts(
+    client: redis.Redis, scripts: Sequence[Any], build: Callable[[Any], None]
+) -> list[Any]:
+    """Run the pipeline `build` fills, which calls `scripts` (redis-py Scripts) by their sha:
+    EVALSHA as is, for redis-py's own script support in a pipeline asks SCRIPT EXISTS first,
+    a round trip more each time. A script the server lost (a restart, a failover) is loaded
+    and the pipeline built and run once more, so its other commands must bear running twice."""
+    for attempt in range(2):
+        pipe = client.pipeline(transaction=False)
+        build(pipe)
+        try:
+            return list(pipe.execute())
+        except redis.exceptions.NoScriptError:
+            if attempt:
+                raise
+            for script in scripts:
+                script.sha = str(client.script_load(script.script))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class RunStore:
+    def __init__(
+        self, client: redis.Redis, ledger: Ledger, *, wait_for: WaitFor | None = None
+    ) -> None:
+        self.client = client
+        self.ledger = ledger
+        self.wait_for = wait_for or WaitFor()  # what a create or a commit reaches first
+        self._create = client.register_script(_script("run_create"))
+        self._load = client.register_script(library_source() + "\n" + _script("run_load"))
+        self._renew = client.register_script(_script("run_renew"))
+        self._commit = client.register_script(
+            "\n".join((library_source(), _script("fair_lib"), _script("run_commit")))
+        )
+        self._hold = client.register_script(library_source() + "\n" + _script("run_hold"))
+        self._mark = client.register_script(_script("run_mark"))
+        self.jobs = Jobs(client)  # for closing messages
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def _pipeline(self, build: Callable[[Any], None]) -> list[Any]:
+        """Run a pipeline that calls this store's scripts by their sha (see `with_scripts`);
+        its other commands are reads and idempotent adds."""
+        try:
+            return with_scripts(self.client, (self._create, self._load, self._commit), build)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailable(f"store unavailable: {exc}") from exc
+
+    def create(
+        self,
+        *,
+        tenant: str,
+        run_id: str,
+        state_json: str,
+        fingerprint: str,
+        queue: str,
+        job: str,
+        user_id: str,
+        pickup_lease_ms: int,
+        event: dict[str, Any],
+        hold: str,
+    ) -> tuple[bool, str]:
+        """Create the run once. Returns (created, stored fingerprint)."""
+        run_keys = [
+            keys.run(tenant, run_id),
+            keys.events(tenant, run_id),
+            keys.runs(tenant),
+            keys.by_status(tenant, "running"),
+            keys.leases(tenant),
+        ]
+        args = [
+            run_id, state_json, fingerprint, queue, job, user_id,
+            pickup_lease_ms, encode_event(event), EVENTS_MAXLEN, hold,
+        ]  # fmt: skip
+
+        def build(pipe: Any) -> None:
+            pipe.sadd(keys.TENANTS, tenant)
+            pipe.sadd(keys.QUEUES, queue)
+            pipe.evalsha(self._create.sha, len(run_keys), *run_keys, *args)
+
+        reply = self._durable(
+            build, f"the submission of run {run_id} was written but", self._create
+        )[-1]
+        created = _s(reply[0]) == "created"
+        return created, fingerprint if created else _s(reply[1])
+
+    def load(
+        self,
+        *,
+        tenant: str,
+        run_id: str,
+        version: int,
+        queue: str,
+        inflight_lease_ms: int,
+        delivery: str,
+        after: str = "",
+    ) -> Loaded:
+        """The step's one read: gate, state and the next turn's ledger hold, in one script,
+        pipelined with the queue's flags. `delivery` names this delivery; `after` the earlier
+        delivery of the step that exited cleanly (see run_load.lua: it does not count as an
+        attempt)."""
+        script_keys = [
+            keys.run(tenant, run_id),
+            keys.leases(tenant),
+            keys.control(tenant),
+            keys.inflight(tenant),
+            *keys.ledger(tenant),
+        ]
+        args = [run_id, version, inflight_lease_ms, inflight_tag(queue), delivery, after]
+
+        def build(pipe: Any) -> None:
+            pipe.evalsha(self._load.sha, len(script_keys), *script_keys, *args)
+            pipe.hmget(keys.queue_control(queue), "paused", "draining")
+
+        reply, flags = self._pipeline(build)
+        kind = _s(reply[0])
+        if kind == "missing":
+            return Loaded("missing")
+        if kind in ("stale", "idle", "busy"):
+            return Loaded(kind, version=int(reply[1]), status=_s(reply[2]))  # type: ignore[arg-type]
+        return Loaded(
+            "go",
+            version=version,
+            status=_s(reply[6]),
+            state=_s(reply[1]),
+            attempts=int(reply[2]),
+            tenant_paused=bool(_s(reply[3])),
+            cancel_by=_s(reply[4]),
+            cancel_reason=_s(reply[5]),
+            queue_paused=bool(_s(flags[0])),
+            queue_draining=bool(_s(flags[1])),
+            hold=_s(reply[7]),
+            hold_reply=reply[8],
+            hold_id=_s(reply[9]),
+        )
+
+    def renew(self, *, tenant: str, run_id: str, queue: str, lease_ms: int) -> bool:
+        """Extend a running turn's in-flight lease; False once it is not in flight here."""
+        reply = self._renew(
+            keys=[keys.leases(tenant), keys.inflight(tenant)],
+            args=[run_id, inflight_tag(queue), lease_ms],
+        )
+        return bool(reply)
+
+    def hold(self, tenant: str, run_id: str, version: int, argv: list[str]) -> ReserveResult | None:
+        """Take a ledger hold for the turn of `version` and record it on the run (see
+        run_hold.lua); None when the run moved on, so no hold was taken."""
+        script_keys = [keys.run(tenant, run_id), *keys.ledger(tenant)]
+        try:
+            reply = self._hold(keys=script_keys, args=[version, *argv])
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            return ReserveResult(status="unavailable", admitted=False, detail=str(exc))
+        if _s(reply[0]) == "stale":
+            return None
+        if ledger_replies.needs_index(reply):
+            self.ledger.index_tenant(tenant)
+        return ledger_replies.reserve(reply)
+
+    def mark(
+        self,
+        tenant: str,
+        run_id: str,
+        *,
+        version: int,
+        status: str,
+        fields: dict[str, str],
+        event: dict[str, Any],
+    ) -> Committed:
+        """Set fields a later step acts on, compare-and-set on the version and the status,
+        without moving the run on (see run_mark.lua)."""
+        args: list[Any] = [version, status, EVENTS_MAXLEN, encode_event(event)]
+        for name, value in fields.items():
+            args += [name, value]
+        try:
+            reply = self._mark(keys=[keys.run(tenant, run_id), keys.events(tenant, run_id)],
+                               args=args)  # fmt: skip
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailable(f"store unavailable: {exc}") from exc
+        kind = _s(reply[0])
+        if kind == "ok":
+            return Committed("ok", version=int(reply[1]))
+        if kind == "stale":
+            return Committed("stale", version=int(reply[1]), detail=_s(reply[2]))
+        return Committed("missing")
+
+    def commit(self, change: Change) -> Committed:
+        tenant = change.tenant
+        outcome_key = keys.by_outcome(tenant, change.outcome or "none")
+        script_keys = [
+            keys.run(tenant, change.run_id),
+            keys.events(tenant, change.run_id),
+            keys.leases(tenant),
+            keys.by_status(tenant, change.old_status),
+            keys.by_status(tenant, change.status),
+            outcome_key,
+            keys.inflight(tenant),
+        ]
+        args: list[Any] = [
+            change.run_id,
+            change.version,
+            change.state_json,
+            change.status,
+            change.outcome,
+            change.detail,
+            change.reason,
+            "" if change.lease_ms is None else change.lease_ms,
+            EVENTS_MAXLEN,
+            len(change.events),
+            *(encode_event(e) for e in change.events),
+            len(change.settlements),
+        ]
+        for settlement in change.settlements:
+            args += [len(settlement), *settlement]
+        script_keys += keys.ledger(tenant)  # every commit closes the run's open holds
+        _, release = self.ledger.settle_script_args(tenant, change.run_id, {})
+        args += [len(change.clear), *change.clear, change.hold, "1" if change.if_idle else ""]
+        args.append(release[1])  # the ledger's journal length, for the releases
+        then = None
+        if change.next_step is not None:
+            script_keys += change.next_step.keys
+            args += [change.next_step.entry, change.next_step.before]
+            then = change.next_step.announce
+        try:
+            reply = self._durable_call(
+                self._commit,
+                script_keys,
+                args,
+                f"the change to run {change.run_id} was written but",
+                then=then,
+            )
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailable(f"store unavailable: {exc}") from exc
+        kind = _s(reply[0])
+        if kind == "ok":
+            return Committed("ok", version=int(reply[1]), queued=change.next_step is not None)
+        if kind == "stale":
+            return Committed("stale", version=int(reply[1]))
+        if kind == "ledger":
+            return Committed("ledger", detail=f"{_s(reply[1])} {_s(reply[2])}".strip())
+        if kind == "busy":
+            return Committed("busy", version=int(reply[1]))
+        return Committed("missing")
+
+    # -- leaving ---------------------------------------------------------------------------
+
+    def leave(
+        self,
+        *,
+        tenant: str,
+        run_id: str,
+        version: int,
+        old_status: str,
+        state: RunState | None,
+        reason: str = "",
+        events: Sequence[dict[str, Any]] = (),
+        settlements: Sequence[list[str]] = (),
+        clear: Sequence[str] = (),
+        if_idle: bool = False,
+        at: str = "",
+    ) -> Committed:
+        """The one way out of a run: every path that ends, parks or cancels a run commits here.
+
+        `state` is the run as it leaves: stopped with its outcome, or parked (`reason` says
+        why); None for a state that does not parse, which ends the run `error` with `reason`
+        and keeps the stored state as it is. The commit settles `settlements` and releases
+        every other hold the run still has open; a run that stops gets its one `finished`
+        event, with the closing message built from the state and from what the job's systems
+        of record say was done."""
+        at = at or now_iso()
+        out = list(events)
+        if state is None:
+            status, outcome, detail = Status.STOPPED.value, Outcome.ERROR.value, ""
+            reason = excerpt(reason)
+            out.append(self._finished(None, reason, at))
+        elif state.status is Status.STOPPED:
+            state.reason = excerpt(state.reason or "")
+            status, reason = state.status.value, state.reason
+            outcome, detail = (state.outcome or Outcome.ERROR).value, state.detail or ""
+            out.append(self._finished(state, reason, at))
+        elif state.status is Status.PARKED:
+            status, outcome, detail = state.status.value, "", ""
+        else:
+            raise ValueError(f"a run leaves stopped or parked, not {state.status.value}")
+        return self.commit(
+            Change(
+                tenant=tenant, run_id=run_id, version=version, old_status=old_status,
+                status=status, state_json=state.to_json().decode() if state is not None else "",
+                outcome=outcome, detail=detail, reason=reason, lease_ms=None, events=out,
+                settlements=list(settlements), clear=list(clear), hold="-", if_idle=if_idle,
+            )
+        )  # fmt: skip
+
+    def _finished(self, state: RunState | None, reason: str, at: str) -> dict[str, Any]:
+        """A stopped run's one `finished` event, with its closing message."""
+        if state is None:
+            return {"type": "finished", "outcome": Outcome.ERROR.value, "detail": None,
+                    "reason": reason, "answer": None, "usage": None, "at": at,
+                    "message": closing_without_state(Outcome.ERROR)}  # fmt: skip
+        outcome = state.outcome or Outcome.ERROR
+        try:
+            job = self.jobs.get(state.job)
+        except UnknownJobError:
+            message = closing_without_state(outcome)
+        else:
+            message = closing_message(state, job, recorded=recorded_steps(state, job))
+        return {
+            "type": "finished", "outcome": outcome.value, "detail": state.detail,
+            "reason": reason, "answer": state.answer, "message": message,
+            "usage": msgspec.to_builtins(state.usage), "at": at,
+        }  # fmt: skip
+
+    def fail_run(self, tenant: str, run_id: str, reason: str, *, at: str = "") -> Committed:
+        """End a live run `error` with the reason, from whatever its hash holds: the state is
+        updated when it parses and kept as it is when it does not. Its open holds are
+        released, as on every way out."""
+        stored = self.hash(tenant, run_id)
+        if not stored:
+            return Committed("missing")
+        if stored.get("status") == Status.STOPPED.value:
+            return Committed("stale", version=int(stored["version"]))
+        state: RunState | None = None
+        try:
+            state = RunState.from_json(stored.get("state", ""))
+            finish(state, Outcome.ERROR, excerpt(reason))
+        except StateFormatError:
+            state = None
+        return self.leave(
+            tenant=tenant, run_id=run_id, version=int(stored["version"]),
+            old_status=stored.get("status", "running"), state=state, reason=reason, at=at,
+        )  # fmt: skip
+
+    # -- durability: a wrapper around the writing script calls ------------------------------
+
+    def _durable_call(
+        self,
+        script: Any,
+        script_keys: list[str],
+        args: list[Any],
+        what: str,
+        *,
+        then: Callable[[Any], None] | None = None,
+    ) -> Any:
+        """Call a writing script, and `then` add its commands to the same round trip; unless
+        durability is `none`, wait for the write to reach the disk or the replicas first (see
+        worker/durability.py). Returns the script's reply."""
+        if not self.wait_for.waits and then is None:
+            return script(keys=script_keys, args=args)
+
+        def build(pipe: Any) -> None:
+            pipe.evalsha(script.sha, len(script_keys), *script_keys, *args)
+            if then is not None:
+                then(pipe)
+
+        return self._durable(build, what, script)[0]
+
+    def fence(self, what: str = "what was read is") -> None:
+        """Wait until everything this client has read is where TURNSTILE_DURABILITY wants a
+        write (a no-op for `none`), so an observer is never shown what a crash could take back.
+        WAITAOF and WAIT wait for the connection's own writes, so the reader makes one (a
+        counter): it comes after every write it read, and the disk and the replicas take
+        writes in order."""
+        if self.wait_for.waits:
+            self._durable(lambda pipe: pipe.incr(keys.FENCE), what, None)
+
+    def _durable(self, build: Callable[[Any], None], what: str, script: Any) -> list[Any]:
+        """The pipeline `build` makes, then (durability not `none`) the wait, on the same
+        connection and in the same round trip: WAITAOF and WAIT wait for this connection's own
+        writes. Raises NotDurableError when the wait times out or the server cannot wait."""
+        if not self.wait_for.waits:
+            return self._pipeline(build)
+        for attempt in range(2):
+            pipe: Any = self.client.pipeline(transaction=False)
+            build(pipe)
+            pipe.execute_command(*self.wait_for.command())
+            try:
+                replies = list(pipe.execute(raise_on_error=False))
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                raise StoreUnavailable(f"store unavailable: {exc}") from exc
+            *written, waited = replies
+            lost = any(isinstance(r, redis.exceptions.NoScriptError) for r in written)
+            if lost and script and not attempt:
+                script.sha = str(self.client.script_load(script.script))
+                continue
+            for reply in written:
+                if isinstance(reply, Exception):
+                    raise reply
+            if isinstance(waited, Exception):
+                raise NotDurableError(f"{what} cannot be confirmed: {waited}")
+            shortfall = self.wait_for.shortfall(waited, what)
+            if shortfall:
+                raise NotDurableError(shortfall)
+            return written
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _execute(self, pipe: Any) -> list[Any]:
+        try:
+            return list(pipe.execute())
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailable(f"store unavailable: {exc}") from exc
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def hash(self, tenant: str, run_id: str) -> dict[str, str]:
+        try:
+            raw = self.client.hgetall(keys.run(tenant, run_id))
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailable(f"store unavailable: {exc}") from exc
+        return {_s(k): _s(v) for k, v in raw.items()}
+
+    def events(
+        self, tenant: str, run_id: str, *, after: str = "-", count: int | None = None
+    ) -> list[tuple[str, dict[str, Any]]]:
+        start = after if after == "-" else f"({after}"
+        entries: list[Any] = self.client.xrange(  # type: ignore[assignment]
+            keys.events(tenant, run_id), min=start, count=count
+        )
+        return [(_s(eid), msgspec.json.decode(_s(fields["event"]))) for eid, fields in entries]
