@@ -8,8 +8,6 @@ their sum; `output_tokens` includes thinking, which `output_tokens_details` brea
 
 from __future__ import annotations
 
-import functools
-import os
 from dataclasses import replace
 from typing import Any
 
@@ -17,9 +15,10 @@ import anthropic
 
 from turnstile.jobs.model import ModelRequest, ModelResponse, ModelStop
 from turnstile.jobs.outcomes import Outcome
-from turnstile.providers import contract
-from turnstile.providers.prices import Price, Tokens, cost_microusd
+from turnstile.providers import contract, sdk
+from turnstile.providers.prices import Price, Tokens
 from turnstile.providers.retry import Failure, retry_after_s, with_retries
+from turnstile.providers.sdk import sdk_client
 
 PROVIDER = "anthropic"
 _CONTEXT_WORDS = ("prompt is too long", "context window", "context length")
@@ -121,30 +120,17 @@ def usage_of(message: Any) -> Tokens:
     )
 
 
-@functools.lru_cache(maxsize=8)
-def _client(base_url: str | None, key: str, pid: int) -> anthropic.Anthropic:
-    """One SDK client per endpoint and key in a process, so turns reuse its connections. The
-    deadline governs retries, so the SDK's own are off."""
-    return anthropic.Anthropic(api_key=key, base_url=base_url, max_retries=0)
-
-
 class AnthropicMessages:
     """One Anthropic model behind the kernel's `Model` interface."""
 
     def __init__(self, model: str, price: Price | None) -> None:
         self.model, self.price = model, price
 
-    def _sdk(self) -> anthropic.Anthropic:
-        key = os.environ.get("ANTHROPIC_API_KEY")
-        if not key:
-            raise ModelStop(
-                Outcome.ERROR, "no key for anthropic: set ANTHROPIC_API_KEY",
-                "provider.authentication",
-            )  # fmt: skip
-        return _client(os.environ.get("ANTHROPIC_BASE_URL"), key, os.getpid())
-
     def next(self, request: ModelRequest) -> ModelResponse:
-        client = self._sdk()
+        client = sdk_client(
+            anthropic.Anthropic, PROVIDER, key_env="ANTHROPIC_API_KEY",
+            base_env="ANTHROPIC_BASE_URL",
+        )  # fmt: skip
         messages, tools = request_messages(request), request_tools(request)
 
         def attempt(timeout_s: float) -> Any:
@@ -164,18 +150,7 @@ class AnthropicMessages:
     def response(self, message: Any) -> ModelResponse:
         tokens = usage_of(message)
         stop = message.stop_reason
-        spent = ModelResponse(
-            None,
-            input_tokens=tokens.input,
-            output_tokens=tokens.output,
-            cached_input_tokens=tokens.cached_input,
-            cache_write_tokens=tokens.cache_write,
-            reasoning_tokens=tokens.reasoning,
-            cost_microusd=cost_microusd(tokens, self.price) if self.price else 0,
-            provider=PROVIDER,
-            model=message.model,
-            finish_reason=stop,
-        )
+        spent = sdk.spent(tokens, self.price, provider=PROVIDER, model=message.model, finish=stop)
         if stop == "refusal":
             raise ModelStop(
                 Outcome.GUARDRAIL_STOP, "the model refused to continue (stop_reason refusal)",

@@ -8,9 +8,7 @@ Usage is the provider's: `prompt_tokens` counts all input, `cached_tokens` is pa
 
 from __future__ import annotations
 
-import functools
 import json
-import os
 from dataclasses import replace
 from typing import Any
 
@@ -18,9 +16,10 @@ import openai
 
 from turnstile.jobs.model import ModelRequest, ModelResponse, ModelStop
 from turnstile.jobs.outcomes import Outcome
-from turnstile.providers import contract
-from turnstile.providers.prices import Price, Tokens, cost_microusd
+from turnstile.providers import contract, sdk
+from turnstile.providers.prices import Price, Tokens
 from turnstile.providers.retry import Failure, retry_after_s, with_retries
+from turnstile.providers.sdk import sdk_client
 
 PROVIDER = "openai"
 
@@ -131,31 +130,17 @@ def usage_of(completion: Any) -> Tokens | None:
     )
 
 
-@functools.lru_cache(maxsize=8)
-def _client(base_url: str | None, key: str, pid: int) -> openai.OpenAI:
-    """One SDK client per endpoint and key in a process, so turns reuse its connections. The
-    deadline governs retries, so the SDK's own are off."""
-    return openai.OpenAI(api_key=key, base_url=base_url, max_retries=0)
-
-
 class OpenAIChat:
     """One model of an OpenAI-compatible server, behind the kernel's `Model` interface."""
 
     def __init__(self, model: str, price: Price | None) -> None:
         self.model, self.price = model, price
 
-    def _sdk(self) -> openai.OpenAI:
-        key = os.environ.get("OPENAI_API_KEY")
-        if not key:
-            raise ModelStop(
-                Outcome.ERROR,
-                "no key for openai: set OPENAI_API_KEY (any value for a local server)",
-                "provider.authentication",
-            )
-        return _client(os.environ.get("OPENAI_BASE_URL"), key, os.getpid())
-
     def next(self, request: ModelRequest) -> ModelResponse:
-        client = self._sdk()
+        client = sdk_client(
+            openai.OpenAI, PROVIDER, key_env="OPENAI_API_KEY", base_env="OPENAI_BASE_URL",
+            hint=" (any value for a local server)",
+        )  # fmt: skip
         messages, tools = request_messages(request), request_tools(request)
 
         def attempt(timeout_s: float) -> Any:
@@ -175,7 +160,9 @@ class OpenAIChat:
         tokens = usage_of(completion)
         choice = completion.choices[0] if completion.choices else None
         finish = choice.finish_reason if choice else None
-        spent = self._spent(tokens, completion.model, finish)
+        spent = sdk.spent(
+            tokens, self.price, provider=PROVIDER, model=completion.model, finish=finish
+        )
         if choice is None:
             return replace(spent, reply=contract.malformed("the reply had no choices"))
         message = choice.message
@@ -201,19 +188,3 @@ class OpenAIChat:
             ]
             reply = contract.reply_from(calls, message.content or "")
         return replace(spent, reply=reply)
-
-    def _spent(self, tokens: Tokens | None, model: str | None, finish: str | None) -> ModelResponse:
-        if tokens is None:
-            return ModelResponse(None, provider=PROVIDER, model=model, finish_reason=finish)
-        return ModelResponse(
-            None,
-            input_tokens=tokens.input,
-            output_tokens=tokens.output,
-            cached_input_tokens=tokens.cached_input,
-            cache_write_tokens=tokens.cache_write,
-            reasoning_tokens=tokens.reasoning,
-            cost_microusd=cost_microusd(tokens, self.price) if self.price else 0,
-            provider=PROVIDER,
-            model=model,
-            finish_reason=finish,
-        )

@@ -1,0 +1,56 @@
+"""What every adapter does alike: find its key, keep one SDK client per endpoint, and count a
+reply's tokens and cost into the kernel's `ModelResponse`."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from turnstile.jobs.model import ModelResponse, ModelStop
+from turnstile.jobs.outcomes import Outcome
+from turnstile.providers.prices import Price, Tokens, cost_microusd
+
+Sdk = TypeVar("Sdk")
+
+
+@functools.lru_cache(maxsize=8)
+def _cached(make: Callable[..., Any], base_url: str | None, key: str, pid: int) -> Any:
+    return make(api_key=key, base_url=base_url, max_retries=0)
+
+
+def sdk_client(
+    make: Callable[..., Sdk], provider: str, *, key_env: str, base_env: str, hint: str = ""
+) -> Sdk:
+    """One SDK client per endpoint and key in a process (the pid keeps a forked child from
+    sharing its parent's connections), so turns reuse its connections. The deadline governs
+    retries, so the SDK's own are off. No key is a named stop, not a traceback."""
+    key = os.environ.get(key_env)
+    if not key:
+        raise ModelStop(
+            Outcome.ERROR, f"no key for {provider}: set {key_env}{hint}", "provider.authentication"
+        )
+    client: Sdk = _cached(make, os.environ.get(base_env), key, os.getpid())
+    return client
+
+
+def spent(
+    tokens: Tokens | None, price: Price | None, *, provider: str, model: str | None,
+    finish: str | None,
+) -> ModelResponse:  # fmt: skip
+    """A reply's usage and cost, with no reply yet: the adapter adds the reply it parsed."""
+    if tokens is None:
+        return ModelResponse(None, provider=provider, model=model, finish_reason=finish)
+    return ModelResponse(
+        None,
+        input_tokens=tokens.input,
+        output_tokens=tokens.output,
+        cached_input_tokens=tokens.cached_input,
+        cache_write_tokens=tokens.cache_write,
+        reasoning_tokens=tokens.reasoning,
+        cost_microusd=cost_microusd(tokens, price) if price else 0,
+        provider=provider,
+        model=model,
+        finish_reason=finish,
+    )
