@@ -16,16 +16,22 @@ FAST = {
     "TURNSTILE_API_WEBHOOK_TICK_S": "0.1",
     "TURNSTILE_API_WEBHOOK_BACKOFF_BASE_S": "0.3",
     "TURNSTILE_API_WEBHOOK_TIMEOUT_S": "2",
+    # The receivers listen on loopback, which a webhook reaches only through the allow-list.
+    "TURNSTILE_API_WEBHOOK_ALLOW": "127.0.0.1",
 }
 
 
 @dataclass
 class Receiver:
-    """A webhook receiver: answers `fail_first` requests with 500, then 200 (or never, when
-    `hang`), and keeps every request it got."""
+    """A webhook receiver on `host` (and `port`, or a free one): answers `fail_first`
+    requests with 500, then 200 (or never, when `hang`; or a 307 to `redirect`), and keeps
+    every request it got."""
 
     fail_first: int = 0
     hang: bool = False
+    host: str = "127.0.0.1"
+    port: int = 0
+    redirect: str = ""
     got: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
     released: threading.Event = field(default_factory=threading.Event)
     server: ThreadingHTTPServer | None = None
@@ -33,7 +39,7 @@ class Receiver:
     @property
     def url(self) -> str:
         assert self.server is not None
-        return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        return f"http://{self.host}:{self.server.server_address[1]}/hook"
 
     def bodies(self, kind: str | None = None) -> list[dict[str, Any]]:
         out = [json.loads(body) for _, body in list(self.got)]
@@ -50,14 +56,16 @@ def receiving(receiver: Receiver) -> Iterator[Receiver]:
                 receiver.released.wait(60)
                 return
             failing = len(receiver.got) <= receiver.fail_first
-            self.send_response(500 if failing else 200)
+            self.send_response(307 if receiver.redirect else 500 if failing else 200)
+            if receiver.redirect:
+                self.send_header("location", receiver.redirect)
             self.send_header("content-length", "0")
             self.end_headers()
 
         def log_message(self, *args: Any) -> None:
             pass
 
-    receiver.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    receiver.server = ThreadingHTTPServer((receiver.host, receiver.port), Handler)
     receiver.server.daemon_threads = True
     thread = threading.Thread(target=receiver.server.serve_forever, daemon=True)
     thread.start()

@@ -42,7 +42,8 @@ def pool(redis_url: str, queue: str) -> Iterator[list[WorkerProcess]]:
 
 @pytest.fixture(scope="module")
 def api(redis_url: str) -> Iterator[ApiServer]:
-    with running_api(redis_url) as server:
+    # B's webhook goes to a documentation address, admitted here only: no other server sends to it.
+    with running_api(redis_url, {"TURNSTILE_API_WEBHOOK_ALLOW": "192.0.2.0/24"}) as server:
         yield server
 
 
@@ -179,7 +180,7 @@ def test_a_tenant_key_sees_and_changes_nothing_of_another_tenant(
         run_id = web_b.post("/v1/runs", json=body).json()["run_id"]
         note = {"user": USER, "text": "prefers email about order ord_1004"}
         assert web_b.post("/v1/memory", json=note).status_code == 201
-        hook = web_b.post("/v1/webhooks", json={"url": "https://b.example/hook"}).json()["id"]
+        hook = web_b.post("/v1/webhooks", json={"url": "https://192.0.2.1/hook"}).json()["id"]
     wait_until(lambda: _status(client, b, run_id) == "suspended", what="B's run suspends")
     digest = client.state(run_id).pending.digest  # type: ignore[union-attr]
     before = _snapshot(client, b, run_id, USER)

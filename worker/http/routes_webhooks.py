@@ -14,18 +14,21 @@ import secrets
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
-from urllib.parse import urlsplit
 
 import msgspec
 import redis
+import structlog
 from fastapi import APIRouter, Path, Response
 from pydantic import BaseModel, Field
 
-from turnstile.worker.http import keys
+from turnstile.worker.http import keys, targets
 from turnstile.worker.http.context import Caller, Ctx
 from turnstile.worker.http.problems import Problem
 from turnstile.worker.http.routes_runs import PROBLEMS
 from turnstile.worker.http.schemas import Strict
+from turnstile.worker.http.settings import ApiSettings
+
+log = structlog.get_logger("turnstile.webhooks")
 
 MAX_ENDPOINTS = 20  # per tenant: each is one more delivery per event
 SIGNATURE_HEADER = "Turnstile-Signature"
@@ -73,13 +76,21 @@ def endpoints(r: redis.Redis, tenant: str) -> list[Endpoint]:
     return [msgspec.json.decode(x, type=Endpoint) for x in raw if x]
 
 
-def _check_url(url: str, https_only: bool) -> None:
-    parts = urlsplit(url)
-    allowed = ("https",) if https_only else ("http", "https")
-    if parts.scheme not in allowed or not parts.hostname:
-        raise Problem(422, "invalid_url", f"url must be an absolute {' or '.join(allowed)} URL")
-    if parts.username or parts.password:
-        raise Problem(422, "invalid_url", "url must not carry credentials; sign instead")
+def target_checker(settings: ApiSettings) -> targets.Checker:
+    """What decides where this server's webhooks may go (also at each delivery)."""
+    return targets.checker(
+        settings.webhook_allow, settings.webhook_hosts_file, settings.webhook_https_only
+    )
+
+
+def _check_url(url: str, settings: ApiSettings, tenant: str) -> None:
+    """Refuse what could not be sent, or would be sent somewhere internal (see targets)."""
+    try:
+        target_checker(settings).check(url)
+    except targets.TargetError as exc:
+        log.info("webhook_target_refused", tenant=tenant, code=exc.code, reason=exc.reason,
+                 address=exc.address)  # fmt: skip
+        raise Problem(422, exc.code, exc.reason) from None
 
 
 class WebhookBody(Strict):
@@ -106,7 +117,7 @@ EndpointId = Annotated[str, Path(pattern=r"^wh_[0-9a-f]{16}$")]
 @router.post("/v1/webhooks", status_code=201, response_model=WebhookCreated)
 def create_webhook(body: WebhookBody, key: Caller, ctx: Ctx) -> WebhookCreated:
     """Register an endpoint for the key's tenant's run events."""
-    _check_url(body.url, ctx.settings.webhook_https_only)
+    _check_url(body.url, ctx.settings, key.tenant)
     r = ctx.redis
     if r.scard(keys.tenant_webhooks(key.tenant)) >= MAX_ENDPOINTS:
         raise Problem(409, "too_many_webhooks", f"a tenant has at most {MAX_ENDPOINTS} endpoints")

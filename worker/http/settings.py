@@ -3,8 +3,12 @@ The store and broker come from the worker's own settings (`TURNSTILE_REDIS_URL`,
 
 from __future__ import annotations
 
-from pydantic import Field
+from pathlib import Path
+
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from turnstile.worker.http.targets import Policy
 
 
 class ApiSettings(BaseSettings):
@@ -32,6 +36,17 @@ class ApiSettings(BaseSettings):
     webhook_backoff_base_s: float = Field(default=1.0, gt=0)
     webhook_backoff_max_s: float = Field(default=300.0, gt=0)
     webhook_concurrency: int = Field(default=16, ge=1)
-    # Only http(s) URLs; plain http and private addresses are for tests and internal services,
-    # so they are allowed unless this says otherwise.
+    # Only http(s) URLs; plain http is for tests and internal services, so it is allowed
+    # unless this says otherwise.
     webhook_https_only: bool = False
+    # Webhooks reach public addresses only (see worker.http.targets); these comma-separated
+    # host names and CIDRs are admitted besides, for internal receivers the operator trusts.
+    webhook_allow: str = ""
+    # Names looked up in this hosts(5)-style file before DNS; its answers are checked alike.
+    webhook_hosts_file: Path | None = None
+
+    @field_validator("webhook_allow")
+    @classmethod
+    def _allow_list(cls, value: str) -> str:
+        Policy.parse(value)  # a bad entry stops the server at start, not the first delivery
+        return value

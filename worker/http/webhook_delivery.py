@@ -11,9 +11,11 @@ How it delivers: each delivery (one per endpoint and event, with a deterministic
 an outbox sorted by when it is due. Due deliveries go out on a pool of threads, so a slow
 endpoint holds one thread for at most its timeout; a failure is retried with exponential
 backoff until `webhook_retry_for_s` has passed since the event, then dropped, and the
-endpoint's last status records each attempt. Delivery is at least once: a receiver dedupes
-by the `Turnstile-Delivery` id. One dispatcher runs at a time, holding a lease in the store,
-so several API servers behind a load balancer do not each deliver.
+endpoint's last status records each attempt. Each attempt checks the target again
+(`worker.http.targets`) and connects to the address it checked; a refused target, a redirect
+or any error in sending is a failed attempt like a 500. Delivery is at least once: a receiver
+dedupes by the `Turnstile-Delivery` id. One dispatcher runs at a time, holding a lease in the
+store, so several API servers behind a load balancer do not each deliver.
 """
 
 from __future__ import annotations
@@ -41,9 +43,11 @@ from turnstile.worker.http.routes_webhooks import (
     TIMESTAMP_HEADER,
     Endpoint,
     sign,
+    target_checker,
 )
 from turnstile.worker.http.routes_webhooks import endpoints as tenant_endpoints
 from turnstile.worker.http.settings import ApiSettings
+from turnstile.worker.http.targets import TargetError
 from turnstile.worker.store import keys as run_keys
 
 log = structlog.get_logger("turnstile.webhooks")
@@ -187,6 +191,7 @@ class Sender:
         self.inflight: set[str] = set()
         self.lock = threading.Lock()
         self.local = threading.local()
+        self.targets = target_checker(settings)
 
     def tick(self) -> None:
         now = _now_ms(self.r)
@@ -206,7 +211,12 @@ class Sender:
     def _client(self) -> httpx.Client:
         client = getattr(self.local, "client", None)
         if client is None:
-            client = httpx.Client(timeout=self.settings.webhook_timeout_s, follow_redirects=False)
+            # No kept-alive connections: a pooled connection is keyed by address, so one
+            # verified for another host name on the same address could otherwise be reused.
+            client = httpx.Client(
+                timeout=self.settings.webhook_timeout_s, follow_redirects=False,
+                limits=httpx.Limits(max_keepalive_connections=0),
+            )  # fmt: skip
             self.local.client = client
         return client
 
@@ -224,13 +234,18 @@ class Sender:
     def _deliver(self, did: str) -> None:
         raw = self.r.hget(keys.DELIVERIES, did)
         endpoint_raw = None
-        if raw is not None:
-            delivery = msgspec.json.decode(raw, type=Delivery)
-            endpoint_raw = self.r.hget(keys.WEBHOOKS, delivery.endpoint)
-        if raw is None or endpoint_raw is None:  # delivered already, or the endpoint is gone
+        try:
+            if raw is not None:
+                delivery = msgspec.json.decode(raw, type=Delivery)
+                endpoint_raw = self.r.hget(keys.WEBHOOKS, delivery.endpoint)
+            if raw is None or endpoint_raw is None:  # delivered already, or the endpoint is gone
+                self._forget(did)
+                return
+            endpoint = msgspec.json.decode(endpoint_raw, type=Endpoint)
+        except msgspec.DecodeError as exc:  # nothing to count attempts on: dropped, once
+            log.warning("webhook_delivery_unreadable", delivery=did, error=one_line(str(exc)))
             self._forget(did)
             return
-        endpoint = msgspec.json.decode(endpoint_raw, type=Endpoint)
         code, error = self._post(endpoint, delivery)
         delivery.attempts += 1
         now = _now_ms(self.r)
@@ -257,9 +272,20 @@ class Sender:
             "Turnstile-Event": delivery.event, "Turnstile-Delivery": delivery.id,
         }  # fmt: skip
         try:
-            reply = self._client().post(endpoint.url, content=body, headers=headers)
-        except httpx.HTTPError as exc:
+            # Checked again now: the name may resolve elsewhere than at registration, and the
+            # request goes to the address checked here, whatever DNS answers next.
+            target = self.targets.check(endpoint.url)
+        except TargetError as exc:  # never sent
+            log.warning("webhook_target_refused", endpoint=endpoint.id, tenant=endpoint.tenant,
+                        code=exc.code, reason=exc.reason, address=exc.address)  # fmt: skip
+            return 0, f"{exc.code}: {exc.reason}"
+        try:
+            reply = self._client().send(target.request(body, headers), stream=True)
+            reply.close()  # the status is all a delivery needs; the body is never read
+        except Exception as exc:  # counted as a failed attempt, whatever it was
             return 0, one_line(f"{type(exc).__name__}: {exc}", 200)
+        if 300 <= reply.status_code < 400:
+            return reply.status_code, "redirects are not followed"
         return reply.status_code, ""
 
     def _record(
