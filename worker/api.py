@@ -36,6 +36,7 @@ from providers import budget_for, unpriced
 from providers.prices import PRICES_FILE_ENV
 from worker import keys
 from worker.app import connect, sender
+from worker.durability import check_server
 from worker.errors import TurnstileError
 from worker.fair import route
 from worker.memory import RedisMemory
@@ -109,6 +110,8 @@ def _budget(raw: Budget | Mapping[str, Any] | None, default: Budget) -> Budget:
 
 class Client:
     def __init__(self, client: redis.Redis, config: Settings, send: Send) -> None:
+        # A durable mode the server cannot give is refused before anything is written.
+        check_server(client, config.wait_for)
         # Where a step goes (the broker, or its tenant's pending list): worker/fair.py.
         self.client, self.config, self.send = client, config, route(client, config, send)
         self.jobs = Registry(
