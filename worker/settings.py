@@ -60,12 +60,11 @@ class Settings(BaseSettings):
     hub_block_limit_s: float = Field(default=8.0, gt=0)
 
     # What a submission, a decision and a step's commit must reach before they are
-    # acknowledged: none (the server's memory), aof (its fsynced append-only file: WAITAOF),
-    # replica (that many replicas: WAIT). See worker/durability.py and the README. `none`
-    # here because `aof` refuses every write on a server without AOF (a plain redis-server,
-    # the demo's and the tests' embedded one); the deploy files, whose server runs AOF, set
-    # `aof`: tests/bench/bench_worker.py measured it at 0.77x the turns/s of `none` with
-    # zero-latency turns (a turn waits for its commit's fsync; small next to model time).
+    # acknowledged: none (the server's memory), aof (its fsynced append-only file: WAITAOF, on
+    # a server with appendfsync always), replica (that many replicas: WAIT). See
+    # worker/store/durability.py and the README. `none` here because `aof` refuses to start against
+    # a server without AOF (a plain redis-server, the demo's and most tests' embedded one);
+    # the deploy files, whose server runs AOF with appendfsync always, set `aof`.
     durability: Durability = Durability.NONE
     durability_replicas: int = Field(default=1, ge=1)
     # Below redis_timeout_s, so the wait answers before the socket gives up on it.

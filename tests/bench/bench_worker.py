@@ -2,11 +2,12 @@
 Celery task that re-enqueues itself as often, on the same broker with the same settings; and
 the client round trips to the store per turn, beyond the broker's own.
 
-    uv run python -m tests.bench.bench_worker [--runs 200] [--rounds 3] [--durability none,aof]
+    uv run python -m tests.bench.bench_worker [--runs 200] [--rounds 3]
+        [--durability none,none@always,aof,replica]
         [--task-events] [--pool prefork|gevent] [--concurrency N]
 
-Broker and store are two servers, both with AOF (appendfsync everysec) as in production; the
-round trips are counted on the client for the store's port only. Work is enqueued first and
+Broker and store are two servers, both with AOF; the round trips are counted on the client
+for the store's port only. Work is enqueued first and
 the clock runs from the workers being ready to the last run ending, for both workloads; the
 no-op messages carry the same time limits a step's do. The two workloads alternate
 round by round and the ratio is taken per round, so a noisy machine skews both alike.
@@ -16,12 +17,16 @@ are shown apart. Goals: a ratio of at least 1.0 and at most 3 round trips per tu
 `--pool gevent --concurrency N` runs both workloads on the green pool, N in flight per process
 (the turn's waits on the store then overlap; the default is prefork with one pool process each).
 `--durability` lists TURNSTILE_DURABILITY settings to measure side by side in each round (the
-first is the one compared with the no-op); `replica` adds a replica following the store.
+first is the one compared with the no-op). Each runs on the servers' fsync policy it is meant
+for: `aof` on `appendfsync always` (the one it accepts), `none` and `replica` on `everysec`
+(`replica` adds a replica following the store); `setting@policy` picks another, e.g.
+`none@always` for the cost of the policy alone. The no-op runs on the everysec broker.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -102,6 +107,16 @@ def _env(
     return env
 
 
+# The fsync policy each setting runs on unless `setting@policy` says otherwise.
+POLICY = {Durability.NONE: "everysec", Durability.AOF: "always", Durability.REPLICA: "everysec"}
+
+
+def setting(spec: str) -> tuple[str, str]:
+    """(durability, fsync policy) of a `--durability` entry: `aof`, `none@always`."""
+    durability, _, policy = spec.partition("@")
+    return durability, policy or POLICY[Durability(durability)]
+
+
 def support_round(
     broker: EmbeddedServer, store: EmbeddedServer, runs: int, work: Path, durability: str = "none"
 ) -> tuple[float, int, tuple[int, int], int]:
@@ -171,7 +186,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--durability", default="none,aof", help="settings, comma-separated")
+    parser.add_argument(
+        "--durability", default="none,aof", help="settings[@fsync policy], comma-separated"
+    )
     parser.add_argument(
         "--task-events", action="store_true", help="Celery's task events on, for both workloads"
     )
@@ -184,21 +201,28 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="turnstile-bench-"))
     ratios, rts, tool_rts = [], [], []
     rates: dict[str, list[float]] = {d: [] for d in settings}
-    with (
-        EmbeddedServer(appendonly=True) as broker,
-        EmbeddedServer(appendonly=True) as store,
-        EmbeddedServer(appendonly=True) as replica,
-    ):
-        if "replica" in settings:
-            _follow(store, replica)
-        print(f"{'round':>5} " + " ".join(f"{'turns/s ' + d:>16}" for d in settings)
+    policies = sorted({setting(d)[1] for d in settings} | {"everysec"})
+    with contextlib.ExitStack() as stack:
+        servers = {
+            policy: (
+                stack.enter_context(EmbeddedServer(appendonly=True, appendfsync=policy)),
+                stack.enter_context(EmbeddedServer(appendonly=True, appendfsync=policy)),
+            )
+            for policy in policies
+        }  # (broker, store) for each fsync policy, as one production server would be both
+        if any(setting(d)[0] == Durability.REPLICA for d in settings):
+            replica = stack.enter_context(EmbeddedServer(appendonly=True))
+            _follow(servers[POLICY[Durability.REPLICA]][1], replica)
+        print(f"{'round':>5} " + " ".join(f"{'turns/s ' + d:>22}" for d in settings)
               + f" {'no-op tasks/s':>14} {'ratio':>6} {'store round trips/turn':>23}"
               f" {'tools round trips/turn':>23}")  # fmt: skip
         for i in range(args.rounds):
             turns_by = {}
             for d in settings:
+                durability, policy = setting(d)
+                broker, store = servers[policy]
                 seconds, turns, round_trips, tasks = support_round(
-                    broker, store, args.runs, work, d
+                    broker, store, args.runs, work, durability
                 )
                 rates[d].append(turns / seconds)
                 turns_by[d] = turns
@@ -206,10 +230,10 @@ def main() -> None:
                     rts.append(round_trips[0] / max(1, tasks))
                     tool_rts.append(round_trips[1] / max(1, tasks))
             length = round(turns_by[settings[0]] / args.runs)
-            noop_seconds = noop_round(broker, args.runs, length, work)
+            noop_seconds = noop_round(servers["everysec"][0], args.runs, length, work)
             noop_rate = args.runs * length / noop_seconds
             ratios.append(rates[settings[0]][-1] / noop_rate)
-            print(f"{i + 1:>5} " + " ".join(f"{rates[d][-1]:>16.1f}" for d in settings)
+            print(f"{i + 1:>5} " + " ".join(f"{rates[d][-1]:>22.1f}" for d in settings)
                   + f" {noop_rate:>14.1f} {ratios[-1]:>6.2f} {rts[-1]:>23.2f}"
                   f" {tool_rts[-1]:>23.2f}")  # fmt: skip
     print(f"median ratio ({settings[0]}) {statistics.median(ratios):.2f} (goal >= 1.0); "

@@ -1,9 +1,10 @@
 """The deploy files agree with each other and with the code: they parse, the worker's stop
-grace outlasts its longest turn, Valkey persists every second, and the dashboard queries only
-metrics the worker defines."""
+grace outlasts its longest turn, Valkey fsyncs before every reply as durability `aof` needs,
+and the dashboard queries only metrics the worker defines."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import tomllib
@@ -16,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from turnstile.worker.observability.metrics import Metrics
 from turnstile.worker.settings import Settings
+from turnstile.worker.store.durability import FSYNC_POLICY, aof_refusal
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -56,11 +58,21 @@ def longest_turn_s(env: dict[str, str]) -> float:
     return config.max_deadline_s + config.step_grace_s
 
 
-def appends_every_second(args: list[str]) -> bool:
-    """AOF, fsync every second, and a tick every 10 ms: a lone WAITAOF is answered at the
-    server's next tick (about 90 ms at the default hz 10, 8 ms at 100)."""
-    joined = " ".join(str(a) for a in args)
-    return all(f in joined for f in ("--appendonly yes", "--appendfsync everysec", "--hz 100"))
+def server_flags(args: list[str]) -> dict[str, str]:
+    """A server command line's `--name value` pairs."""
+    words = [str(a) for a in args]
+    return {w[2:]: v for w, v in itertools.pairwise(words) if w.startswith("--")}
+
+
+def keeps_its_promise(args: list[str], env: dict[str, str]) -> None:
+    """The server's flags give what the workers' TURNSTILE_DURABILITY promises, by the rule the
+    worker itself checks at start (worker/store/durability.py): AOF with appendfsync always, the one
+    policy under which a WAITAOF's answer means an fsync (everysec answers early on Valkey 8)."""
+    flags = server_flags(args)
+    assert env["TURNSTILE_DURABILITY"] == "aof"
+    assert flags.get("appendonly") == "yes" and flags.get("appendfsync") == FSYNC_POLICY
+    assert aof_refusal(flags["appendonly"], flags["appendfsync"]) is None
+    assert aof_refusal("yes", "everysec") and aof_refusal("yes", "no")  # the rule refuses both
 
 
 # -- compose.yaml ------------------------------------------------------------------------------
@@ -106,10 +118,12 @@ def test_compose_stop_grace_outlasts_the_longest_turn(compose: dict[str, Any]) -
     assert seconds(worker["stop_grace_period"]) > longest_turn_s(worker_env(compose))
 
 
-def test_compose_valkey_appends_every_second_to_a_volume(compose: dict[str, Any]) -> None:
-    """Valkey runs with appendonly yes and appendfsync everysec, its data dir on a volume."""
+def test_compose_valkey_fsyncs_every_reply_to_a_volume(compose: dict[str, Any]) -> None:
+    """Valkey runs with appendonly yes and appendfsync always, which the workers' and the API's
+    TURNSTILE_DURABILITY=aof needs, its data dir on a volume."""
     valkey = compose["services"]["valkey"]
-    assert appends_every_second(valkey["command"])
+    keeps_its_promise(valkey["command"], worker_env(compose))
+    assert compose["services"]["api"]["environment"]["TURNSTILE_DURABILITY"] == "aof"
     assert any(v.split(":")[0] in compose["volumes"] for v in valkey["volumes"])
 
 
@@ -190,14 +204,17 @@ def test_worker_serves_metrics_on_its_port_and_asks_for_resources(
     assert template["spec"]["securityContext"]["runAsNonRoot"] is True
 
 
-def test_valkey_appends_every_second_to_a_persistent_volume(
+def test_valkey_fsyncs_every_reply_to_a_persistent_volume(
     manifests: dict[str, list[dict[str, Any]]],
 ) -> None:
-    """The StatefulSet runs Valkey with appendonly yes and appendfsync everysec, its data dir on
-    a claim; the Service the workers' URL names selects it."""
+    """The StatefulSet runs Valkey with appendonly yes and appendfsync always, which the
+    workers' TURNSTILE_DURABILITY=aof needs, its data dir on a claim; the Service the workers'
+    URL names selects it."""
     valkey = one(manifests, "StatefulSet", "turnstile-valkey")
     (container,) = valkey["spec"]["template"]["spec"]["containers"]
-    assert appends_every_second(container["args"])
+    worker = one(manifests, "Deployment", "turnstile-worker")
+    (worker_container,) = worker["spec"]["template"]["spec"]["containers"]
+    keeps_its_promise(container["args"], container_env(manifests, worker_container))
     claims = {c["metadata"]["name"] for c in valkey["spec"]["volumeClaimTemplates"]}
     assert {m["name"] for m in container["volumeMounts"]} & claims
     service = one(manifests, "Service", "turnstile-valkey")
@@ -231,7 +248,7 @@ def defined_series() -> set[str]:
 
 def test_dashboard_queries_only_metrics_the_worker_defines() -> None:
     """The dashboard JSON parses; every expression queries at least one turnstile metric and
-    every turnstile metric it names is one worker/metrics.py defines; its datasource is the
+    every turnstile metric it names is one worker/observability/metrics.py defines; its datasource is the
     provisioned one."""
     dashboard = json.loads((DEPLOY / "grafana" / "dashboards" / "turnstile.json").read_text())
     (datasource,) = load(DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yaml")[
@@ -249,7 +266,7 @@ def test_dashboard_queries_only_metrics_the_worker_defines() -> None:
         names = set(re.findall(r"\bturnstile_[a-z0-9_]+", expr))
         assert names, f"queries no turnstile metric: {expr}"
         queried |= names
-    assert queried <= series, f"not defined in worker/metrics.py: {queried - series}"
+    assert queried <= series, f"not defined in worker/observability/metrics.py: {queried - series}"
     provider = load(DEPLOY / "grafana" / "provisioning" / "dashboards" / "turnstile.yaml")
     assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
 

@@ -221,7 +221,16 @@ def worker(
         where = "TURNSTILE_" + str(first["loc"][0]).upper() if first["loc"] else "settings"
         fail(f"bad {where}: {first['msg']}", code=2)
     from turnstile.worker.broker import deadletters
-    from turnstile.worker.runtime.app import announced_exitcode, worker_app
+    from turnstile.worker.runtime.app import announced_exitcode, connect, worker_app
+    from turnstile.worker.store.durability import DurabilityRefusedError, check_server
+
+    store = connect(redis_url, settings())
+    try:  # before Celery starts, so the refusal is the only line (worker_init checks again)
+        check_server(store, settings().wait_for)
+    except DurabilityRefusedError as exc:
+        fail(str(exc), code=2)
+    finally:
+        store.close()
 
     celery_app = worker_app()
 

@@ -41,6 +41,7 @@ from turnstile.worker.runtime.step import StepMessage, next_hold, now_iso, time_
 from turnstile.worker.scheduling.fair import route
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
+from turnstile.worker.store.durability import check_server
 from turnstile.worker.store.memory import RedisMemory
 from turnstile.worker.store.runs import Change, RunStore, SubmissionConflictError, fingerprint
 
@@ -109,6 +110,8 @@ def _budget(raw: Budget | Mapping[str, Any] | None, default: Budget) -> Budget:
 
 class Client:
     def __init__(self, client: redis.Redis, config: Settings, send: Send) -> None:
+        # A durable mode the server cannot give is refused before anything is written.
+        check_server(client, config.wait_for)
         # Where a step goes (the broker, or its tenant's pending list): worker/fair.py.
         self.client, self.config, self.send = client, config, route(client, config, send)
         self.jobs = Registry(

@@ -7,17 +7,21 @@ needs nothing installed; a `valkey-server` or `redis-server` on PATH is the fall
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 import redis
 
 from turnstile.worker.errors import TurnstileError
+from turnstile.worker.store.durability import FSYNC_POLICY
 
 START_TIMEOUT_S = 10.0  # a cold start takes well under a second; allow for a loaded box
 
@@ -53,19 +57,36 @@ def free_port() -> int:
 class EmbeddedServer:
     """Start, stop and restart one server process that this process owns.
 
-    `appendonly=True` runs it as production does (AOF, fsync every second, hz 100); the default
-    keeps nothing on disk, which is what tests want.
+    `appendonly=True` runs it as the deploy files do, durable: AOF with `appendfsync always`, so
+    nothing is replied to before it is fsynced and TURNSTILE_DURABILITY=aof holds (see
+    worker/store/durability.py). `appendfsync` picks another policy, for tests of what those lose.
+    The default keeps nothing on disk, which is what most tests want. `env` is added to the
+    process's environment (a test preloads a library that watches its fsyncs).
     """
 
-    def __init__(self, *, port: int | None = None, appendonly: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        appendonly: bool = False,
+        appendfsync: str = FSYNC_POLICY,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.port = port or free_port()
         self.appendonly = appendonly
+        self.appendfsync = appendfsync
+        self.env = dict(env or {})
         self._dir = tempfile.mkdtemp(prefix="turnstile-valkey-")
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def data_dir(self) -> Path:
+        """Where the server keeps its append-only files (appendonlydir/) between starts."""
+        return Path(self._dir)
 
     @property
     def log_path(self) -> Path:
@@ -82,15 +103,13 @@ class EmbeddedServer:
             "--logfile", str(self.log_path),
             "--save", "",
             "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", "everysec",
-            # A lone WAITAOF is answered at the next tick: hz 100 (the deploy files' too) makes
-            # that about 8 ms, not 90.
-            "--hz", "100" if self.appendonly else "10",
+            "--appendfsync", self.appendfsync,
             "--protected-mode", "no",
             "--daemonize", "no",
         ]  # fmt: skip
+        env = {**os.environ, **self.env} if self.env else None
         self._process = subprocess.Popen(  # noqa: S603 - the binary path is resolved above
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
         )
         self._wait_ready()
         return self.url
@@ -137,7 +156,7 @@ class EmbeddedServer:
         self.stop()
         shutil.rmtree(self._dir, ignore_errors=True)
 
-    def __enter__(self) -> EmbeddedServer:
+    def __enter__(self) -> Self:
         self.start()
         return self
 

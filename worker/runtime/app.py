@@ -47,6 +47,7 @@ from turnstile.worker.runtime.step import (
 from turnstile.worker.scheduling import fair
 from turnstile.worker.scheduling.sweeper import Sweeper
 from turnstile.worker.settings import Settings, settings
+from turnstile.worker.store.durability import DurabilityRefusedError, check_server
 from turnstile.worker.store.runs import RunStore, StoreUnavailable
 
 log = structlog.get_logger("turnstile.worker")
@@ -422,7 +423,23 @@ def _child_init(**kwargs: Any) -> None:
 def _main_init(**kwargs: Any) -> None:
     config = settings()
     configure_logging(config.log_format, config.log_level)
+    _check_durability(config)
     metrics.enable(config.metrics_port)  # before the pool forks: the children inherit it
+
+
+def _check_durability(config: Settings) -> None:
+    """A worker whose store cannot keep TURNSTILE_DURABILITY's promise does not start: one
+    line, and an exit status its supervisor sees (SystemExit passes Celery's signal
+    dispatch, which swallows exceptions)."""
+    if config.redis_url is None or not config.wait_for.waits:
+        return
+    client = connect(config.redis_url, config)
+    try:
+        check_server(client, config.wait_for)
+    except DurabilityRefusedError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    finally:
+        client.close()
 
 
 def _start_watchdog(**kwargs: Any) -> None:

@@ -495,7 +495,7 @@ class RunStore:
     ) -> Any:
         """Call a writing script, and `then` add its commands to the same round trip; unless
         durability is `none`, wait for the write to reach the disk or the replicas first (see
-        worker/durability.py). Returns the script's reply."""
+        worker/store/durability.py). Returns the script's reply."""
         if not self.wait_for.waits and then is None:
             return script(keys=script_keys, args=args)
 
@@ -518,18 +518,21 @@ class RunStore:
     def _durable(self, build: Callable[[Any], None], what: str, script: Any) -> list[Any]:
         """The pipeline `build` makes, then (durability not `none`) the wait, on the same
         connection and in the same round trip: WAITAOF and WAIT wait for this connection's own
-        writes. Raises NotDurableError when the wait times out or the server cannot wait."""
+        writes. Raises NotDurableError when the wait times out, the server cannot wait, or
+        (`aof`) its fsync policy cannot back the wait's answer."""
         if not self.wait_for.waits:
             return self._pipeline(build)
+        waits = self.wait_for.commands()
         for attempt in range(2):
             pipe: Any = self.client.pipeline(transaction=False)
             build(pipe)
-            pipe.execute_command(*self.wait_for.command())
+            for command in waits:
+                pipe.execute_command(*command)
             try:
                 replies = list(pipe.execute(raise_on_error=False))
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 raise StoreUnavailable(f"store unavailable: {exc}") from exc
-            *written, waited = replies
+            written, waited = replies[: -len(waits)], replies[-len(waits) :]
             lost = any(isinstance(r, redis.exceptions.NoScriptError) for r in written)
             if lost and script and not attempt:
                 script.sha = str(self.client.script_load(script.script))
@@ -537,8 +540,9 @@ class RunStore:
             for reply in written:
                 if isinstance(reply, Exception):
                     raise reply
-            if isinstance(waited, Exception):
-                raise NotDurableError(f"{what} cannot be confirmed: {waited}")
+            for reply in waited:
+                if isinstance(reply, Exception):
+                    raise NotDurableError(f"{what} cannot be confirmed: {reply}")
             shortfall = self.wait_for.shortfall(waited, what)
             if shortfall:
                 raise NotDurableError(shortfall)
