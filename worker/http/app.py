@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import redis.asyncio as aioredis
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from worker.api import Client
 from worker.app import connect, sender
@@ -20,6 +20,7 @@ from worker.http.context import Api
 from worker.http.problems import response
 from worker.http.ratelimit import RateLimiter
 from worker.http.settings import ApiSettings
+from worker.http.streams import StreamSlots
 from worker.settings import Settings
 
 Scope = MutableMapping[str, Any]
@@ -97,7 +98,12 @@ def create_app(config: Settings, api_settings: ApiSettings | None = None) -> Fas
         config.redis_url, decode_responses=True, socket_timeout=config.redis_timeout_s,
         socket_connect_timeout=min(1.0, config.redis_timeout_s),
     )  # fmt: skip
-    api = Api(client, api_settings, limiter, streams)
+    # One XREAD blocks at most this long, inside the store client's own timeout.
+    block_ms = min(api_settings.sse_block_ms, int(config.redis_timeout_s * 1000) - 500)
+    slots = StreamSlots(
+        store, streams, cap=api_settings.sse_streams_per_key, block_ms=max(block_ms, 10)
+    )
+    api = Api(client, api_settings, limiter, streams, slots)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -110,6 +116,10 @@ def create_app(config: Settings, api_settings: ApiSettings | None = None) -> Fas
         version="1",
         summary="Runs, live events, decisions and webhooks for long LLM agent runs.",
         lifespan=lifespan,
+        # No redirect from /v1/runs/ to /v1/runs: Starlette's would build its Location from the
+        # request's Host header. A path with a trailing slash is a 404 problem like any other.
+        redirect_slashes=False,
+        dependencies=[Depends(context.strict_query)],
     )
     app.state.api = api
     problems.install(app)
