@@ -50,11 +50,11 @@ class Settings(BaseSettings):
     redis_timeout_s: float = Field(default=5.0, gt=0)
 
     # The worker's pool and its turns in flight (`turnstile worker --pool --concurrency`; see
-    # worker/pools.py). They size the connection pools: one Redis connection and one broker
+    # worker/runtime/pools.py). They size the connection pools: one Redis connection and one broker
     # producer per turn in flight on a green worker.
     pool: str = "prefork"
     concurrency: int = Field(default=2, ge=1)
-    # A green worker whose hub has not run for this long kills itself (worker/pools.py): a
+    # A green worker whose hub has not run for this long kills itself (worker/runtime/pools.py): a
     # turn that blocks the hub holds every other turn of the process. Below the grace, so the
     # other turns' hard limits are still kept within it.
     hub_block_limit_s: float = Field(default=8.0, gt=0)
@@ -85,7 +85,7 @@ class Settings(BaseSettings):
     # one is refused and a worker ignores them. Tests, the demo and staging turn them on.
     allow_drills: bool = False
 
-    # Fair share between tenants (worker/fair.py): steps wait in per-tenant lists and one
+    # Fair share between tenants (worker/scheduling/fair.py): steps wait in per-tenant lists and one
     # dispatcher feeds the queue round robin between tenants, honouring each tenant's cap on
     # turns in flight. Off: every step goes straight to the broker, first come first served.
     fair_share: bool = True

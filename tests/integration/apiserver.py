@@ -59,6 +59,7 @@ class ApiServer:
             except httpx.TransportError:
                 pass
             time.sleep(0.05)
+        self.stop()  # a server that never got ready is not left running
         raise RuntimeError(f"api not ready: {self.log()[-2000:]}")
 
     def log(self) -> str:

@@ -248,8 +248,8 @@ def defined_series() -> set[str]:
 
 def test_dashboard_queries_only_metrics_the_worker_defines() -> None:
     """The dashboard JSON parses; every expression queries at least one turnstile metric and
-    every turnstile metric it names is one worker/observability/metrics.py defines; its datasource is the
-    provisioned one."""
+    every turnstile metric it names is one worker/observability/metrics.py defines; its
+    datasource is the provisioned one."""
     dashboard = json.loads((DEPLOY / "grafana" / "dashboards" / "turnstile.json").read_text())
     (datasource,) = load(DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yaml")[
         "datasources"

@@ -1,27 +1,37 @@
-"""The HTTP API's pure pieces: webhook signatures and backoff, idempotent run ids, the budget
-body against the kernel's Budget, SSE framing, one-line problem details."""
+"""The HTTP API's pure pieces: webhook signatures and backoff, idempotent run ids, the one run
+id rule, strict stream ids and cursors, the budget body against the kernel's Budget, SSE
+framing, one-line problem details."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import hmac
 import io
+import json
 import re
 
 import httpx
+import pytest
 import structlog
 from fastapi import FastAPI
 
 from turnstile.jobs.budget import Budget
+from turnstile.worker.client._client import (
+    RUN_ID_PATTERN,
+    InvalidNameError,
+    check_run_id,
+    idempotent_run_id,
+)
 from turnstile.worker.http import problems
 from turnstile.worker.http.context import RUN_ID
-from turnstile.worker.http.problems import one_line
-from turnstile.worker.http.routes_runs import idempotent_run_id
+from turnstile.worker.http.problems import Problem, one_line
 from turnstile.worker.http.routes_webhooks import sign, verify
-from turnstile.worker.http.schemas import BudgetBody
-from turnstile.worker.http.sse import _kind, frame
+from turnstile.worker.http.schemas import BudgetBody, SubmitBody
+from turnstile.worker.http.sse import _kind, check_event_id, frame
 from turnstile.worker.http.webhook_delivery import backoff_s, delivery_id
+from turnstile.worker.ops.control import ControlError, decode_cursor, encode_cursor
 from turnstile.worker.store.runs import encode_event
 
 
@@ -58,6 +68,64 @@ def test_an_idempotency_key_names_one_run_per_tenant() -> None:
     assert first != idempotent_run_id("globex", "order-1")
     assert first != idempotent_run_id("acme", "order-2")
     assert re.match(RUN_ID, first)
+
+
+@pytest.mark.parametrize("run_id", [".", "..", "-x", "a\n", "x" * 129, "é", ""])
+def test_one_run_id_rule_refuses_dot_segments_and_trailing_newlines(run_id: str) -> None:
+    """The client, the CLI (through the client) and HTTP share one rule: "." and "..", a
+    leading '-', a trailing newline, more than 128 characters or others are refused by each."""
+    assert RUN_ID == RUN_ID_PATTERN == SubmitBody.model_fields["run_id"].metadata[0].pattern
+    with pytest.raises(InvalidNameError):
+        check_run_id(run_id)
+    assert not re.fullmatch(RUN_ID, run_id)
+
+
+def test_the_run_id_rule_keeps_every_other_id() -> None:
+    """Dots are refused only as the whole id: "...", ".a" and "a." are run ids still."""
+    for run_id in ("...", ".a", "..a", "a.", "a:b", "run_0f3a", "x" * 128, "." + "y" * 127):
+        assert check_run_id(run_id) == run_id
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["18446744073709551616-0", "0-18446744073709551616", "\u0661-0", "1-\u00b2", "1700",
+     "1-2\n", " 1-2", "1-2-3", "-1-0", "0x1-0"],
+)  # fmt: skip
+def test_a_stream_id_is_ascii_digits_and_each_part_a_uint64(value: str) -> None:
+    """Anything a stream could not take as an id is a 400 problem before the stream starts."""
+    with pytest.raises(Problem) as refused:
+        check_event_id(value)
+    assert (refused.value.status, refused.value.code) == (400, "invalid_event_id")
+
+
+def test_the_largest_stream_ids_and_none_are_taken() -> None:
+    """No id reads from the start; the largest uint64 parts are a stream id still."""
+    top = f"{2**64 - 1}-{2**64 - 1}"
+    assert (check_event_id(None), check_event_id(""), check_event_id(top)) == ("0-0", "0-0", top)
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    ["s99999999999999999999999", "z\u00b2:x", _b64(b"[1e3,\"t\",\"r\"]"),
+     _b64(json.dumps([2**53 + 1, "t", "r"]).encode()), _b64(b'[-1,"t","r"]'),
+     _b64(b'[true,"t","r"]'), _b64(b'["1","t","r"]'), _b64(b'[1,"","r"]'),
+     _b64(json.dumps([1, "t" * 129, "r"]).encode()), _b64(b'[1,"t"]'), "a" * 2201, "ab=="],
+)  # fmt: skip
+def test_a_cursor_is_parsed_strictly(cursor: str) -> None:
+    """A cursor is url-safe base64 of [ms, tenant, run id]: out-of-range ms, wrong types,
+    empty or overlong names, padding or other characters are refused, never passed on."""
+    with pytest.raises(ControlError, match="bad cursor"):
+        decode_cursor(cursor)
+
+
+def test_a_cursor_a_listing_gives_is_read_back() -> None:
+    """What encode_cursor gives, decode_cursor reads back as it was."""
+    key = (2**53, "t" * 128, "r" * 128)
+    assert decode_cursor(encode_cursor(key)) == key
 
 
 def test_the_budget_body_has_exactly_the_kernels_budget_fields() -> None:

@@ -47,7 +47,9 @@ register_http(app)
 def _root() -> None:
     """Turnstile: durable agent runs on Celery with a shared per-tenant budget ledger."""
     use_dimensions(_job_dimensions)  # `ledger set acme refund_cents=...`: jobs' own dimensions
-    hand_on(HANDED_ON)  # `ledger set acme turns_in_flight=20`: a cap, kept by worker/fair.py
+    hand_on(
+        HANDED_ON
+    )  # `ledger set acme turns_in_flight=20`: a cap, kept by worker/scheduling/fair.py
 
 
 @app.command()
@@ -320,17 +322,32 @@ def submit(
         ),
     ] = None,
     queue: Annotated[str, typer.Option("--queue", envvar="TURNSTILE_QUEUE")] = "default",
-    run_id: Annotated[str | None, typer.Option("--run-id", envvar="TURNSTILE_RUN_ID")] = None,
+    run_id: Annotated[
+        str | None,
+        typer.Option("--run-id", envvar="TURNSTILE_RUN_ID", help="The run's (global) id."),
+    ] = None,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(
+            "--idempotency-key",
+            envvar="TURNSTILE_IDEMPOTENCY_KEY",
+            show_default=False,
+            help="A key of the tenant's own: the run it names is the one the HTTP API's "
+            "Idempotency-Key (or run_id) names for the tenant.",
+        ),
+    ] = None,
     as_json: JsonFlag = False,
     redis_url: RedisUrl = None,
     broker_url: BrokerUrl = None,
 ) -> None:
-    """Submit a run; prints its id. Idempotent with --run-id. A broker that is down does not
-    refuse it: the run is stored and its step sent when the broker is back."""
+    """Submit a run; prints its id. Idempotent with --run-id or --idempotency-key. A broker
+    that is down does not refuse it: the run is stored and its step sent when the broker is
+    back."""
     with client(redis_url, broker_url) as c:
         made = c.submit_run(
-            tenant, user, job, goal, _params(param or []), queue=queue, run_id=run_id
-        )
+            tenant, user, job, goal, _params(param or []), queue=queue, run_id=run_id,
+            idempotency_key=idempotency_key,
+        )  # fmt: skip
     deferred = made.created and not made.sent
     if as_json:
         typer.echo(json.dumps({"run_id": made.run_id, "created": made.created, "sent": made.sent}))

@@ -1,8 +1,8 @@
 """`turnstile tenants set|show`: how much of the workers a tenant may occupy.
 
 Not the ledger: a cap on turns in flight and a fair-share weight are not spend, have no period
-and are read by the dispatcher (worker/fair.py), not by the ledger's scripts; so they live in
-their own hash per tenant and their own command, beside `turnstile ledger`.
+and are read by the dispatcher (worker/scheduling/fair.py), not by the ledger's scripts; so they
+live in their own hash per tenant and their own command, beside `turnstile ledger`.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ take the step does not undo it: the run's pickup lease lapses and the sweeper se
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 import uuid
@@ -46,7 +47,18 @@ from turnstile.worker.store.memory import RedisMemory
 from turnstile.worker.store.runs import Change, RunStore, SubmissionConflictError, fingerprint
 
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.\-]{0,63}$")
-RUN_ID = re.compile(r"^[A-Za-z0-9_.:][A-Za-z0-9_.:\-]{0,127}$")
+# The one rule for a run id, wherever one comes in (this client, the CLI, the HTTP API's paths
+# and bodies): 1-128 letters, digits, '.', '_', ':' or '-', not starting with '-' (a command
+# line would read it as an option), and not "." or ".." (a URL path segment of its own, which
+# clients rewrite, so the run's URLs could not be reached). Written without look-arounds, so
+# that pydantic's regex engine and JSON Schema read it as Python does.
+RUN_ID_PATTERN = (
+    r"^(?:[A-Za-z0-9_:][A-Za-z0-9_.:\-]{0,127}"
+    r"|\.[A-Za-z0-9_:\-][A-Za-z0-9_.:\-]{0,126}"
+    r"|\.\.[A-Za-z0-9_.:\-]{1,126})$"
+)
+RUN_ID = re.compile(RUN_ID_PATTERN)
+MAX_IDEMPOTENCY_KEY_CHARS = 255
 CANCEL_TRIES = 5  # a run that moves on under a cancel this often is refused; try again
 RUN_TENANTS = keys.RUN_TENANTS
 
@@ -71,12 +83,24 @@ def check_name(what: str, value: object) -> str:
 
 
 def check_run_id(run_id: object) -> str:
-    if not isinstance(run_id, str) or not RUN_ID.match(run_id):
+    # fullmatch: `$` alone would let a trailing newline through.
+    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
         raise InvalidNameError(
             f"bad run id {run_id!r}: 1-128 letters, digits, '.', '_', ':' or '-', "
-            "not starting with '-'"
+            "not starting with '-', and not '.' or '..'"
         )
     return run_id
+
+
+def idempotent_run_id(tenant: str, key: str) -> str:
+    """The run id an idempotency key stands for: the same key of the same tenant, the same run;
+    another tenant's same key, another run. Run ids are global, so a tenant that names its run
+    by a key never touches, nor learns of, a run id of another tenant."""
+    if not isinstance(key, str) or not key or len(key) > MAX_IDEMPOTENCY_KEY_CHARS:
+        raise SubmissionError(
+            f"an idempotency key is 1-{MAX_IDEMPOTENCY_KEY_CHARS} characters of text"
+        )
+    return "run_" + hashlib.sha256(f"{tenant}\x00{key}".encode()).hexdigest()[:24]
 
 
 @dataclass(frozen=True)
@@ -112,7 +136,7 @@ class Client:
     def __init__(self, client: redis.Redis, config: Settings, send: Send) -> None:
         # A durable mode the server cannot give is refused before anything is written.
         check_server(client, config.wait_for)
-        # Where a step goes (the broker, or its tenant's pending list): worker/fair.py.
+        # Where a step goes (the broker, or its tenant's pending list): worker/scheduling/fair.py.
         self.client, self.config, self.send = client, config, route(client, config, send)
         self.jobs = Registry(
             client, drills=config.allow_drills
@@ -138,11 +162,14 @@ class Client:
         budget: Budget | Mapping[str, Any] | None = None,
         queue: str = "default",
         run_id: str | None = None,
+        idempotency_key: str | None = None,
     ) -> str:
-        """Create the run and enqueue its first step; idempotent on `run_id`."""
+        """Create the run and enqueue its first step; idempotent on `run_id` (or on
+        `idempotency_key`, a key of the tenant's own)."""
         return self.submit_run(
-            tenant, user, job, goal, params, budget=budget, queue=queue, run_id=run_id
-        ).run_id
+            tenant, user, job, goal, params, budget=budget, queue=queue, run_id=run_id,
+            idempotency_key=idempotency_key,
+        ).run_id  # fmt: skip
 
     def submit_run(
         self,
@@ -155,8 +182,15 @@ class Client:
         budget: Budget | Mapping[str, Any] | None = None,
         queue: str = "default",
         run_id: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Submitted:
-        """`submit`, saying whether the run was new and whether its step reached the broker."""
+        """`submit`, saying whether the run was new and whether its step reached the broker.
+        `idempotency_key` names the run by a key of the tenant's own (`idempotent_run_id`), as
+        the HTTP API does; `run_id` names the global run id itself."""
+        if run_id is not None and idempotency_key is not None:
+            raise SubmissionError("give an idempotency key or a run id, not both")
+        if idempotency_key is not None:
+            run_id = idempotent_run_id(tenant, idempotency_key)
         run_id = f"run_{uuid.uuid4().hex[:20]}" if run_id is None else check_run_id(run_id)
         state = self._new_state(
             tenant=tenant, user=user, job=job, goal=goal, params=params, budget=budget,
@@ -164,11 +198,18 @@ class Client:
         )  # fmt: skip
         self._check_tenant_allows(tenant, state.budget)
         self._check_model_priced(tenant, state.params)
-        if self.client.hget(keys.queue_control(queue), "draining"):
-            raise SubmissionError(f"queue {queue!r} is draining: it takes no new runs")
         digest = fingerprint([tenant, user, job, goal, state.params, state.budget, queue])
+        # Every refusal is found by reading before anything is written: a refused submission
+        # adds no queue, no tenant and no run id to any index.
+        draining, owner, stored_digest = self._before_writing(queue, tenant, run_id)
+        if draining:
+            raise SubmissionError(f"queue {queue!r} is draining: it takes no new runs")
+        if owner not in (None, tenant):
+            raise SubmissionConflictError(f"run id {run_id!r} belongs to another tenant")
+        if stored_digest is not None and stored_digest != digest:
+            raise SubmissionConflictError(f"run {run_id!r} exists with a different submission")
         owner = self._claim_run_id(run_id, tenant)
-        if owner != tenant:
+        if owner != tenant:  # another tenant took the id since it was read
             raise SubmissionConflictError(f"run id {run_id!r} belongs to another tenant")
         created, stored = self.store.create(
             tenant=tenant, run_id=run_id, state_json=state.to_json().decode(), fingerprint=digest,
@@ -246,6 +287,22 @@ class Client:
                 f"model {spec!r} has no price and tenant {tenant!r} has a cost ceiling: add its"
                 f" price to the file named in {PRICES_FILE_ENV}"
             )
+
+    def _before_writing(
+        self, queue: str, tenant: str, run_id: str
+    ) -> tuple[bool, str | None, str | None]:
+        """In one round trip: whether the queue is draining, the tenant that holds the run id
+        (None: no one yet) and the fingerprint of the tenant's run of that id, if any."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hget(keys.queue_control(queue), "draining")
+        pipe.hget(RUN_TENANTS, run_id)
+        pipe.hget(keys.run(tenant, run_id), "fingerprint")
+        draining, owner, stored = pipe.execute()
+        return (
+            bool(draining),
+            None if owner is None else str(owner),
+            None if stored is None else str(stored),
+        )
 
     def _claim_run_id(self, run_id: str, tenant: str) -> str:
         pipe = self.client.pipeline(transaction=False)

@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import redis.asyncio as aioredis
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from turnstile.worker.client._client import Client
 from turnstile.worker.http import (
@@ -30,6 +30,7 @@ from turnstile.worker.http.context import Api
 from turnstile.worker.http.problems import response
 from turnstile.worker.http.ratelimit import RateLimiter
 from turnstile.worker.http.settings import ApiSettings
+from turnstile.worker.http.streams import StreamSlots
 from turnstile.worker.runtime.app import connect, sender
 from turnstile.worker.settings import Settings
 
@@ -108,7 +109,12 @@ def create_app(config: Settings, api_settings: ApiSettings | None = None) -> Fas
         config.redis_url, decode_responses=True, socket_timeout=config.redis_timeout_s,
         socket_connect_timeout=min(1.0, config.redis_timeout_s),
     )  # fmt: skip
-    api = Api(client, api_settings, limiter, streams)
+    # One XREAD blocks at most this long, inside the store client's own timeout.
+    block_ms = min(api_settings.sse_block_ms, int(config.redis_timeout_s * 1000) - 500)
+    slots = StreamSlots(
+        store, streams, cap=api_settings.sse_streams_per_key, block_ms=max(block_ms, 10)
+    )
+    api = Api(client, api_settings, limiter, streams, slots)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -121,6 +127,10 @@ def create_app(config: Settings, api_settings: ApiSettings | None = None) -> Fas
         version="1",
         summary="Runs, live events, decisions and webhooks for long LLM agent runs.",
         lifespan=lifespan,
+        # No redirect from /v1/runs/ to /v1/runs: Starlette's would build its Location from the
+        # request's Host header. A path with a trailing slash is a 404 problem like any other.
+        redirect_slashes=False,
+        dependencies=[Depends(context.strict_query)],
     )
     app.state.api = api
     problems.install(app)

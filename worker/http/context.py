@@ -4,18 +4,21 @@ gives (a service key sees its own tenant only; another tenant's run is simply no
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Annotated
+import time
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 
 import redis
 import redis.asyncio as aioredis
 from fastapi import Depends, FastAPI, Path, Request
+from fastapi.dependencies.models import Dependant
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from turnstile.jobs.errors import KernelError, UnknownJobError
 from turnstile.ledger.errors import LedgerError, LedgerInputError, LedgerUnavailable
 from turnstile.worker.client._client import (
+    RUN_ID_PATTERN,
     Client,
     DecisionRefusedError,
     RunNotFoundError,
@@ -26,14 +29,18 @@ from turnstile.worker.http.apikeys import ApiKey
 from turnstile.worker.http.problems import Problem, response
 from turnstile.worker.http.ratelimit import RateLimiter
 from turnstile.worker.http.settings import ApiSettings
+from turnstile.worker.http.streams import StreamSlots
 from turnstile.worker.ops.control import ControlError
 from turnstile.worker.store import keys
 from turnstile.worker.store.runs import StoreUnavailable, SubmissionConflictError
 
-# As the client accepts them, none starting with '-' (a command line could not name it again).
-RUN_ID = r"^[A-Za-z0-9_.:][A-Za-z0-9_.:\-]{0,127}$"
+# The client's own rule for run ids (one validator for the client, the CLI and HTTP).
+RUN_ID = RUN_ID_PATTERN
 NAME = r"^[A-Za-z0-9_.][A-Za-z0-9_.\-]{0,127}$"  # tenants and queues
 RUN_ID_RE = re.compile(RUN_ID)
+# How long an operator key this server has seen may ask /readyz for the store's own error
+# while the store cannot be reached to check the key (see `operator_seen`).
+OPERATOR_MEMO_S = 600.0
 
 
 @dataclass
@@ -44,10 +51,20 @@ class Api:
     settings: ApiSettings
     limiter: RateLimiter
     streams: aioredis.Redis  # for SSE: a quiet run's follower waits on the loop, not a thread
+    slots: StreamSlots  # each key's open event streams, against its cap
+    # sha256 of an operator key -> when this server last verified it (monotonic s): lets an
+    # operator read /readyz's detail when the store, where keys are checked, is out of reach.
+    operators: dict[str, float] = field(default_factory=dict)
 
     @property
     def redis(self) -> redis.Redis:
         return self.client.client
+
+    def operator_seen(self, secret: str) -> bool:
+        """Whether this server verified `secret` as a live operator key in the last
+        OPERATOR_MEMO_S. Only /readyz asks, for the store's error text, nothing else."""
+        seen = self.operators.get(apikeys.digest(secret))
+        return seen is not None and time.monotonic() - seen < OPERATOR_MEMO_S
 
 
 def api(request: Request) -> Api:
@@ -66,9 +83,13 @@ def caller(
     challenge = {"WWW-Authenticate": "Bearer"}
     if credentials is None:
         raise Problem(401, "missing_key", "send an API key: Authorization: Bearer <key>", challenge)
-    key = apikeys.verify(api(request).redis, credentials.credentials)
+    ctx = api(request)
+    key = apikeys.verify(ctx.redis, credentials.credentials)
     if key is None:
+        ctx.operators.pop(apikeys.digest(credentials.credentials), None)
         raise Problem(401, "invalid_key", "the API key is unknown or revoked", challenge)
+    if key.operator:
+        ctx.operators[key.hash] = time.monotonic()
     return key
 
 
@@ -104,6 +125,45 @@ def run_tenant(ctx: Api, key: ApiKey, run_id: str) -> str:
     elif ctx.redis.exists(keys.run(key.tenant, run_id)):
         return key.tenant
     raise Problem(404, "run_not_found", f"no run {run_id!r}")
+
+
+# -- query parameters: each one known to the route, and given once ---------------------------
+
+_INT = re.compile(r"[0-9]{1,18}")
+
+
+def _query_fields(dependant: Dependant) -> dict[str, Any]:
+    """The route's query parameters by name, its dependencies' included."""
+    fields = {f.alias: f for f in dependant.query_params}
+    for sub in dependant.dependencies:
+        fields.update(_query_fields(sub))
+    return fields
+
+
+def strict_query(request: Request) -> None:
+    """Refuse a query parameter the route does not take (a misspelt `?limt=` is not silently
+    ignored), one given twice (which would be read as one of them), and an integer that is not
+    plain ASCII digits (`1_000`, ` 5`, `٣` would be read as numbers). Runs before the key is
+    checked: what a route takes is public in /openapi.json."""
+    dependant = getattr(request.scope.get("route"), "dependant", None)
+    if dependant is None:
+        return
+    fields = _query_fields(dependant)  # a walk of a few dependants: cheaper than a cache
+    names = [name for name, _ in request.query_params.multi_items()]
+    unknown = sorted({n for n in names if n not in fields})
+    if unknown:
+        raise Problem(400, "unknown_parameter",
+                      f"unknown query parameter(s): {', '.join(map(repr, unknown))}; "
+                      f"this route takes {', '.join(sorted(fields)) or 'none'}")  # fmt: skip
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        named = ", ".join(map(repr, repeated))
+        raise Problem(
+            400, "repeated_parameter", f"query parameter(s) given more than once: {named}"
+        )
+    for name, value in request.query_params.items():
+        if fields[name].field_info.annotation in (int, int | None) and not _INT.fullmatch(value):
+            raise Problem(400, "invalid_parameter", f"{name} must be a whole number in digits")
 
 
 # -- the library's errors, as problems --------------------------------------------------------

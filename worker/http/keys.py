@@ -15,9 +15,15 @@ KEY_HASHES = f"{API}:key-hashes"  # hash: sha256 of a key -> the key's record JS
 KEYS = f"{API}:keys"  # hash: key id -> the key's record JSON (with its hash; kept on revoke)
 
 
-def rate(key_id: str, window: int) -> str:
-    """Counter: submissions of one key in one fixed window."""
-    return f"{API}:rate:{key_id}:{window}"
+def rate(key_id: str, window: int, kind: str = "") -> str:
+    """Counter: submissions (or, with a `kind`, other writes) of one key in one fixed window."""
+    return f"{API}:rate:{key_id}:{window}" + (f":{kind}" if kind else "")
+
+
+def streams(key_id: str) -> str:
+    """Sorted set: one key's open event streams (a random id each), scored by when each
+    lapses (ms) unless the server holding it renews it."""
+    return f"{API}:streams:{key_id}"
 
 
 WEBHOOKS = f"{API}:webhooks"  # hash: endpoint id -> endpoint record JSON (with its secret)

@@ -1,5 +1,5 @@
-"""Submissions per API key in a fixed window, counted in one script on the shared store, so
-several servers behind a load balancer share one limit."""
+"""Submissions (and, counted apart, memory writes) per API key in a fixed window, counted in
+one script on the shared store, so several servers behind a load balancer share one limit."""
 
 from __future__ import annotations
 
@@ -19,16 +19,18 @@ class RateLimiter:
         self.limit, self.window_s = limit, window_s
         self._script = client.register_script(SCRIPT())
 
-    def take(self, key_id: str) -> None:
-        """Count one submission; 429 with Retry-After when the key's window is full."""
+    def take(self, key_id: str, kind: str = "") -> None:
+        """Count one submission (or one write of another `kind`, counted apart: memory writes
+        have a limit of the same size); 429 with Retry-After when the key's window is full."""
         window = int(time.time()) // self.window_s
         admitted, count, ttl_s = self._script(
-            keys=[keys.rate(key_id, window)], args=[self.limit, self.window_s]
+            keys=[keys.rate(key_id, window, kind)], args=[self.limit, self.window_s]
         )
         if not int(admitted):
             retry = max(1, int(ttl_s))
+            what = f"{kind} writes" if kind else "submissions"
             raise Problem(
                 429, "rate_limited",
-                f"{count} submissions in this {self.window_s} s window; the limit is {self.limit}",
+                f"{count} {what} in this {self.window_s} s window; the limit is {self.limit}",
                 {"Retry-After": str(retry)},
             )  # fmt: skip

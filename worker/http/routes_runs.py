@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import StreamingResponse
 
-from turnstile.worker.client._client import SubmissionError
+from turnstile.worker.client._client import SubmissionError, idempotent_run_id
 from turnstile.worker.http import listing, sse
-from turnstile.worker.http.context import Caller, Ctx, RunIdPath, run_tenant, tenant_scope
+from turnstile.worker.http.context import (
+    NAME,
+    Api,
+    Caller,
+    Ctx,
+    RunIdPath,
+    run_tenant,
+    tenant_scope,
+)
 from turnstile.worker.http.problems import Problem
 from turnstile.worker.http.schemas import (
     USER,
@@ -34,6 +41,7 @@ PROBLEMS: dict[int | str, dict[str, Any]] = {
     for status in (400, 401, 403, 404, 409, 413, 422, 429, 503)
 }
 router = APIRouter(responses=PROBLEMS)
+MEMORY_WRITES = "memory"  # memory writes are counted apart from submissions, with the same limit
 
 IdempotencyKey = Annotated[
     str | None,
@@ -42,13 +50,52 @@ IdempotencyKey = Annotated[
 ]  # fmt: skip
 
 
-def idempotent_run_id(tenant: str, key: str) -> str:
-    """The run id an Idempotency-Key stands for: the same key of the same tenant, the same
-    run; another tenant's same key, another run."""
-    return "run_" + hashlib.sha256(f"{tenant}\x00{key}".encode()).hexdigest()[:24]
+RUN = "/v1/runs/{run_id}"
+BODY_ID, PATH_ID = "$response.body#/run_id", "$request.path.run_id"
 
 
-@router.post("/v1/runs", status_code=202, response_model=Submitted, tags=["runs"])
+def _link(path: str, method: str, run_id: str) -> dict[str, Any]:
+    """An OpenAPI link to one of a run's operations, by its path, passing the run's id."""
+    ref = "#/paths/" + path.replace("~", "~0").replace("/", "~1") + "/" + method
+    return {"operationRef": ref, "parameters": {"run_id": run_id}}
+
+
+# What a client can do next with the run an answer names: schemathesis follows these links
+# (submit -> read -> follow -> decide), so the fuzz reaches runs that exist.
+SUBMIT_LINKS = {
+    "GetRun": _link(RUN, "get", BODY_ID),
+    "FollowRun": _link(f"{RUN}/events", "get", BODY_ID),
+    "CancelRun": _link(f"{RUN}/cancel", "post", BODY_ID),
+}
+RUN_LINKS = {
+    "FollowRun": _link(f"{RUN}/events", "get", PATH_ID),
+    "ApproveRun": _link(f"{RUN}/approve", "post", PATH_ID),
+    "DenyRun": _link(f"{RUN}/deny", "post", PATH_ID),
+    "CancelRun": _link(f"{RUN}/cancel", "post", PATH_ID),
+}
+EVENTS_LINKS = {
+    "ApproveRun": _link(f"{RUN}/approve", "post", PATH_ID),
+    "CancelRun": _link(f"{RUN}/cancel", "post", PATH_ID),
+}
+
+
+def submitted_run_id(ctx: Api, tenant: str, run_id: str | None, key: str | None) -> str | None:
+    """The run a submission names. Run ids are global: a tenant never picks one itself, so
+    it can neither learn nor take another tenant's. `run_id` in the body is a key of the
+    tenant's own, like Idempotency-Key (the run's id is derived from the tenant and the key),
+    except that it names the tenant's own run of that very id when there is one (a run made
+    before, or the id an earlier answer gave), so a retry finds its run either way."""
+    if run_id is not None:
+        if ctx.redis.exists(run(tenant, run_id)):
+            return run_id
+        return idempotent_run_id(tenant, run_id)
+    return None if key is None else idempotent_run_id(tenant, key)
+
+
+@router.post(
+    "/v1/runs", status_code=202, response_model=Submitted, tags=["runs"],
+    responses={202: {"description": "Accepted: the run is stored.", "links": SUBMIT_LINKS}},
+)  # fmt: skip
 def submit_run(
     *, body: SubmitBody, key: Caller, ctx: Ctx, response: Response,
     idempotency_key: IdempotencyKey = None,
@@ -57,9 +104,7 @@ def submit_run(
     if body.run_id is not None and idempotency_key is not None:
         raise Problem(422, "invalid_request", "give an Idempotency-Key or a run_id, not both")
     ctx.limiter.take(key.id)
-    run_id = body.run_id
-    if idempotency_key is not None:
-        run_id = idempotent_run_id(key.tenant, idempotency_key)
+    run_id = submitted_run_id(ctx, key.tenant, body.run_id, idempotency_key)
     budget = body.budget.model_dump(exclude_none=True) if body.budget else None
     try:
         made = ctx.client.submit_run(
@@ -67,9 +112,9 @@ def submit_run(
             budget=budget, queue=body.queue, run_id=run_id,
         )  # fmt: skip
     except SubmissionConflictError:
-        # The same answer whoever holds the id, so it tells nothing about another tenant.
+        # Only the tenant's own run of that key can be in the way (see submitted_run_id).
         raise Problem(
-            409, "run_id_conflict", f"run id {run_id!r} is taken by another submission"
+            409, "run_id_conflict", f"run {run_id!r} was submitted before with another body"
         ) from None
     except SubmissionError as exc:
         # The client refuses a draining queue too; looked up only then, so it is a 409.
@@ -86,7 +131,10 @@ def submit_run(
     )  # fmt: skip
 
 
-@router.get("/v1/runs/{run_id}", tags=["runs"])
+@router.get(
+    "/v1/runs/{run_id}", tags=["runs"],
+    responses={200: {"description": "The run.", "links": RUN_LINKS}},
+)  # fmt: skip
 def get_run(run_id: RunIdPath, key: Caller, ctx: Ctx) -> dict[str, Any]:
     """The run: status, outcome, usage against budget, plan, the held call and its digest."""
     tenant = run_tenant(ctx, key, run_id)
@@ -98,13 +146,13 @@ def list_runs(
     *, key: Caller, ctx: Ctx,
     status: Annotated[str | None, Query(max_length=40)] = None,
     outcome: Annotated[str | None, Query(max_length=40)] = None,
-    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    cursor: Annotated[str | None, Query(max_length=2200)] = None,
     limit: Annotated[int | None, Query(ge=1, le=1000)] = None,
     tenant: Annotated[str | None, Query(max_length=128, description="Operators only.")] = None,
 ) -> RunPage:  # fmt: skip
-    """A page of the tenant's runs: by status or outcome (an index scan), or newest first."""
+    """A page of the tenant's runs, newest first, by status or outcome or all of them."""
     scope = tenant_scope(key, tenant)
-    got = listing.page(ctx.redis, scope, status=status, outcome=outcome, cursor=cursor,
+    got = listing.page(ctx.client, scope, status=status, outcome=outcome, cursor=cursor,
                        limit=limit or ctx.settings.page_limit)  # fmt: skip
     return RunPage(runs=[RunRow(**row) for row in got.rows], next_cursor=got.next_cursor)
 
@@ -113,7 +161,8 @@ def list_runs(
     "/v1/runs/{run_id}/events", tags=["runs"],
     response_class=StreamingResponse,
     responses={200: {"content": {"text/event-stream": {}},
-                     "description": "The run's events as Server-Sent Events."}},
+                     "description": "The run's events as Server-Sent Events.",
+                     "links": EVENTS_LINKS}},
 )  # fmt: skip
 def run_events(
     *, run_id: RunIdPath, key: Caller, ctx: Ctx,
@@ -123,9 +172,13 @@ def run_events(
     """The run's events in stored order, live, each `id:` its stream entry id; resumable with
     Last-Event-ID; the stream ends after the `finished` event."""
     tenant = run_tenant(ctx, key, run_id)
-    start = sse.check_event_id(last_event_id if last_event_id is not None else after)
-    block_ms = min(ctx.settings.sse_block_ms, int(ctx.client.config.redis_timeout_s * 1000) - 500)
-    frames = sse.stream(ctx.streams, tenant, run_id, after=start, block_ms=max(block_ms, 10))
+    # Both are checked, though the header wins: a browser's EventSource reconnects to the same
+    # URL (its ?after=) with the newest id it saw as Last-Event-ID.
+    resume_after = sse.check_event_id(after)
+    start = sse.check_event_id(last_event_id) if last_event_id is not None else resume_after
+    slot = ctx.slots.open(key.id)
+    frames = sse.stream(ctx.streams, tenant, run_id, after=start, block_ms=ctx.slots.block_ms,
+                        slot=slot)  # fmt: skip
     return StreamingResponse(
         frames, media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
@@ -175,6 +228,7 @@ UserQuery = Annotated[str, Query(pattern=USER, description="The end user whose n
 @router.post("/v1/memory", status_code=201, tags=["memory"])
 def add_note(body: MemoryBody, key: Caller, ctx: Ctx) -> dict[str, str]:
     """Remember a note for one of the tenant's users; recalled by that user's later runs."""
+    ctx.limiter.take(key.id, MEMORY_WRITES)
     said = ctx.client.remember(key.tenant, body.user, body.text, source=body.source,
                                ttl_s=body.ttl_s)  # fmt: skip
     if said != "stored":
@@ -183,9 +237,12 @@ def add_note(body: MemoryBody, key: Caller, ctx: Ctx) -> dict[str, str]:
 
 
 @router.get("/v1/memory", tags=["memory"])
-def list_notes(user: UserQuery, key: Caller, ctx: Ctx) -> dict[str, Any]:
-    """The user's live notes, in this tenant."""
-    notes = ctx.client.notes(key.tenant, user=user)
+def list_notes(
+    user: UserQuery, key: Caller, ctx: Ctx,
+    tenant: Annotated[str | None, Query(pattern=NAME, description="Operators only.")] = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The user's live notes, in this tenant (an operator's `tenant`, in that one)."""
+    notes = ctx.client.notes(tenant_scope(key, tenant), user=user)
     return {"user": user, "notes": [{"text": n.text, "source": n.source,
             "created_s": n.created_s, "expires_s": n.expires_s} for n in notes]}  # fmt: skip
 
@@ -193,4 +250,5 @@ def list_notes(user: UserQuery, key: Caller, ctx: Ctx) -> dict[str, Any]:
 @router.delete("/v1/memory", tags=["memory"])
 def forget_notes(user: UserQuery, key: Caller, ctx: Ctx) -> dict[str, int]:
     """Forget every note of the user, in this tenant."""
+    ctx.limiter.take(key.id, MEMORY_WRITES)
     return {"forgotten": ctx.client.forget(key.tenant, user=user)}

@@ -1,11 +1,12 @@
 """Request and response bodies. Requests forbid unknown fields, so a typo is an error rather
-than a setting silently ignored."""
+than a setting silently ignored, and their numbers and flags are strict: `true` is not 1 and
+`"5"` is not 5 (pydantic would convert both)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from turnstile.ledger.inputs import Period
 from turnstile.worker.http.context import NAME, RUN_ID
@@ -21,21 +22,21 @@ class Strict(BaseModel):
 class BudgetBody(Strict):
     """Ceilings of one run; each one left out keeps the job's default."""
 
-    max_steps: int | None = Count
-    max_tool_calls: int | None = Count
-    max_tokens: int | None = Count
-    max_output_tokens: int | None = Count
-    deadline_ms: int | None = Count
-    max_cost_microusd: int | None = Count
-    input_microusd_per_mtok: int | None = Count
-    output_microusd_per_mtok: int | None = Count
-    turn_tool_calls: int | None = Count
-    max_repeat: int | None = Count
-    max_stalls: int | None = Count
-    oscillation_window: int | None = Count
-    max_plan_steps: int | None = Count
-    max_tool_failures: int | None = Count
-    max_batch: int | None = Count
+    max_steps: StrictInt | None = Count
+    max_tool_calls: StrictInt | None = Count
+    max_tokens: StrictInt | None = Count
+    max_output_tokens: StrictInt | None = Count
+    deadline_ms: StrictInt | None = Count
+    max_cost_microusd: StrictInt | None = Count
+    input_microusd_per_mtok: StrictInt | None = Count
+    output_microusd_per_mtok: StrictInt | None = Count
+    turn_tool_calls: StrictInt | None = Count
+    max_repeat: StrictInt | None = Count
+    max_stalls: StrictInt | None = Count
+    oscillation_window: StrictInt | None = Count
+    max_plan_steps: StrictInt | None = Count
+    max_tool_failures: StrictInt | None = Count
+    max_batch: StrictInt | None = Count
 
 
 class SubmitBody(Strict):
@@ -46,7 +47,13 @@ class SubmitBody(Strict):
     budget: BudgetBody | None = None
     queue: str = Field(default="default", pattern=NAME)
     run_id: str | None = Field(
-        default=None, pattern=RUN_ID, description="Makes a retried submit return the same run."
+        default=None,
+        pattern=RUN_ID,
+        description=(
+            "A key of the tenant's own, like Idempotency-Key: a retried submit with it returns"
+            " the same run. The run's id is derived from it (see `run_id` in the answer),"
+            " unless it is the id of a run of the tenant's already."
+        ),
     )
 
 
@@ -130,10 +137,10 @@ class MemoryBody(Strict):
     user: str = Field(pattern=USER)
     text: str = Field(min_length=1, max_length=2000)
     source: str = Field(default="user_message", pattern=NAME)
-    ttl_s: float = Field(default=90 * 86400, gt=0, le=10 * 365 * 86400)
+    ttl_s: StrictFloat = Field(default=90 * 86400, gt=0, le=10 * 365 * 86400)
 
 
 class CeilingBody(Strict):
-    value: int = Field(ge=0, le=2**53, description="Cost in micro-dollars, or a count.")
-    hard: bool = Field(default=True, description="Hard: reservations beyond it are refused.")
+    value: StrictInt = Field(ge=0, le=2**53, description="Cost in micro-dollars, or a count.")
+    hard: StrictBool = Field(default=True, description="Hard: reservations beyond it are refused.")
     period: Period = Period.NONE

@@ -19,13 +19,16 @@ class ApiSettings(BaseSettings):
     # A submission is a goal (4000 chars) and params (16 KiB) at most; 64 KiB leaves room for
     # JSON escaping and a budget, and nothing else the API takes is larger.
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
-    # Submissions per key per window: a fixed window is enough to stop a runaway client, and
-    # costs one INCR and one EXPIRE in a pipeline.
+    # Submissions per key per window (and as many memory writes, counted apart): a fixed
+    # window is enough to stop a runaway client, and costs one script call.
     submits_per_window: int = Field(default=600, ge=1)
     rate_window_s: int = Field(default=60, ge=1)
     # How long one XREAD of an event stream blocks: an SSE connection sends a comment line this
     # often while a run is quiet, so proxies keep it open and a gone client is noticed.
     sse_block_ms: int = Field(default=5000, ge=10, le=30_000)
+    # Event streams one key may hold open at once, across every server: each holds a store
+    # connection while it lasts. Beyond it a new stream is a 429 with Retry-After.
+    sse_streams_per_key: int = Field(default=20, ge=1)
     page_limit: int = Field(default=100, ge=1, le=1000)  # runs per page unless asked
     # Webhooks: the dispatcher's tick, one delivery's timeout, how long a delivery is retried,
     # and how many are in flight at once (so a slow endpoint holds one slot, not the loop).

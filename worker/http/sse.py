@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import redis
@@ -21,14 +21,20 @@ from turnstile.jobs.outcomes import Status
 from turnstile.worker.http.problems import Problem
 from turnstile.worker.store import keys
 
-EVENT_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+# ASCII digits only (`\d` takes any script's digits), each part at most a uint64, as a
+# stream id is: anything else would be refused by the store after the stream had begun.
+EVENT_ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")
+UINT64_MAX = 2**64 - 1
 BATCH = 200
 
 
 def check_event_id(value: str | None) -> str:
+    """The stream id to read after: "0-0" (from the start) for none, else exactly what a
+    stream's `id:` could be; 400 for anything else, before any of the stream is sent."""
     if value is None or value == "":
         return "0-0"
-    if not EVENT_ID.match(value):
+    parts = EVENT_ID.fullmatch(value)
+    if not parts or any(int(p) > UINT64_MAX for p in parts.groups()):
         raise Problem(400, "invalid_event_id", "Last-Event-ID must be a stream id like 1700-0")
     return value
 
@@ -51,28 +57,43 @@ def _kind(data: str) -> str:
     return kind if re.fullmatch(r"[a-z_]{1,40}", kind) else "message"
 
 
+class Renewal(Protocol):
+    """The stream's place under its key's cap (worker/http/streams.py)."""
+
+    async def renew(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
 async def stream(
-    r: aioredis.Redis, tenant: str, run_id: str, *, after: str, block_ms: int
+    r: aioredis.Redis, tenant: str, run_id: str, *, after: str, block_ms: int, slot: Renewal
 ) -> AsyncIterator[str]:
     """SSE frames of the run's events after `after`, live, until its `finished` event. Async,
     so a client following a quiet run holds a connection, not one of the server's threads.
     If the store goes away mid-stream, an `error` event ends it; the client resumes later
-    with Last-Event-ID."""
-    yield f"retry: {min(block_ms, 3000)}\n\n"
+    with Last-Event-ID. The stream's `slot` is renewed as it reads and given back at its end."""
     try:
-        async for chunk in _frames(r, tenant, run_id, after=after, block_ms=block_ms):
+        yield f"retry: {min(block_ms, 3000)}\n\n"
+        async for chunk in _frames(r, tenant, run_id, after=after, block_ms=block_ms, slot=slot):
             yield chunk
     except (redis.ConnectionError, redis.TimeoutError):
         yield 'event: error\ndata: {"code":"store_unavailable"}\n\n'
+    except redis.ResponseError:
+        # The id was checked before the stream began, so this is not the client's; still an
+        # event that says the stream ended, never a dropped connection.
+        yield 'event: error\ndata: {"code":"stream_refused"}\n\n'
+    finally:
+        await slot.close()
 
 
 async def _frames(
-    r: aioredis.Redis, tenant: str, run_id: str, *, after: str, block_ms: int
+    r: aioredis.Redis, tenant: str, run_id: str, *, after: str, block_ms: int, slot: Renewal
 ) -> AsyncIterator[str]:
     key = keys.events(tenant, run_id)
     last = after
     while True:
         reply: Any = await r.xread({key: last}, count=BATCH, block=block_ms)
+        await slot.renew()
         entries = reply[0][1] if reply else []
         for entry_id, fields in entries:
             last = str(entry_id)

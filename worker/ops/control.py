@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -552,16 +553,29 @@ class RunsPage:
     next_cursor: str | None
 
 
+# url-safe base64, unpadded, of at most (ms, a tenant and a run id of 128 characters each, every
+# one escaped to six in the JSON).
+CURSOR = re.compile(r"[A-Za-z0-9_\-]{1,2200}")
+MS_MAX = 2**53  # a creation time in ms, as a sorted set's score holds it exactly
+
+
 def encode_cursor(key: Key) -> str:
     return base64.urlsafe_b64encode(msgspec.json.encode(list(key))).decode().rstrip("=")
 
 
 def decode_cursor(text: str) -> Key:
+    """The place a listing's `next_cursor` names, parsed strictly: url-safe base64 of JSON
+    [ms, tenant, run id], the ms a whole number a score holds exactly, the names bounded."""
+    bad = ControlError(f"bad cursor {text[:80]!r}: pass the next_cursor a listing gave")
+    if not isinstance(text, str) or not CURSOR.fullmatch(text):
+        raise bad
     try:
         raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-        ms, tenant, run_id = msgspec.json.decode(raw, type=tuple[int, str, str])
+        ms, tenant, run_id = msgspec.json.decode(raw, type=tuple[int, str, str], strict=True)
     except (ValueError, msgspec.DecodeError, msgspec.ValidationError):
-        raise ControlError(f"bad cursor {text!r}: pass the next_cursor a listing gave") from None
+        raise bad from None
+    if not 0 <= ms <= MS_MAX or not 0 < len(tenant) <= 128 or not 0 < len(run_id) <= 128:
+        raise bad
     return ms, tenant, run_id
 
 
@@ -672,12 +686,29 @@ def page_runs(
     tenant's (an operator's view). Reads at most `limit` runs per tenant from its indexes (a
     filtered walk through many finished runs examines at most WALK_BUDGET, and may return a
     short page), then loads only the page's runs. `cursor` is a page's `next_cursor`."""
+    if tenant is not None:
+        check_known(c, Scope(tenant=tenant))
+    page, next_cursor = page_keys(
+        c, tenant=tenant, status=status, outcome=outcome, limit=limit, cursor=cursor
+    )
+    return RunsPage(_rows(c, page), next_cursor)
+
+
+def page_keys(
+    c: Client,
+    *,
+    tenant: str | None,
+    status: str | None,
+    outcome: str | None,
+    limit: int,
+    cursor: str | None,
+) -> tuple[list[Key], str | None]:
+    """The places of a page's runs (exactly `limit` at most) and the cursor of the next page,
+    without loading the runs. A tenant that has no runs has an empty page."""
     _check_filter(status, outcome)
     if not 1 <= limit <= PAGE_MAX:
         raise ControlError(f"limit must be between 1 and {PAGE_MAX}")
     after = decode_cursor(cursor) if cursor else None
-    if tenant is not None:
-        check_known(c, Scope(tenant=tenant))
     entries: list[Key] = []
     stops: list[Key] = []
     for t in [tenant] if tenant is not None else tenants(c):
@@ -691,7 +722,7 @@ def page_runs(
     page = known[:limit]
     # One more than the page was asked of each tenant: a page with nothing after it says so.
     next_key = page[-1] if len(known) > limit else stop
-    return RunsPage(_rows(c, page), encode_cursor(next_key) if next_key else None)
+    return page, encode_cursor(next_key) if next_key else None
 
 
 def _rows(c: Client, page: list[Key]) -> list[RunRow]:

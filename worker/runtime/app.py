@@ -236,8 +236,8 @@ def build_services(config: Settings) -> Services:
         except Exception as exc:  # the lease the commit set makes the sweeper send it later
             log.warning("enqueue_failed", error=str(exc), version=msg.version)
 
-    # With fair share on, a run's next step is queued by the commit itself (worker/fair.py,
-    # run_commit.lua); not in the drills, which stand in the gap between a commit and its
+    # With fair share on, a run's next step is queued by the commit itself
+    # (worker/scheduling/fair.py, run_commit.lua); not in the drills, which stand in the gap between a commit and its
     # send. With a durability wait, a worker may take the step while the commit's wait is
     # under way (milliseconds): a crash then loses that turn with the commit it followed, and
     # it runs again from the durable version, its writes replayed by their keys, as a turn
@@ -319,17 +319,17 @@ def step_task(self: Task, *args: Any, **kwargs: Any) -> str:  # type: ignore[typ
         metrics.step_done(result, started)
         structlog.contextvars.clear_contextvars()
         # A retry keeps the step's slot until its last delivery; a continuing run's next
-        # step gave it back as it was queued (worker/fair.py).
+        # step gave it back as it was queued (worker/scheduling/fair.py).
         if result not in ("retry", "continued"):
             _release(msg, result)
 
 
-# Results of a step after which its run is over (see worker/step.py and step_task).
+# Results of a step after which its run is over (see worker/runtime/step.py and step_task).
 RUN_ENDED = frozenset({"finished", "refused", "cancelled", "broken", "poison", "missing"})
 
 
 def _release(msg: StepMessage, result: str) -> None:
-    """Give the step's fair-share slot back (see worker/fair.py)."""
+    """Give the step's fair-share slot back (see worker/scheduling/fair.py)."""
     if not settings().fair_share:
         return
     try:

@@ -124,7 +124,8 @@ class Change:
 
 
 class NextStep(Protocol):
-    """A run's next step as its tenant's pending list takes it (worker/fair.py `Pending`)."""
+    """A run's next step as its tenant's pending list takes it (`Pending` in
+    worker/scheduling/fair.py)."""
 
     @property
     def keys(self) -> list[str]: ...  # the pending list, the pending index, the slots
@@ -227,15 +228,26 @@ class RunStore:
         ]  # fmt: skip
 
         def build(pipe: Any) -> None:
+            # The tenant first: it is the sweeper's way to the run. A submission refused here
+            # is one of a run the tenant already has, so this adds nothing then.
             pipe.sadd(keys.TENANTS, tenant)
-            pipe.sadd(keys.QUEUES, queue)
             pipe.evalsha(self._create.sha, len(run_keys), *run_keys, *args)
 
         reply = self._durable(
             build, f"the submission of run {run_id} was written but", self._create
         )[-1]
         created = _s(reply[0]) == "created"
-        return created, fingerprint if created else _s(reply[1])
+        stored = fingerprint if created else _s(reply[1])
+        if stored == fingerprint:
+            # The queue joins the index only once the run is there: a submission refused by
+            # the script (another one of the same id won a race with it) adds no queue. A
+            # crash before this line costs the index the name until the next submission to
+            # the queue (or this one retried), never a run.
+            try:
+                self.client.sadd(keys.QUEUES, queue)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                raise StoreUnavailable(f"store unavailable: {exc}") from exc
+        return created, stored
 
     def load(
         self,
