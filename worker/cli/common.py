@@ -23,11 +23,11 @@ from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageErro
 from typer._click.globals import get_current_context
 from typer.core import TyperGroup
 
+from turnstile.errors import TurnstileError
 from turnstile.jobs.errors import KernelError
 from turnstile.ledger.cli import BROKER_URL_META, STORE_URL_META, redact
 from turnstile.ledger.errors import LedgerError
 from turnstile.worker.client._client import Client, connect_client
-from turnstile.worker.errors import TurnstileError
 from turnstile.worker.settings import Settings
 
 RedisUrl = Annotated[

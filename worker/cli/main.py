@@ -110,9 +110,9 @@ def demo(
     """Run a job's runs end to end: a private server (unless TURNSTILE_REDIS_URL names one),
     two worker processes, and, for support, scenarios A-H and runs over a tenant's cap; for
     another job, the example runs it declares."""
+    from turnstile.errors import TurnstileError
     from turnstile.jobs.errors import KernelError
     from turnstile.worker.dev.demo import run_demo
-    from turnstile.worker.errors import TurnstileError
 
     try:
         result = run_demo(

@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 import redis
 
+from turnstile.errors import TurnstileError
 from turnstile.jobs.budget import Budget
 from turnstile.jobs.decisions import approve as kernel_approve
 from turnstile.jobs.decisions import cancel as kernel_cancel
@@ -34,7 +35,6 @@ from turnstile.ledger.client import Ledger
 from turnstile.ledger.inputs import DEFAULT_DIMENSIONS
 from turnstile.providers import budget_for, unpriced
 from turnstile.providers.prices import PRICES_FILE_ENV
-from turnstile.worker.errors import TurnstileError
 from turnstile.worker.registry import Registry
 from turnstile.worker.runtime.app import connect, sender
 from turnstile.worker.runtime.step import StepMessage, next_hold, now_iso, time_limits

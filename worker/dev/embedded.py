@@ -17,7 +17,7 @@ from types import TracebackType
 
 import redis
 
-from turnstile.worker.errors import TurnstileError
+from turnstile.errors import TurnstileError
 
 START_TIMEOUT_S = 10.0  # a cold start takes well under a second; allow for a loaded box
 

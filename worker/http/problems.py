@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from turnstile.worker.errors import TurnstileError
+from turnstile.errors import TurnstileError
 
 log = structlog.get_logger("turnstile.api")
 

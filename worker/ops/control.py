@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 import redis
 
+from turnstile.errors import TurnstileError
 from turnstile.jobs.errors import StateFormatError
 from turnstile.jobs.outcomes import Outcome, Status
 from turnstile.jobs.state import RunState
@@ -35,7 +36,6 @@ from turnstile.worker.client._client import (
     RunNotFoundError,
     check_name,
 )
-from turnstile.worker.errors import TurnstileError
 from turnstile.worker.runtime.step import StepMessage, next_hold, now_iso, time_limits
 from turnstile.worker.scheduling import fair
 from turnstile.worker.scheduling.sweeper import time_limits_default

@@ -22,6 +22,7 @@ from typing import Any, Literal, Protocol
 import msgspec
 import redis
 
+from turnstile.errors import TurnstileError
 from turnstile.jobs.closing import closing_message, closing_without_state, recorded_steps
 from turnstile.jobs.errors import StateFormatError, UnknownJobError
 from turnstile.jobs.kernel import finish
@@ -31,7 +32,6 @@ from turnstile.ledger import replies as ledger_replies
 from turnstile.ledger.client import Ledger
 from turnstile.ledger.results import ReserveResult
 from turnstile.ledger.scripts import library_source
-from turnstile.worker.errors import TurnstileError
 from turnstile.worker.registry import Jobs
 from turnstile.worker.store import keys
 from turnstile.worker.store.durability import WaitFor
