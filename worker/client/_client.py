@@ -21,7 +21,14 @@ from typing import Any
 import msgspec
 import redis
 
-from turnstile.errors import TurnstileError
+from turnstile.errors import (
+    DecisionRefusedError,
+    InvalidNameError,
+    RunNotFoundError,
+    SubmissionConflictError,
+    SubmissionError,
+    SubmissionNameError,
+)
 from turnstile.jobs.budget import Budget
 from turnstile.jobs.decisions import approve as kernel_approve
 from turnstile.jobs.decisions import cancel as kernel_cancel
@@ -42,20 +49,12 @@ from turnstile.worker.scheduling.fair import route
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 from turnstile.worker.store.memory import RedisMemory
-from turnstile.worker.store.runs import Change, RunStore, SubmissionConflictError, fingerprint
+from turnstile.worker.store.runs import Change, RunStore, StoreUnavailable, fingerprint
 
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.\-]{0,63}$")
 RUN_ID = re.compile(r"^[A-Za-z0-9_.:][A-Za-z0-9_.:\-]{0,127}$")
 CANCEL_TRIES = 5  # a run that moves on under a cancel this often is refused; try again
 RUN_TENANTS = keys.RUN_TENANTS
-
-
-class SubmissionError(TurnstileError):
-    """A submission refused before anything was written."""
-
-
-class InvalidNameError(SubmissionError):
-    """A tenant, user, queue or run id that cannot be a name: refused before any write."""
 
 
 def check_name(what: str, value: object) -> str:
@@ -83,14 +82,6 @@ class Submitted:
     run_id: str
     created: bool  # False: the same submission was made before (idempotent on the run id)
     sent: bool  # False: stored, but the broker did not take the step; the sweeper sends it
-
-
-class RunNotFoundError(TurnstileError):
-    pass
-
-
-class DecisionRefusedError(TurnstileError):
-    """An approve, deny or cancel that does not apply to the run as it stands."""
 
 
 Send = Callable[[StepMessage, float, float], None]
@@ -154,11 +145,14 @@ class Client:
         run_id: str | None = None,
     ) -> Submitted:
         """`submit`, saying whether the run was new and whether its step reached the broker."""
-        run_id = f"run_{uuid.uuid4().hex[:20]}" if run_id is None else check_run_id(run_id)
-        state = self._new_state(
-            tenant=tenant, user=user, job=job, goal=goal, params=params, budget=budget,
-            queue=queue, run_id=run_id,
-        )  # fmt: skip
+        try:
+            run_id = f"run_{uuid.uuid4().hex[:20]}" if run_id is None else check_run_id(run_id)
+            state = self._new_state(
+                tenant=tenant, user=user, job=job, goal=goal, params=params, budget=budget,
+                queue=queue, run_id=run_id,
+            )  # fmt: skip
+        except InvalidNameError as exc:  # a bad name refuses the submission: it is both
+            raise SubmissionNameError(str(exc)) from exc
         self._check_tenant_allows(tenant, state.budget)
         self._check_model_priced(tenant, state.params)
         if self.client.hget(keys.queue_control(queue), "draining"):
@@ -422,5 +416,5 @@ class Client:
 def connect_client(config: Settings) -> Client:
     """A client over the configured store, sending steps through the configured broker."""
     if config.redis_url is None:
-        raise SubmissionError("no store: set TURNSTILE_REDIS_URL")
+        raise StoreUnavailable("no store: set TURNSTILE_REDIS_URL")
     return Client(connect(config.redis_url, config), config, sender(config.broker))

@@ -15,7 +15,6 @@ from fastapi import FastAPI
 
 from turnstile.worker.client._client import Client
 from turnstile.worker.http import (
-    context,
     problems,
     routes_ops,
     routes_runs,
@@ -32,6 +31,7 @@ from turnstile.worker.http.ratelimit import RateLimiter
 from turnstile.worker.http.settings import ApiSettings
 from turnstile.worker.runtime.app import connect, sender
 from turnstile.worker.settings import Settings
+from turnstile.worker.store.runs import StoreUnavailable
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -98,7 +98,7 @@ def create_app(config: Settings, api_settings: ApiSettings | None = None) -> Fas
     """The API over the configured store and broker."""
     api_settings = api_settings or ApiSettings()
     if config.redis_url is None:
-        raise ValueError("no store: set TURNSTILE_REDIS_URL")
+        raise StoreUnavailable("no store: set TURNSTILE_REDIS_URL")
     store = connect(config.redis_url, config)
     client = Client(store, config, sender(config.broker))
     limiter = RateLimiter(
@@ -124,7 +124,6 @@ def create_app(config: Settings, api_settings: ApiSettings | None = None) -> Fas
     )
     app.state.api = api
     problems.install(app)
-    context.install(app)
     app.include_router(routes_runs.router)
     app.include_router(routes_ops.router)
     app.include_router(webhooks.router)

@@ -19,7 +19,7 @@ import msgspec
 import structlog
 from celery.exceptions import SoftTimeLimitExceeded
 
-from turnstile.errors import TurnstileError
+from turnstile.errors import StoreUnavailableError
 from turnstile.jobs.budget import Usage
 from turnstile.jobs.clock import ActiveClock
 from turnstile.jobs.decisions import cancel
@@ -64,7 +64,7 @@ log = structlog.get_logger("turnstile.step")
 MAX_TRACEPARENT_CHARS = 128
 
 
-class LedgerDown(TurnstileError):  # noqa: N818 - the ledger is down, said plainly
+class LedgerDown(StoreUnavailableError):  # noqa: N818 - the ledger is down, said plainly
     """The ledger did not answer: hard limits fail closed, the step is retried later."""
 
 
