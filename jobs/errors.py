@@ -1,7 +1,9 @@
 """The kernel's exceptions. A denial, a refusal or a budget stop is an outcome, not one of these."""
 
+from turnstile.errors import TurnstileError
 
-class KernelError(Exception):
+
+class KernelError(TurnstileError):
     """Base of every error the kernel raises on purpose."""
 
 

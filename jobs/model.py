@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from turnstile.errors import TurnstileError
 from turnstile.jobs.budget import est_tokens
 from turnstile.jobs.outcomes import Outcome
 from turnstile.jobs.state import Call
@@ -97,11 +98,16 @@ def provider_overhead_tokens(tools: Iterable[Any], last_result: Any) -> int:
     return est_tokens(definitions) + est_tokens(json.dumps(last_result)) + CONTRACT_TOKENS
 
 
-class ModelTimeout(Exception):  # noqa: N818 - named for what happened, like TimeoutError
+class ModelError(TurnstileError):
+    """A model adapter's signal to the kernel, which handles each kind within the turn (a
+    timeout, a stop, a failure replayed); none of them reaches the kernel's caller."""
+
+
+class ModelTimeout(ModelError):  # noqa: N818 - named for what happened, like TimeoutError
     """Raised by a model adapter whose call outlived the timeout it was given."""
 
 
-class ModelStop(Exception):  # noqa: N818 - the model's side stopped the run
+class ModelStop(ModelError):  # noqa: N818 - the model's side stopped the run
     """Raised by a model adapter when the provider's answer ends the run: a refusal, a rejected
     key, a request over the context window, a rate limit that outlasts the deadline. Carries the
     outcome, a reason a person can act on, and what the provider billed for the attempts."""
@@ -164,7 +170,7 @@ class Replay:
         return response
 
 
-class RecordedFailure(Exception):  # noqa: N818 - it is the failure, replayed
+class RecordedFailure(ModelError):  # noqa: N818 - it is the failure, replayed
     """A model failure as it was recorded in a trace, raised again on replay."""
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from turnstile.errors import StoreUnavailableError, TurnstileError
 
-class LedgerError(Exception):
+
+class LedgerError(TurnstileError):
     """Base of every error the ledger raises on purpose."""
 
 
@@ -11,7 +13,7 @@ class LedgerInputError(LedgerError, ValueError):
     """Bad input, found before anything was sent to the server."""
 
 
-class LedgerUnavailable(LedgerError):  # noqa: N818 - named in the worker's contract
+class LedgerUnavailable(LedgerError, StoreUnavailableError):  # noqa: N818 - named in the worker's contract
     """The server could not be reached or did not answer in time.
 
     The call may or may not have been applied; retrying it with the same id is safe.

@@ -6,6 +6,10 @@ Defining a job imports no Celery, connects to nothing and registers nothing: a j
 by the worker through the `turnstile.jobs` entry-point group or `TURNSTILE_JOBS`. The client
 (`connect_client`, `Client`, `Settings`) is imported on first use and builds no Celery app of
 the caller's: it sends through a private producer.
+
+Every error Turnstile raises on purpose is a `TurnstileError` (turnstile/errors.py); each
+public kind is exported here: kernel, model, ledger, provider, store, submission, decision
+and control errors.
 """
 
 from __future__ import annotations
@@ -13,9 +17,26 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from turnstile.errors import (
+    DecisionRefusedError,
+    InvalidNameError,
+    RunNotFoundError,
+    StoreUnavailableError,
+    SubmissionConflictError,
+    SubmissionError,
+    SubmissionNameError,
+    TurnstileError,
+)
 from turnstile.jobs.budget import Budget
 from turnstile.jobs.declare import arguments_schema, tool
-from turnstile.jobs.errors import JobDefinitionError, KernelError, ParamsError, UnknownJobError
+from turnstile.jobs.errors import (
+    DecisionError,
+    JobDefinitionError,
+    KernelError,
+    ParamsError,
+    StateFormatError,
+    UnknownJobError,
+)
 from turnstile.jobs.job import (
     GRANT_RULE,
     Example,
@@ -26,45 +47,83 @@ from turnstile.jobs.job import (
     Verdict,
     render_view,
 )
-from turnstile.jobs.model import Model, ModelRequest, ModelResponse, Scripted
+from turnstile.jobs.model import (
+    Model,
+    ModelError,
+    ModelRequest,
+    ModelResponse,
+    ModelStop,
+    ModelTimeout,
+    RecordedFailure,
+    Scripted,
+)
 from turnstile.jobs.state import Call, RunState
 from turnstile.jobs.tools import Tool, ToolContext, ToolOutput
 
 if TYPE_CHECKING:
-    from turnstile.worker.client._client import (
-        Client,
-        DecisionRefusedError,
-        SubmissionError,
-        connect_client,
+    from turnstile.ledger.errors import (
+        LedgerConflict,
+        LedgerError,
+        LedgerInputError,
+        LedgerProtocolError,
+        LedgerUnavailable,
+        LedgerUnknownReservation,
     )
+    from turnstile.providers.errors import ProviderConfigError
+    from turnstile.worker.client._client import Client, connect_client
+    from turnstile.worker.ops.control import ControlError, DrainTimeoutError
     from turnstile.worker.registry import Registry
     from turnstile.worker.settings import Settings
+    from turnstile.worker.store.runs import NotDurableError, StoreUnavailable
 
 __all__ = [
     "GRANT_RULE",
     "Budget",
     "Call",
     "Client",
+    "ControlError",
+    "DecisionError",
     "DecisionRefusedError",
+    "DrainTimeoutError",
     "Example",
     "Guard",
+    "InvalidNameError",
     "Job",
     "JobDefinitionError",
     "KernelError",
+    "LedgerConflict",
+    "LedgerError",
+    "LedgerInputError",
+    "LedgerProtocolError",
+    "LedgerUnavailable",
+    "LedgerUnknownReservation",
     "Model",
+    "ModelError",
     "ModelRequest",
     "ModelResponse",
+    "ModelStop",
+    "ModelTimeout",
+    "NotDurableError",
     "ParamsError",
     "Permit",
+    "ProviderConfigError",
+    "RecordedFailure",
     "Registry",
+    "RunNotFoundError",
     "RunState",
     "Scripted",
     "Settings",
     "Severity",
+    "StateFormatError",
+    "StoreUnavailable",
+    "StoreUnavailableError",
+    "SubmissionConflictError",
     "SubmissionError",
+    "SubmissionNameError",
     "Tool",
     "ToolContext",
     "ToolOutput",
+    "TurnstileError",
     "UnknownJobError",
     "Verdict",
     "arguments_schema",
@@ -73,18 +132,29 @@ __all__ = [
     "tool",
 ]
 
+_LEDGER_ERRORS = "turnstile.ledger.errors"
 _LAZY = {
     "Client": "turnstile.worker.client._client",
-    "DecisionRefusedError": "turnstile.worker.client._client",
-    "SubmissionError": "turnstile.worker.client._client",
     "connect_client": "turnstile.worker.client._client",
+    "ControlError": "turnstile.worker.ops.control",
+    "DrainTimeoutError": "turnstile.worker.ops.control",
+    "LedgerConflict": _LEDGER_ERRORS,
+    "LedgerError": _LEDGER_ERRORS,
+    "LedgerInputError": _LEDGER_ERRORS,
+    "LedgerProtocolError": _LEDGER_ERRORS,
+    "LedgerUnavailable": _LEDGER_ERRORS,
+    "LedgerUnknownReservation": _LEDGER_ERRORS,
+    "NotDurableError": "turnstile.worker.store.runs",
+    "ProviderConfigError": "turnstile.providers.errors",
     "Registry": "turnstile.worker.registry",
     "Settings": "turnstile.worker.settings",
+    "StoreUnavailable": "turnstile.worker.store.runs",
 }
 
 
 def __getattr__(name: str) -> Any:
-    """The client side is imported on first use, so defining a job stays light."""
+    """The client side, the ledger and the providers are imported on first use, so defining
+    a job stays light."""
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'turnstile' has no attribute {name!r}")

@@ -20,9 +20,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tests.integration.workers import WorkerProcess, client_for, wait_until
+from turnstile.errors import DecisionRefusedError
 from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
 from turnstile.worker.broker import deadletters
-from turnstile.worker.client._client import Client, DecisionRefusedError
+from turnstile.worker.client._client import Client
 from turnstile.worker.dev.embedded import EmbeddedServer
 from turnstile.worker.dev.shop import RedisShop
 from turnstile.worker.ops import control

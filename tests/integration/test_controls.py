@@ -22,9 +22,10 @@ from tests.integration.workers import (
     stored_row,
     wait_until,
 )
+from turnstile.errors import SubmissionError
 from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
 from turnstile.worker.cli.main import app
-from turnstile.worker.client._client import Client, SubmissionError
+from turnstile.worker.client._client import Client
 from turnstile.worker.dev.shop import RedisShop
 from turnstile.worker.ops import control
 from turnstile.worker.ops.control import Scope

@@ -23,9 +23,10 @@ import pytest
 import redis
 
 from tests.integration.workers import client_for, running_workers, wait_until
+from turnstile.errors import RunNotFoundError
 from turnstile.jobs.state import RunState
 from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
-from turnstile.worker.client._client import Client, RunNotFoundError
+from turnstile.worker.client._client import Client
 from turnstile.worker.dev.embedded import EmbeddedServer
 
 pytestmark = pytest.mark.integration

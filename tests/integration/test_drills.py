@@ -7,9 +7,9 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.integration.workers import client_for, running_workers, settled, wait_until
+from turnstile.errors import SubmissionError
 from turnstile.jobs.support.scenarios import GOAL, USER
 from turnstile.worker.cli.main import app
-from turnstile.worker.client._client import SubmissionError
 from turnstile.worker.store import keys
 
 pytestmark = pytest.mark.integration

@@ -15,13 +15,12 @@ from typer.testing import CliRunner
 
 from tests.integration.apiserver import ApiServer, http, make_key, running_api
 from tests.integration.workers import client_for, wait_until
+from turnstile.errors import InvalidNameError, SubmissionConflictError
 from turnstile.jobs.support.scenarios import GOAL, USER
 from turnstile.worker.cli.main import app
-from turnstile.worker.client._client import InvalidNameError
 from turnstile.worker.dev.embedded import EmbeddedServer
 from turnstile.worker.http.apikeys import Role
 from turnstile.worker.store import keys
-from turnstile.worker.store.runs import SubmissionConflictError
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,9 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from tests.integration.workers import client_for, running_workers, wait_until
+from turnstile.errors import SubmissionError
 from turnstile.worker.cli.main import app
-from turnstile.worker.client._client import RUN_TENANTS, SubmissionError
+from turnstile.worker.client._client import RUN_TENANTS
 from turnstile.worker.store import keys
 
 pytestmark = pytest.mark.integration

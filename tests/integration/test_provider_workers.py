@@ -15,9 +15,9 @@ import pytest
 
 from tests.integration.workers import client_for, running_workers, settled, wait_until
 from tests.wire.wire import MODELS, otlp_receiver, wire_server
+from turnstile.errors import SubmissionError
 from turnstile.jobs.outcomes import Outcome
 from turnstile.jobs.support.scenarios import GOAL, USER
-from turnstile.worker.client._client import SubmissionError
 from turnstile.worker.dev.shop import RedisShop
 from turnstile.worker.ops.replay import replay_run
 

@@ -17,10 +17,10 @@ import pytest
 import structlog
 from fastapi import FastAPI
 
+from turnstile.errors import InvalidNameError
 from turnstile.jobs.budget import Budget
 from turnstile.worker.client._client import (
     RUN_ID_PATTERN,
-    InvalidNameError,
     check_run_id,
     idempotent_run_id,
 )

@@ -43,7 +43,7 @@ from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads as kombu_loads
 
-from turnstile.worker.errors import TurnstileError
+from turnstile.errors import TurnstileError
 from turnstile.worker.observability import metrics
 from turnstile.worker.store import keys
 

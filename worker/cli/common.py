@@ -23,11 +23,10 @@ from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageErro
 from typer._click.globals import get_current_context
 from typer.core import TyperGroup
 
-from turnstile.jobs.errors import KernelError
+from turnstile.errors import TurnstileError
+from turnstile.jobs.model import ModelError
 from turnstile.ledger.cli import BROKER_URL_META, STORE_URL_META, redact
-from turnstile.ledger.errors import LedgerError
 from turnstile.worker.client._client import Client, connect_client
-from turnstile.worker.errors import TurnstileError
 from turnstile.worker.settings import Settings
 
 RedisUrl = Annotated[
@@ -72,7 +71,8 @@ def _store_line(exc: redis.RedisError, at: str) -> str:
 
 def one_line(exc: BaseException, *, store: str | None = None, broker: str | None = None) -> str:
     """The one line a command prints for an error, naming where it came from."""
-    if isinstance(exc, TurnstileError | KernelError | LedgerError):
+    # A model's signal is the kernel's to handle: one that gets this far is a bug, said so.
+    if isinstance(exc, TurnstileError) and not isinstance(exc, ModelError):
         return _flat(str(exc))
     if isinstance(exc, redis.RedisError):
         return _flat(_store_line(exc, f" at {store}" if store else ""))

@@ -112,18 +112,10 @@ def demo(
     """Run a job's runs end to end: a private server (unless TURNSTILE_REDIS_URL names one),
     two worker processes, and, for support, scenarios A-H and runs over a tenant's cap; for
     another job, the example runs it declares."""
-    from turnstile.jobs.errors import KernelError
     from turnstile.worker.dev.demo import run_demo
-    from turnstile.worker.errors import TurnstileError
 
-    try:
-        result = run_demo(
-            extra_runs=runs, as_json=as_json, redis_url=redis_url, job=job, model=model
-        )
-    except KernelError as exc:
-        fail(str(exc))
-    except TurnstileError as exc:
-        fail(str(exc))
+    # An error of ours is one line through OneLineGroup, as in every command.
+    result = run_demo(extra_runs=runs, as_json=as_json, redis_url=redis_url, job=job, model=model)
     if as_json:
         typer.echo(json.dumps(result))
 

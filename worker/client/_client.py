@@ -22,6 +22,14 @@ from typing import Any
 import msgspec
 import redis
 
+from turnstile.errors import (
+    DecisionRefusedError,
+    InvalidNameError,
+    RunNotFoundError,
+    SubmissionConflictError,
+    SubmissionError,
+    SubmissionNameError,
+)
 from turnstile.jobs.budget import Budget
 from turnstile.jobs.decisions import approve as kernel_approve
 from turnstile.jobs.decisions import cancel as kernel_cancel
@@ -35,7 +43,6 @@ from turnstile.ledger.client import Ledger
 from turnstile.ledger.inputs import DEFAULT_DIMENSIONS
 from turnstile.providers import budget_for, unpriced
 from turnstile.providers.prices import PRICES_FILE_ENV
-from turnstile.worker.errors import TurnstileError
 from turnstile.worker.registry import Registry
 from turnstile.worker.runtime.app import connect, sender
 from turnstile.worker.runtime.step import StepMessage, next_hold, now_iso, time_limits
@@ -44,7 +51,7 @@ from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 from turnstile.worker.store.durability import check_server
 from turnstile.worker.store.memory import RedisMemory
-from turnstile.worker.store.runs import Change, RunStore, SubmissionConflictError, fingerprint
+from turnstile.worker.store.runs import Change, RunStore, StoreUnavailable, fingerprint
 
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.\-]{0,63}$")
 # The one rule for a run id, wherever one comes in (this client, the CLI, the HTTP API's paths
@@ -61,14 +68,6 @@ RUN_ID = re.compile(RUN_ID_PATTERN)
 MAX_IDEMPOTENCY_KEY_CHARS = 255
 CANCEL_TRIES = 5  # a run that moves on under a cancel this often is refused; try again
 RUN_TENANTS = keys.RUN_TENANTS
-
-
-class SubmissionError(TurnstileError):
-    """A submission refused before anything was written."""
-
-
-class InvalidNameError(SubmissionError):
-    """A tenant, user, queue or run id that cannot be a name: refused before any write."""
 
 
 def check_name(what: str, value: object) -> str:
@@ -108,14 +107,6 @@ class Submitted:
     run_id: str
     created: bool  # False: the same submission was made before (idempotent on the run id)
     sent: bool  # False: stored, but the broker did not take the step; the sweeper sends it
-
-
-class RunNotFoundError(TurnstileError):
-    pass
-
-
-class DecisionRefusedError(TurnstileError):
-    """An approve, deny or cancel that does not apply to the run as it stands."""
 
 
 Send = Callable[[StepMessage, float, float], None]
@@ -189,13 +180,16 @@ class Client:
         the HTTP API does; `run_id` names the global run id itself."""
         if run_id is not None and idempotency_key is not None:
             raise SubmissionError("give an idempotency key or a run id, not both")
-        if idempotency_key is not None:
-            run_id = idempotent_run_id(tenant, idempotency_key)
-        run_id = f"run_{uuid.uuid4().hex[:20]}" if run_id is None else check_run_id(run_id)
-        state = self._new_state(
-            tenant=tenant, user=user, job=job, goal=goal, params=params, budget=budget,
-            queue=queue, run_id=run_id,
-        )  # fmt: skip
+        try:
+            if idempotency_key is not None:
+                run_id = idempotent_run_id(tenant, idempotency_key)
+            run_id = f"run_{uuid.uuid4().hex[:20]}" if run_id is None else check_run_id(run_id)
+            state = self._new_state(
+                tenant=tenant, user=user, job=job, goal=goal, params=params, budget=budget,
+                queue=queue, run_id=run_id,
+            )  # fmt: skip
+        except InvalidNameError as exc:  # a bad name refuses the submission: it is both
+            raise SubmissionNameError(str(exc)) from exc
         self._check_tenant_allows(tenant, state.budget)
         self._check_model_priced(tenant, state.params)
         digest = fingerprint([tenant, user, job, goal, state.params, state.budget, queue])
@@ -482,5 +476,5 @@ class Client:
 def connect_client(config: Settings) -> Client:
     """A client over the configured store, sending steps through the configured broker."""
     if config.redis_url is None:
-        raise SubmissionError("no store: set TURNSTILE_REDIS_URL")
+        raise StoreUnavailable("no store: set TURNSTILE_REDIS_URL")
     return Client(connect(config.redis_url, config), config, sender(config.broker))

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from turnstile.errors import TurnstileError
 from turnstile.jobs.budget import Budget
 from turnstile.jobs.errors import KernelError
 from turnstile.jobs.support.scenarios import GOAL, SCENARIOS, USER
@@ -31,7 +32,6 @@ from turnstile.providers.prices import PRICES_FILE_ENV
 from turnstile.worker.client._client import Client, connect_client
 from turnstile.worker.dev.embedded import EmbeddedServer
 from turnstile.worker.dev.shop import RedisShop
-from turnstile.worker.errors import TurnstileError
 from turnstile.worker.observability.tracing import ENDPOINT_ENV
 from turnstile.worker.registry import Registry
 from turnstile.worker.settings import Settings

@@ -20,7 +20,7 @@ from typing import Self
 
 import redis
 
-from turnstile.worker.errors import TurnstileError
+from turnstile.errors import TurnstileError
 from turnstile.worker.store.durability import FSYNC_POLICY
 
 START_TIMEOUT_S = 10.0  # a cold start takes well under a second; allow for a loaded box

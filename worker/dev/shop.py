@@ -20,8 +20,8 @@ from typing import Any, NamedTuple
 import msgspec
 import redis
 
+from turnstile.errors import TurnstileError
 from turnstile.jobs.support.shop import Applied, Order, demo_orders
-from turnstile.worker.errors import TurnstileError
 
 PREFIX = "turnstile:shop"
 

@@ -17,7 +17,7 @@ from enum import StrEnum
 import msgspec
 import redis
 
-from turnstile.worker.errors import TurnstileError
+from turnstile.errors import TurnstileError
 from turnstile.worker.http import keys
 
 KEY_PREFIX = "tsk_"

@@ -14,18 +14,9 @@ import redis.asyncio as aioredis
 from fastapi import Depends, FastAPI
 
 from turnstile.worker.client._client import Client
-from turnstile.worker.http import (
-    context,
-    problems,
-    routes_ops,
-    routes_runs,
-)
-from turnstile.worker.http import (
-    routes_webhooks as webhooks,
-)
-from turnstile.worker.http import (
-    webhook_delivery as dispatch,
-)
+from turnstile.worker.http import context, problems, routes_ops, routes_runs
+from turnstile.worker.http import routes_webhooks as webhooks
+from turnstile.worker.http import webhook_delivery as dispatch
 from turnstile.worker.http.context import Api
 from turnstile.worker.http.problems import response
 from turnstile.worker.http.ratelimit import RateLimiter
@@ -33,6 +24,7 @@ from turnstile.worker.http.settings import ApiSettings
 from turnstile.worker.http.streams import StreamSlots
 from turnstile.worker.runtime.app import connect, sender
 from turnstile.worker.settings import Settings
+from turnstile.worker.store.runs import StoreUnavailable
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -99,7 +91,7 @@ def create_app(config: Settings, api_settings: ApiSettings | None = None) -> Fas
     """The API over the configured store and broker."""
     api_settings = api_settings or ApiSettings()
     if config.redis_url is None:
-        raise ValueError("no store: set TURNSTILE_REDIS_URL")
+        raise StoreUnavailable("no store: set TURNSTILE_REDIS_URL")
     store = connect(config.redis_url, config)
     client = Client(store, config, sender(config.broker))
     limiter = RateLimiter(
@@ -134,7 +126,6 @@ def create_app(config: Settings, api_settings: ApiSettings | None = None) -> Fas
     )
     app.state.api = api
     problems.install(app)
-    context.install(app)
     app.include_router(routes_runs.router)
     app.include_router(routes_ops.router)
     app.include_router(webhooks.router)

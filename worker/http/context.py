@@ -10,29 +10,18 @@ from typing import Annotated, Any
 
 import redis
 import redis.asyncio as aioredis
-from fastapi import Depends, FastAPI, Path, Request
+from fastapi import Depends, Path, Request
 from fastapi.dependencies.models import Dependant
-from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from turnstile.jobs.errors import KernelError, UnknownJobError
-from turnstile.ledger.errors import LedgerError, LedgerInputError, LedgerUnavailable
-from turnstile.worker.client._client import (
-    RUN_ID_PATTERN,
-    Client,
-    DecisionRefusedError,
-    RunNotFoundError,
-    SubmissionError,
-)
+from turnstile.worker.client._client import RUN_ID_PATTERN, Client
 from turnstile.worker.http import apikeys
 from turnstile.worker.http.apikeys import ApiKey
-from turnstile.worker.http.problems import Problem, response
+from turnstile.worker.http.problems import Problem
 from turnstile.worker.http.ratelimit import RateLimiter
 from turnstile.worker.http.settings import ApiSettings
 from turnstile.worker.http.streams import StreamSlots
-from turnstile.worker.ops.control import ControlError
 from turnstile.worker.store import keys
-from turnstile.worker.store.runs import StoreUnavailable, SubmissionConflictError
 
 # The client's own rule for run ids (one validator for the client, the CLI and HTTP).
 RUN_ID = RUN_ID_PATTERN
@@ -164,43 +153,3 @@ def strict_query(request: Request) -> None:
     for name, value in request.query_params.items():
         if fields[name].field_info.annotation in (int, int | None) and not _INT.fullmatch(value):
             raise Problem(400, "invalid_parameter", f"{name} must be a whole number in digits")
-
-
-# -- the library's errors, as problems --------------------------------------------------------
-
-
-def _status_of(exc: Exception) -> tuple[int, str]:
-    """The answer for an error a library raised on purpose, most specific first."""
-    table: list[tuple[type[Exception], int, str]] = [
-        (StoreUnavailable, 503, "store_unavailable"),
-        (LedgerUnavailable, 503, "store_unavailable"),
-        (redis.ConnectionError, 503, "store_unavailable"),
-        (redis.TimeoutError, 503, "store_unavailable"),
-        (RunNotFoundError, 404, "run_not_found"),
-        (SubmissionConflictError, 409, "run_id_conflict"),
-        (DecisionRefusedError, 409, "decision_refused"),
-        (ControlError, 409, "control_refused"),
-        (LedgerInputError, 422, "invalid_request"),
-        (LedgerError, 409, "ledger_refused"),
-        (KernelError, 422, "invalid_request"),
-    ]
-    if isinstance(exc, SubmissionError):
-        cause = exc.__cause__
-        return 422, "unknown_job" if isinstance(cause, UnknownJobError) else "invalid_submission"
-    for kind, status, code in table:
-        if isinstance(exc, kind):
-            return status, code
-    return 500, "internal"
-
-
-async def _on_library_error(_: Request, exc: Exception) -> JSONResponse:
-    status, code = _status_of(exc)
-    detail = "the store is unreachable; try again" if status == 503 else str(exc)
-    return response(status, code, detail, {"Retry-After": "1"} if status == 503 else None)
-
-
-def install(app: FastAPI) -> None:
-    for kind in (StoreUnavailable, LedgerError, redis.ConnectionError, redis.TimeoutError,
-                 RunNotFoundError, SubmissionConflictError, DecisionRefusedError, ControlError,
-                 SubmissionError, KernelError):  # fmt: skip
-        app.add_exception_handler(kind, _on_library_error)

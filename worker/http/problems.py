@@ -1,19 +1,35 @@
 """Errors as problem documents (RFC 9457): `application/problem+json` with `type`, `title`,
 `status`, `detail` (one line) and a stable `code`. A client's mistake is a 4xx, a store
-outage a 503; nothing a client sends is answered with a 500."""
+outage a 503; nothing a client sends is answered with a 500.
+
+Every error Turnstile raises on purpose is a `TurnstileError`, answered by one handler from
+one table of classes (`ANSWERS`); an error of ours that the table does not name is a bug.
+"""
 
 from __future__ import annotations
 
 import contextlib
 from typing import Any
 
+import redis
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from turnstile.worker.errors import TurnstileError
+from turnstile.errors import (
+    DecisionRefusedError,
+    InvalidNameError,
+    RunNotFoundError,
+    StoreUnavailableError,
+    SubmissionConflictError,
+    SubmissionError,
+    TurnstileError,
+)
+from turnstile.jobs.errors import KernelError, UnknownJobError
+from turnstile.ledger.errors import LedgerError, LedgerInputError
+from turnstile.worker.ops.control import ControlError
 
 log = structlog.get_logger("turnstile.api")
 
@@ -69,6 +85,35 @@ def response(
     )
 
 
+# The answer to an error raised on purpose: the first class it is an instance of, so the more
+# specific comes first. The store client's own errors are here too: a route that reads the
+# store directly meets them as they are.
+ANSWERS: tuple[tuple[type[Exception], int, str], ...] = (
+    (StoreUnavailableError, 503, "store_unavailable"),
+    (redis.ConnectionError, 503, "store_unavailable"),
+    (redis.TimeoutError, 503, "store_unavailable"),
+    (RunNotFoundError, 404, "run_not_found"),
+    (SubmissionConflictError, 409, "run_id_conflict"),
+    (SubmissionError, 422, "invalid_submission"),  # "unknown_job" when that is the cause
+    (DecisionRefusedError, 409, "decision_refused"),
+    (ControlError, 409, "control_refused"),
+    (InvalidNameError, 422, "invalid_request"),
+    (LedgerInputError, 422, "invalid_request"),
+    (LedgerError, 409, "ledger_refused"),
+    (KernelError, 422, "invalid_request"),
+)
+
+
+def answer_to(exc: Exception) -> tuple[int, str] | None:
+    """The status and code for an error of the table; None for any other (a bug)."""
+    for kind, status, code in ANSWERS:
+        if isinstance(exc, kind):
+            if kind is SubmissionError and isinstance(exc.__cause__, UnknownJobError):
+                return status, "unknown_job"
+            return status, code
+    return None
+
+
 def _validation_detail(exc: RequestValidationError) -> tuple[int, str, str]:
     errors = list(exc.errors())
     first: dict[str, Any] = errors[0] if errors else {}
@@ -83,9 +128,16 @@ def _validation_detail(exc: RequestValidationError) -> tuple[int, str, str]:
     return 422, "invalid_request", f"{where}: {first.get('msg', 'invalid')}{more}"
 
 
-async def _on_problem(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, Problem)
-    return response(exc.status, exc.code, exc.detail, exc.headers)
+async def _on_error(_: Request, exc: Exception) -> JSONResponse:
+    if isinstance(exc, Problem):
+        return response(exc.status, exc.code, exc.detail, exc.headers)
+    found = answer_to(exc)
+    if found is None:
+        raise exc  # a bug: the server's handler of last resort answers 500 and logs it
+    status, code = found
+    if status == 503:
+        return response(status, code, "the store is unreachable; try again", {"Retry-After": "1"})
+    return response(status, code, str(exc))
 
 
 async def _on_validation(_: Request, exc: Exception) -> JSONResponse:
@@ -112,6 +164,7 @@ async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
 
 def install(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _on_unexpected)
-    app.add_exception_handler(Problem, _on_problem)
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(StarletteHTTPException, _on_http)
+    for kind in (TurnstileError, redis.ConnectionError, redis.TimeoutError):
+        app.add_exception_handler(kind, _on_error)

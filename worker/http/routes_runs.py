@@ -7,7 +7,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import StreamingResponse
 
-from turnstile.worker.client._client import SubmissionError, idempotent_run_id
+from turnstile.errors import SubmissionConflictError, SubmissionError
+from turnstile.worker.client._client import idempotent_run_id
 from turnstile.worker.http import listing, sse
 from turnstile.worker.http.context import (
     NAME,
@@ -34,7 +35,6 @@ from turnstile.worker.http.schemas import (
 )
 from turnstile.worker.ops import control
 from turnstile.worker.store.keys import queue_control, run
-from turnstile.worker.store.runs import SubmissionConflictError
 
 PROBLEMS: dict[int | str, dict[str, Any]] = {
     status: {"model": ProblemBody, "content": {"application/problem+json": {}}}

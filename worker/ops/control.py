@@ -26,17 +26,12 @@ from typing import Any
 import msgspec
 import redis
 
+from turnstile.errors import DecisionRefusedError, RunNotFoundError, TurnstileError
 from turnstile.jobs.errors import StateFormatError
 from turnstile.jobs.outcomes import Outcome, Status
 from turnstile.jobs.state import RunState
 from turnstile.jobs.trace import Span
-from turnstile.worker.client._client import (
-    Client,
-    DecisionRefusedError,
-    RunNotFoundError,
-    check_name,
-)
-from turnstile.worker.errors import TurnstileError
+from turnstile.worker.client._client import Client, check_name
 from turnstile.worker.runtime.step import StepMessage, next_hold, now_iso, time_limits
 from turnstile.worker.scheduling import fair
 from turnstile.worker.scheduling.sweeper import time_limits_default

@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 
+from turnstile.errors import TurnstileError
 from turnstile.jobs.budget import Usage
 from turnstile.jobs.calls import Gate, Unlimited
 from turnstile.jobs.clock import SimClock
@@ -35,7 +36,6 @@ from turnstile.jobs.state import RunState
 from turnstile.jobs.tools import Tool, ToolContext, ToolOutput
 from turnstile.jobs.trace import Span, Trace
 from turnstile.worker.client._client import Client
-from turnstile.worker.errors import TurnstileError
 from turnstile.worker.ops.control import resolve
 from turnstile.worker.registry import Registry
 

@@ -19,6 +19,7 @@ import msgspec
 import structlog
 from celery.exceptions import SoftTimeLimitExceeded
 
+from turnstile.errors import StoreUnavailableError
 from turnstile.jobs.budget import Usage
 from turnstile.jobs.clock import ActiveClock
 from turnstile.jobs.decisions import cancel
@@ -41,7 +42,6 @@ from turnstile.jobs.trace import Trace
 from turnstile.ledger import replies as ledger_replies
 from turnstile.ledger.client import Ledger
 from turnstile.ledger.results import ReserveResult
-from turnstile.worker.errors import TurnstileError
 from turnstile.worker.observability import metrics, tracing
 from turnstile.worker.registry import Jobs
 from turnstile.worker.runtime import pools
@@ -64,7 +64,7 @@ log = structlog.get_logger("turnstile.step")
 MAX_TRACEPARENT_CHARS = 128
 
 
-class LedgerDown(TurnstileError):  # noqa: N818 - the ledger is down, said plainly
+class LedgerDown(StoreUnavailableError):  # noqa: N818 - the ledger is down, said plainly
     """The ledger did not answer: hard limits fail closed, the step is retried later."""
 
 

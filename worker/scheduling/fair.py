@@ -34,7 +34,7 @@ from typing import Any
 import redis
 import structlog
 
-from turnstile.worker.errors import TurnstileError
+from turnstile.errors import TurnstileError
 from turnstile.worker.observability import metrics
 from turnstile.worker.runtime.step import StepMessage
 from turnstile.worker.settings import Settings

@@ -38,7 +38,7 @@ from typing import Any
 
 import redis
 
-from turnstile.worker.errors import TurnstileError
+from turnstile.errors import TurnstileError
 
 # The one fsync policy under which a WAITAOF's answer means the write is on the disk.
 FSYNC_POLICY = "always"

@@ -22,6 +22,7 @@ from typing import Any, Literal, Protocol
 import msgspec
 import redis
 
+from turnstile.errors import StoreUnavailableError
 from turnstile.jobs.closing import closing_message, closing_without_state, recorded_steps
 from turnstile.jobs.errors import StateFormatError, UnknownJobError
 from turnstile.jobs.kernel import finish
@@ -31,7 +32,6 @@ from turnstile.ledger import replies as ledger_replies
 from turnstile.ledger.client import Ledger
 from turnstile.ledger.results import ReserveResult
 from turnstile.ledger.scripts import library_source
-from turnstile.worker.errors import TurnstileError
 from turnstile.worker.registry import Jobs
 from turnstile.worker.store import keys
 from turnstile.worker.store.durability import WaitFor
@@ -42,18 +42,15 @@ EVENTS_MAXLEN = 10_000  # per run; a run of this many events has long hit its st
 REASON_MAX_CHARS = 500  # a stored reason is an excerpt: a message's arguments can be megabytes
 
 
-class StoreUnavailable(TurnstileError):  # noqa: N818 - the store is down, said plainly
-    """The store could not be reached; the caller retries later. Nothing was half-written."""
+class StoreUnavailable(StoreUnavailableError):  # noqa: N818 - the store is down, said plainly
+    """The run store could not be reached, or none is configured; the caller retries later.
+    Nothing was half-written."""
 
 
 class NotDurableError(StoreUnavailable):
     """A write made but not confirmed where TURNSTILE_DURABILITY wants it (the disk, the
     replicas) in time: a crash of the server now may lose it. A step retries as if the store
     were down (its commit, if it survives, makes the retry a no-op); a caller is told."""
-
-
-class SubmissionConflictError(TurnstileError):
-    """A run id that exists already, submitted with different contents."""
 
 
 def inflight_tag(queue: str) -> str:

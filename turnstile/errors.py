@@ -1,0 +1,48 @@
+"""The one exception tree of Turnstile: every error it raises on purpose is a `TurnstileError`.
+A denial, a refusal or a budget stop is an outcome, never one of these.
+
+This module imports nothing, so that jobs/ and ledger/ root their families here without
+depending on worker/. The families:
+
+- kernel: `KernelError` and its kinds (turnstile/jobs/errors.py); a provider's configuration
+  error is one of its `ParamsError`s (turnstile/providers/errors.py);
+- model: `ModelError`, a model adapter's signal to the kernel (turnstile/jobs/model.py);
+- ledger: `LedgerError` (turnstile/ledger/errors.py);
+- the store is down: `StoreUnavailableError`, whichever store it is;
+- what a service meets when it submits, reads or decides: the rest of this module;
+- an operator command that does not apply: `ControlError` (turnstile/worker/ops/control.py).
+"""
+
+
+class TurnstileError(Exception):
+    """Base of every error Turnstile raises on purpose."""
+
+
+class StoreUnavailableError(TurnstileError):
+    """A store did not answer: the run store (`StoreUnavailable`), the ledger
+    (`LedgerUnavailable`) or the ledger as a step meets it (`LedgerDown`). Nothing is lost;
+    trying again later is safe."""
+
+
+class InvalidNameError(TurnstileError):
+    """A tenant, user, queue or run id that cannot be a name: refused before any write."""
+
+
+class SubmissionError(TurnstileError):
+    """A submission refused before anything was written."""
+
+
+class SubmissionNameError(SubmissionError, InvalidNameError):
+    """A submission refused for a name that cannot be one: caught as either."""
+
+
+class SubmissionConflictError(SubmissionError):
+    """The run id is taken: by another tenant, or by a different submission."""
+
+
+class RunNotFoundError(TurnstileError):
+    """No such run, or not one the caller's tenant may see."""
+
+
+class DecisionRefusedError(TurnstileError):
+    """An approve, deny or cancel that does not apply to the run as it stands."""
