@@ -22,6 +22,8 @@ from pathlib import Path
 
 import httpx
 
+from turnstile.errors import TurnstileError
+
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 # (host as sent to DNS, port) -> the addresses it resolves to, as strings.
@@ -65,7 +67,7 @@ _NAT64 = _V6("64:ff9b::/96")
 HOSTNAME = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)(\.(?!-)[a-z0-9_-]{1,63}(?<!-))*\.?$")
 
 
-class TargetError(Exception):
+class TargetError(TurnstileError):
     """A URL a webhook may not be sent to; `code` is the problem code at registration."""
 
     code = "invalid_url"
