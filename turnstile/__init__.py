@@ -28,7 +28,7 @@ from turnstile.jobs.job import (
 )
 from turnstile.jobs.model import Model, ModelRequest, ModelResponse, Scripted
 from turnstile.jobs.state import Call, RunState
-from turnstile.jobs.tools import Tool, ToolContext, ToolOutput
+from turnstile.jobs.tools import Tool, ToolContext, ToolError, ToolOutput
 
 if TYPE_CHECKING:
     from turnstile.worker.client._client import (
@@ -64,6 +64,7 @@ __all__ = [
     "SubmissionError",
     "Tool",
     "ToolContext",
+    "ToolError",
     "ToolOutput",
     "UnknownJobError",
     "Verdict",

@@ -32,7 +32,7 @@ from turnstile.jobs.kernel import Runtime, finish, turn
 from turnstile.jobs.model import Replay, responses_from_spans
 from turnstile.jobs.outcomes import Outcome, Status
 from turnstile.jobs.state import RunState
-from turnstile.jobs.tools import Tool, ToolContext, ToolOutput
+from turnstile.jobs.tools import Tool, ToolContext
 from turnstile.jobs.trace import Span, Trace
 from turnstile.worker.client._client import Client
 from turnstile.worker.errors import TurnstileError
@@ -99,7 +99,7 @@ def _without_drills(tool: Tool, drills: tuple[str, ...]) -> Tool:
     """Failure drills act on the worker's process (sleep in a tool, kill the process), not on
     the run's state; replay runs without the params the job names as drills."""
 
-    def fn(ctx: ToolContext) -> ToolOutput:
+    def fn(ctx: ToolContext) -> Any:  # a plain value or a ToolOutput, passed on as is
         params = {k: v for k, v in ctx.params.items() if k not in drills}
         return tool.fn(dataclasses.replace(ctx, params=params))
 
