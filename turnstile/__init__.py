@@ -1,6 +1,6 @@
-"""Turnstile's public API: define a job, register it, submit runs.
+"""Turnstile's public API: define a job, register it, submit runs, wait for them.
 
-    from turnstile import Job, ToolContext, tool
+    from turnstile import Job, ToolContext, ToolError, tool
 
 Defining a job imports no Celery, connects to nothing and registers nothing: a job is found
 by the worker through the `turnstile.jobs` entry-point group or `TURNSTILE_JOBS`. The client
@@ -34,7 +34,11 @@ if TYPE_CHECKING:
     from turnstile.worker.client._client import (
         Client,
         DecisionRefusedError,
+        InvalidEventIdError,
+        RunEvent,
+        RunNotFoundError,
         SubmissionError,
+        WaitTimeoutError,
         connect_client,
     )
     from turnstile.worker.registry import Registry
@@ -48,6 +52,7 @@ __all__ = [
     "DecisionRefusedError",
     "Example",
     "Guard",
+    "InvalidEventIdError",
     "Job",
     "JobDefinitionError",
     "KernelError",
@@ -57,6 +62,8 @@ __all__ = [
     "ParamsError",
     "Permit",
     "Registry",
+    "RunEvent",
+    "RunNotFoundError",
     "RunState",
     "Scripted",
     "Settings",
@@ -68,6 +75,7 @@ __all__ = [
     "ToolOutput",
     "UnknownJobError",
     "Verdict",
+    "WaitTimeoutError",
     "arguments_schema",
     "connect_client",
     "render_view",
@@ -77,7 +85,11 @@ __all__ = [
 _LAZY = {
     "Client": "turnstile.worker.client._client",
     "DecisionRefusedError": "turnstile.worker.client._client",
+    "InvalidEventIdError": "turnstile.worker.client._client",
+    "RunEvent": "turnstile.worker.client._client",
+    "RunNotFoundError": "turnstile.worker.client._client",
     "SubmissionError": "turnstile.worker.client._client",
+    "WaitTimeoutError": "turnstile.worker.client._client",
     "connect_client": "turnstile.worker.client._client",
     "Registry": "turnstile.worker.registry",
     "Settings": "turnstile.worker.settings",
