@@ -182,6 +182,15 @@ def worker(
     ] = "WARNING",
     redis_url: RedisUrl = None,
     broker_url: BrokerUrl = None,
+    reload: Annotated[
+        bool,
+        typer.Option(
+            "--reload",
+            envvar="TURNSTILE_WORKER_RELOAD",
+            help="Development only: restart the worker when a job's module changes (its "
+            "files are looked at twice a second), so an edited job runs without a rebuild.",
+        ),
+    ] = False,
 ) -> None:
     """Start a Celery worker for Turnstile's steps: acks late, prefetch 1, JSON only, events on.
     SIGTERM finishes the turns in flight before exiting; the exit status is Celery's, so a
@@ -205,6 +214,14 @@ def worker(
     if loglevel.upper() not in LOG_LEVELS:
         fail(f"bad --loglevel {loglevel!r}: one of {', '.join(LOG_LEVELS)}", code=2)
     node = node_name(name)
+    if reload:  # the same command, without --reload, as a child this process restarts
+        from turnstile.worker.dev.reload import supervise
+
+        child = ["worker", "-Q", ",".join(names), "-c", str(concurrency), "-P", pool,
+                 "--loglevel", loglevel, *(["-n", name] if name else [])]  # fmt: skip
+        env = {**os.environ, "TURNSTILE_REDIS_URL": redis_url}
+        env |= {"TURNSTILE_BROKER_URL": broker_url} if broker_url else {}
+        raise typer.Exit(supervise(child, env))
     os.environ["TURNSTILE_REDIS_URL"] = redis_url
     os.environ["TURNSTILE_POOL"], os.environ["TURNSTILE_CONCURRENCY"] = pool, str(concurrency)
     if broker_url:
@@ -285,12 +302,34 @@ def _job_detail(row: dict[str, object]) -> Table:
     return out
 
 
-def _params(pairs: list[str]) -> dict[str, object]:
+PARAM_HELP = (
+    "KEY=VALUE, repeatable. VALUE is read as JSON when it parses (1001 is a number, true a "
+    "bool, '[1,2]' a list, '\"1001\"' text) and as text otherwise (acct_1); a param the "
+    'job\'s schema declares as a string is always text (order_id=1001 is "1001").'
+)
+
+
+def _text_params(c: object, job: str) -> set[str]:
+    """The params the job declares as strings: their values are never read as JSON."""
+    from turnstile.jobs.errors import KernelError
+
+    try:
+        schema = c.jobs.get(job).params_schema  # type: ignore[attr-defined]
+    except KernelError:
+        return set()  # an unknown job: the submission refuses it, naming the known ones
+    props = schema.get("properties") or {}
+    return {k for k, sub in props.items() if isinstance(sub, dict) and sub.get("type") == "string"}
+
+
+def _params(pairs: list[str], text: set[str] | frozenset[str] = frozenset()) -> dict[str, object]:
     out: dict[str, object] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             fail(f"expected KEY=VALUE, got {pair!r}", code=2)
+        if key in text:
+            out[key] = value
+            continue
         try:
             out[key] = json.loads(value)
         except ValueError:
@@ -306,9 +345,7 @@ def submit(
     job: Annotated[str, typer.Option("--job", envvar="TURNSTILE_JOB")] = "support",
     param: Annotated[
         list[str] | None,
-        typer.Option(
-            "--param", envvar="TURNSTILE_PARAMS", help="KEY=VALUE; VALUE is JSON or text."
-        ),
+        typer.Option("--param", envvar="TURNSTILE_PARAMS", help=PARAM_HELP),
     ] = None,
     queue: Annotated[str, typer.Option("--queue", envvar="TURNSTILE_QUEUE")] = "default",
     run_id: Annotated[str | None, typer.Option("--run-id", envvar="TURNSTILE_RUN_ID")] = None,
@@ -318,10 +355,10 @@ def submit(
 ) -> None:
     """Submit a run; prints its id. Idempotent with --run-id. A broker that is down does not
     refuse it: the run is stored and its step sent when the broker is back."""
+    _params(param or [])  # a malformed pair is refused before connecting
     with client(redis_url, broker_url) as c:
-        made = c.submit_run(
-            tenant, user, job, goal, _params(param or []), queue=queue, run_id=run_id
-        )
+        params = _params(param or [], _text_params(c, job))
+        made = c.submit_run(tenant, user, job, goal, params, queue=queue, run_id=run_id)
     deferred = made.created and not made.sent
     if as_json:
         typer.echo(json.dumps({"run_id": made.run_id, "created": made.created, "sent": made.sent}))
