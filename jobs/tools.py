@@ -193,6 +193,7 @@ class Tool:
         return out
 
     def argument_problems(self, args: Any) -> list[str]:
+        """Where the arguments break the tool's schema, one bounded line each (none: valid)."""
         problems = []
         for error in sorted(self._validator.iter_errors(args), key=lambda e: list(e.path)):
             where = "/".join(str(p) for p in error.path) or "arguments"
