@@ -229,10 +229,12 @@ def _seconds_to_ms(seconds: float) -> int:
 
 class Invoker:
     """Runs tool calls on a thread pool, with the caller's context variables carried over.
-    `step` is the run's turn, for the log line of a tool that raised."""
+    `step` is the run's turn, for the log line of a tool that raised (`log`: whether to)."""
 
-    def __init__(self, trace: Trace, clock: Clock, pool: ThreadPoolExecutor, step: int) -> None:
-        self.trace, self.clock, self.pool, self.step = trace, clock, pool, step
+    def __init__(
+        self, trace: Trace, clock: Clock, pool: ThreadPoolExecutor, step: int, *, log: bool = True
+    ) -> None:
+        self.trace, self.clock, self.pool, self.step, self.log = trace, clock, pool, step, log
 
     def _in_thread(
         self, planned: Planned, ctx: ToolContext, span_id: str
@@ -275,6 +277,15 @@ class Invoker:
             output, measured_s = TimeoutError(), ctx.timeout_s + 1.0
         return self._observe(planned, ctx, span, output, measured_s)
 
+    def _log_raised(
+        self, planned: Planned, ctx: ToolContext, span: Span, exc: BaseException, said: str
+    ) -> None:
+        if self.log:
+            log.error(
+                "tool_raised", run_id=ctx.run_id, turn=self.step, tool=planned.call.name,
+                call=span.id, key=ctx.key, error=said, exc_info=exc,
+            )  # fmt: skip
+
     def _observe(
         self,
         planned: Planned,
@@ -293,10 +304,7 @@ class Invoker:
         elif isinstance(output, BaseException):
             result = error("tool_raised", one_line(f"{type(output).__name__}: {output}"))
             failed = True
-            log.error(
-                "tool_raised", run_id=ctx.run_id, turn=self.step, tool=planned.call.name,
-                call=span.id, key=ctx.key, error=result["detail"], exc_info=output,
-            )  # fmt: skip
+            self._log_raised(planned, ctx, span, output, result["detail"])
         elif isinstance(output, ToolOutput):
             latency_s = measured_s if output.latency_s is None else output.latency_s
             result, failed = normalize_result(output.result)

@@ -87,6 +87,9 @@ class Runtime:
     trace: Trace
     gate: Gate = field(default_factory=Unlimited)
     pool: ThreadPoolExecutor | None = None  # a process can share one across turns
+    # Log a tool's unexpected exception with its traceback (once, where the run runs); a
+    # replay, which re-runs the tools of a run that ran, says nothing more.
+    log_tool_raises: bool = True
     _own_pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
 
     @property
@@ -161,7 +164,7 @@ def _run_reads(state: RunState, rt: Runtime, batch: Batch, reads: list[Planned])
     longest of them, since their times overlap."""
     if not reads:
         return
-    invoker = Invoker(rt.trace, rt.clock, rt.executor, batch.step)
+    invoker = Invoker(rt.trace, rt.clock, rt.executor, batch.step, log=rt.log_tool_raises)
     t0 = rt.clock.now()
     pending = []
     for planned in reads:
@@ -188,7 +191,7 @@ def _run_write(
     *,
     approved: bool = False,
 ) -> dict[str, Any]:
-    invoker = Invoker(rt.trace, rt.clock, rt.executor, step)
+    invoker = Invoker(rt.trace, rt.clock, rt.executor, step, log=rt.log_tool_raises)
     ctx = _context(state, planned, approved=approved)
     t0 = rt.clock.now()
     done = invoker.collect(planned, ctx, span_id, invoker.submit(planned, ctx, span_id), 0.0)

@@ -72,7 +72,8 @@ def test_an_outside_jobs_plain_tools_complete_and_the_raise_is_readable_and_logg
     """The orders job's tools return a dict (with a `status` of its own), text and a list, and
     one raises: the run completes with an answer built from them; `trace`, `watch` and
     `status` show the raise's type and message beside its code, and the worker logged it
-    once, with its traceback, bound to the run, the turn and the tool."""
+    once, with its traceback, bound to the run, the turn and the tool (a replay, which runs
+    the tools again, logs nothing)."""
     run_id = client.submit(f"t-{unique}", "u1", "orders", "where is my order?",
                            {"order_id": "A-1"}, queue=queue)  # fmt: skip
     state = client.wait(run_id, timeout_s=60)
@@ -90,6 +91,8 @@ def test_an_outside_jobs_plain_tools_complete_and_the_raise_is_readable_and_logg
     watched = cli(redis_url, "watch", run_id).stdout
     assert f"turn 2: track_parcel->ok, list_returns->ok, {RAISED} |" in watched
     assert RAISED in cli(redis_url, "status", run_id).stdout
+    replayed = json.loads(cli(redis_url, "replay", run_id, "--json").stdout)  # no log line in it
+    assert replayed["matches"] is True
 
     wait_until(lambda: bool(worker.events("tool_raised")), what="the log line", timeout_s=10)
     (logged,) = [e for e in worker.events("tool_raised") if e.get("run_id") == run_id]

@@ -129,7 +129,8 @@ class _Replaying:
         model = Replay(responses_from_spans(recorded))
         clock = SimClock(self.state.usage.elapsed_ms / 1000)
         runtime = Runtime(job=self.job, model=model, clock=clock, trace=Trace(clock),
-                          gate=_gate_as_recorded(event, after))  # fmt: skip
+                          gate=_gate_as_recorded(event, after),
+                          log_tool_raises=False)  # fmt: skip
         self.turns += 1
         try:
             turn(self.state, runtime)
