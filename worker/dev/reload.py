@@ -128,11 +128,9 @@ class Supervisor:
         self.stopping = False
 
     def _start(self) -> None:
-        # A session of its own: a terminal's Ctrl-C reaches the supervisor, which stops the
-        # worker warmly, instead of reaching both at once.
-        self.child = subprocess.Popen(  # noqa: S603 - our own command line, not input
-            self.argv, env=self.env, start_new_session=True
-        )
+        # In the supervisor's process group, so whatever stops the group (a terminal's Ctrl-C
+        # or hang-up, a harness's kill of the group) stops the worker too, never orphans it.
+        self.child = subprocess.Popen(self.argv, env=self.env)  # noqa: S603 - our own argv
 
     def _stop(self) -> int:
         child = self.child
@@ -145,7 +143,7 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 say(f"the worker did not stop in {self.stop_timeout_s:g} s; killing it (its turns "
                     "are delivered again)")  # fmt: skip
-                os.killpg(child.pid, signal.SIGKILL)
+                child.kill()  # its pool processes follow: billiard sets their parent-death signal
                 child.wait()
         return child.returncode or 0
 
@@ -153,10 +151,10 @@ class Supervisor:
         self.stopping = True
 
     def run(self) -> int:
-        """Until SIGTERM or SIGINT: then the worker is stopped warmly and its exit status is
-        the command's."""
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+        """Until SIGTERM, SIGINT or SIGHUP: then the worker is stopped warmly and its exit
+        status is the command's."""
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, self._on_signal)
         files = snapshot(self.roots)
         shown = ", ".join(str(r) for r in self.roots) or "no files (no job module found)"
         say(f"watching {len(files)} files under {shown}")
