@@ -6,7 +6,7 @@ import json
 import os
 import re
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -19,6 +19,9 @@ from turnstile.worker.cli.deadletters import dead_letters_app
 from turnstile.worker.cli.http import register as register_http
 from turnstile.worker.cli.ops import register as register_ops
 from turnstile.worker.cli.tenants import HANDED_ON, tenants_app
+
+if TYPE_CHECKING:
+    from turnstile.worker.client._client import Client
 
 app = typer.Typer(
     name="turnstile",
@@ -309,12 +312,12 @@ PARAM_HELP = (
 )
 
 
-def _text_params(c: object, job: str) -> set[str]:
+def _text_params(c: Client, job: str) -> set[str]:
     """The params the job declares as strings: their values are never read as JSON."""
     from turnstile.jobs.errors import KernelError
 
     try:
-        schema = c.jobs.get(job).params_schema  # type: ignore[attr-defined]
+        schema = c.jobs.get(job).params_schema
     except KernelError:
         return set()  # an unknown job: the submission refuses it, naming the known ones
     props = schema.get("properties") or {}
