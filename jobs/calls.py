@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgspec
+import structlog
 
 from turnstile.jobs.budget import Usage, est_tokens
 from turnstile.jobs.clock import Clock
@@ -26,13 +27,21 @@ from turnstile.jobs.tools import (
     PERMANENT_CODES,
     Tool,
     ToolContext,
+    ToolError,
     ToolOutput,
     error,
     normalize_result,
+    observe_error,
+    observe_value,
+    one_line,
 )
 from turnstile.jobs.trace import Span, Trace, current_span
 
 TIMEOUT_GRACE_S = 0.05  # how much longer than its timeout a thread is waited for
+
+# Logging is the kernel's only output besides its return values: a tool's unexpected exception
+# is an observation for the model, and its traceback is for the job's author, here, once.
+log = structlog.get_logger("turnstile.tools")
 
 
 class Gate(Protocol):
@@ -211,6 +220,7 @@ class Done:
     cost_microusd: int
     span: Span
     charges: dict[str, int] = field(default_factory=dict)  # to the job's ledger dimensions
+    plain: bool = False  # the tool returned a plain value: its facts are the value's fields
 
 
 def _seconds_to_ms(seconds: float) -> int:
@@ -218,10 +228,13 @@ def _seconds_to_ms(seconds: float) -> int:
 
 
 class Invoker:
-    """Runs tool calls on a thread pool, with the caller's context variables carried over."""
+    """Runs tool calls on a thread pool, with the caller's context variables carried over.
+    `step` is the run's turn, for the log line of a tool that raised (`log`: whether to)."""
 
-    def __init__(self, trace: Trace, clock: Clock, pool: ThreadPoolExecutor) -> None:
-        self.trace, self.clock, self.pool = trace, clock, pool
+    def __init__(
+        self, trace: Trace, clock: Clock, pool: ThreadPoolExecutor, step: int, *, log: bool = True
+    ) -> None:
+        self.trace, self.clock, self.pool, self.step, self.log = trace, clock, pool, step, log
 
     def _in_thread(
         self, planned: Planned, ctx: ToolContext, span_id: str
@@ -264,6 +277,15 @@ class Invoker:
             output, measured_s = TimeoutError(), ctx.timeout_s + 1.0
         return self._observe(planned, ctx, span, output, measured_s)
 
+    def _log_raised(
+        self, planned: Planned, ctx: ToolContext, span: Span, exc: BaseException, said: str
+    ) -> None:
+        if self.log:
+            log.error(
+                "tool_raised", run_id=ctx.run_id, turn=self.step, tool=planned.call.name,
+                call=span.id, key=ctx.key, error=said, exc_info=exc,
+            )  # fmt: skip
+
     def _observe(
         self,
         planned: Planned,
@@ -276,27 +298,34 @@ class Invoker:
         charges = tool.charge_bounds(planned.call.args)  # what may have been spent, unless told
         if isinstance(output, ToolOutput) and output.charges is not None:
             charges = {d: max(0, int(output.charges.get(d, 0))) for d in tool.charges}
-        if isinstance(output, BaseException):
-            latency_s = measured_s
-            result = error("tool_raised", f"{type(output).__name__}: {output}"[:200])
-            failed, cost = True, tool.cost_bound_microusd
-        elif not isinstance(output, ToolOutput):
-            latency_s = measured_s
-            result = error("bad_result", f"expected ToolOutput, got {type(output).__name__}")
-            failed, cost = True, tool.cost_bound_microusd
-        else:
+        latency_s, cost, plain = measured_s, tool.cost_bound_microusd, False
+        if isinstance(output, ToolError):
+            result, failed = observe_error(output)
+        elif isinstance(output, BaseException):
+            result = error("tool_raised", one_line(f"{type(output).__name__}: {output}"))
+            failed = True
+            self._log_raised(planned, ctx, span, output, result["detail"])
+        elif isinstance(output, ToolOutput):
             latency_s = measured_s if output.latency_s is None else output.latency_s
             result, failed = normalize_result(output.result)
-            cost = (
-                tool.cost_bound_microusd if output.cost_microusd is None else output.cost_microusd
-            )
+            if output.cost_microusd is not None:
+                cost = output.cost_microusd
+        else:
+            result, failed = observe_value(output)
+            plain = not failed
         if latency_s > ctx.timeout_s:
             # A write that outlives its timeout may still have happened: say so, never "failed".
             result = {"status": "unknown", "code": "timeout"} if tool.mutates else error("timeout")
-            latency_s, failed = ctx.timeout_s, not tool.mutates
+            latency_s, failed, plain = ctx.timeout_s, not tool.mutates, False
         span.t1 = round(span.t0 + latency_s, 6)
         span.status = str(result.get("code") or result["status"])
-        return Done(result, failed, _seconds_to_ms(latency_s), max(0, int(cost)), span, charges)
+        if result["status"] == "error" and result.get("detail") is not None:
+            detail = result["detail"]  # what the views show beside the code: one bounded line
+            span.attrs["detail"] = one_line(detail if isinstance(detail, str) else
+                                            msgspec.json.encode(detail).decode())  # fmt: skip
+        return Done(
+            result, failed, _seconds_to_ms(latency_s), max(0, int(cost)), span, charges, plain
+        )
 
 
 def apply(state: RunState, planned: Planned, done: Done, job: Job) -> None:
@@ -309,7 +338,9 @@ def apply(state: RunState, planned: Planned, done: Done, job: Job) -> None:
     step = next((s for s in state.plan if s.id == call.plan_step), None)
     if result["status"] == "ok":
         state.failures.pop(call.name, None)
-        state.facts.update(planned.tool.facts_from(call.args, result))
+        fields = result.get("result") if done.plain else result
+        if isinstance(fields, dict):
+            state.facts.update(planned.tool.facts_from(call.args, fields))
         if step is not None:
             step.status = "done"
     elif result["status"] == "error":

@@ -22,6 +22,8 @@ from turnstile.jobs.tools import Tool
 
 
 class Permit(StrEnum):
+    """A policy's decision on one call: run it, refuse it, or hold it for a person."""
+
     ALLOW = "allow"
     DENY = "deny"
     ASK = "ask"
@@ -29,6 +31,9 @@ class Permit(StrEnum):
 
 @dataclass(frozen=True)
 class Verdict:
+    """What a job's policy says of one call: the decision, why (shown to the model or the
+    approver), and the rule that decided (`GRANT_RULE` lets an irreversible write run)."""
+
     decision: Permit
     reason: str = ""
     rule: str = "default"
@@ -39,12 +44,16 @@ GRANT_RULE = "job.grant"  # a job's explicit allowance: the only thing that lets
 
 
 class Severity(StrEnum):
+    """How hard a guardrail stops a call: block it alone, or halt the whole run."""
+
     BLOCK = "block"  # refuse this call, tell the model why
     HALT = "halt"  # stop the run: guardrail_stop
 
 
 @dataclass(frozen=True)
 class Guard:
+    """A guardrail's finding on one call: its severity and the detail the run records."""
+
     severity: Severity
     detail: str
 
@@ -116,6 +125,13 @@ class Example:
 
 @dataclass(frozen=True, eq=False)
 class Job:
+    """One kind of run: its name, tools, model factory (`model(params)`), default budget,
+    policy (`policy(call, tool, state) -> Verdict`), guardrail (`guardrail(call, state) ->
+    Guard | None`), the view the model is shown (`render`), its params' JSON Schema, its own
+    ledger dimensions and the example runs its demo submits. Checked when made: a mistake
+    is a JobDefinitionError. Registered as a plugin (entry point `turnstile.jobs`, or
+    TURNSTILE_JOBS), never edited into Turnstile."""
+
     name: str
     tools: Mapping[str, Tool]
     model: Callable[[Mapping[str, Any]], Model]  # the run's model, built from its params

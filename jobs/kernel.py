@@ -87,6 +87,9 @@ class Runtime:
     trace: Trace
     gate: Gate = field(default_factory=Unlimited)
     pool: ThreadPoolExecutor | None = None  # a process can share one across turns
+    # Log a tool's unexpected exception with its traceback (once, where the run runs); a
+    # replay, which re-runs the tools of a run that ran, says nothing more.
+    log_tool_raises: bool = True
     _own_pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
 
     @property
@@ -161,7 +164,7 @@ def _run_reads(state: RunState, rt: Runtime, batch: Batch, reads: list[Planned])
     longest of them, since their times overlap."""
     if not reads:
         return
-    invoker = Invoker(rt.trace, rt.clock, rt.executor)
+    invoker = Invoker(rt.trace, rt.clock, rt.executor, batch.step, log=rt.log_tool_raises)
     t0 = rt.clock.now()
     pending = []
     for planned in reads:
@@ -180,9 +183,15 @@ def _run_reads(state: RunState, rt: Runtime, batch: Batch, reads: list[Planned])
 
 
 def _run_write(
-    state: RunState, rt: Runtime, planned: Planned, span_id: str, *, approved: bool = False
+    state: RunState,
+    rt: Runtime,
+    planned: Planned,
+    step: int,
+    span_id: str,
+    *,
+    approved: bool = False,
 ) -> dict[str, Any]:
-    invoker = Invoker(rt.trace, rt.clock, rt.executor)
+    invoker = Invoker(rt.trace, rt.clock, rt.executor, step, log=rt.log_tool_raises)
     ctx = _context(state, planned, approved=approved)
     t0 = rt.clock.now()
     done = invoker.collect(planned, ctx, span_id, invoker.submit(planned, ctx, span_id), 0.0)
@@ -199,7 +208,7 @@ def _run_writes(state: RunState, rt: Runtime, batch: Batch, writes: list[Planned
         if batch.outcome.held is not None or batch.outcome.unknown is not None:
             batch.observations[planned.index] = error("not_executed", "an earlier write stopped")
             continue
-        result = _run_write(state, rt, planned, f"t{batch.step}.c{planned.index + 1}")
+        result = _run_write(state, rt, planned, batch.step, f"t{batch.step}.c{planned.index + 1}")
         batch.observations[planned.index] = result
         if result["status"] == "needs_approval":
             batch.outcome.held = HeldCall(
@@ -464,7 +473,7 @@ def _run_held(state: RunState, rt: Runtime) -> Move | None:
     state.pending, state.approval = None, None
     with rt.trace.current(span):
         result = _run_write(
-            state, rt, Planned(0, held.call, tool, held.key), f"r{step}.c1", approved=True
+            state, rt, Planned(0, held.call, tool, held.key), step, f"r{step}.c1", approved=True
         )
     state.last_result = result
     state.last_calls = [held.call]

@@ -34,6 +34,10 @@ class ToolSpec:
 
 @dataclass(frozen=True)
 class ModelRequest:
+    """What one model call is given: the rendered view of the state, the output cap, the
+    time left, the turn's number, the job's tools, and the previous turn's calls and their
+    results (for an adapter that pairs each call with its result)."""
+
     view: str
     max_output_tokens: int
     timeout_s: float  # the run's remaining active time
@@ -47,6 +51,10 @@ class ModelRequest:
 
 @dataclass(frozen=True)
 class ModelResponse:
+    """What a model answered: the reply (a plan, a call, a batch or a final answer, checked by
+    the kernel), and what it can say of its latency, tokens and cost (measured or estimated
+    when it says nothing)."""
+
     reply: Any  # the parsed JSON the model produced; validated by the kernel, not trusted
     latency_s: float | None = None
     input_tokens: int | None = None  # provider usage, when the provider reports it: all input
@@ -125,7 +133,12 @@ class ModelStop(ModelError):  # noqa: N818 - the model's side stopped the run
 
 
 class Model(Protocol):
-    def next(self, request: ModelRequest) -> ModelResponse: ...
+    """A model as a job uses it: one reply per turn. Anything with this `next` method is one:
+    a scripted stand-in, a provider's adapter, a recording."""
+
+    def next(self, request: ModelRequest) -> ModelResponse:
+        """The reply to one turn's request."""
+        ...
 
 
 class Scripted:
@@ -136,6 +149,7 @@ class Scripted:
         self.latency_s = latency_s
 
     def next(self, request: ModelRequest) -> ModelResponse:
+        """The function's reply to this turn's view, reported at the fixed latency."""
         return ModelResponse(self.fn(json.loads(request.view), request.step), self.latency_s)
 
 

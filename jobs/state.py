@@ -55,6 +55,12 @@ class Decision(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class RunState(msgspec.Struct, kw_only=True):
+    """Everything about a run, saved whole after every turn: who asked for what (tenant,
+    user, job, goal, params), its budget and usage, its `status` (running, suspended, parked,
+    stopped), `outcome`, `detail` and `reason` once it has one, the plan, the facts, the last
+    calls and their results (`last_result`), the call held for a person (`pending`), the
+    decisions made, and the `answer`. The model never sees it whole, only its rendered view."""
+
     schema_version: int = SCHEMA_VERSION
     run_id: str
     tenant: str
@@ -85,6 +91,7 @@ class RunState(msgspec.Struct, kw_only=True):
 
     @property
     def terminal(self) -> bool:
+        """Whether the run has ended with an outcome."""
         return self.status is Status.STOPPED
 
     def to_json(self) -> bytes:
@@ -93,6 +100,8 @@ class RunState(msgspec.Struct, kw_only=True):
 
     @staticmethod
     def from_json(data: bytes | str) -> RunState:
+        """A state from its JSON; StateFormatError if it does not parse or its schema version
+        is unknown."""
         try:
             head = msgspec.json.decode(data, type=_Head)
         except msgspec.DecodeError as exc:
@@ -108,6 +117,7 @@ class RunState(msgspec.Struct, kw_only=True):
             raise StateFormatError(f"saved state does not parse: {exc}") from exc
 
     def copy(self) -> RunState:
+        """A deep copy, through the canonical encoding."""
         return RunState.from_json(self.to_json())
 
     def signature(self) -> str:

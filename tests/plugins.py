@@ -18,7 +18,7 @@ def _final(view: Any, i: int) -> dict[str, Any]:
 @tool
 def echo(ctx: ToolContext, text: str, times: int = 1) -> dict[str, Any]:
     """Say the text back."""
-    return {"status": "ok", "text": text * times}
+    return {"text": text * times}
 
 
 def good(client: object = None) -> Job:

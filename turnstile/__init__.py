@@ -1,6 +1,6 @@
-"""Turnstile's public API: define a job, register it, submit runs.
+"""Turnstile's public API: define a job, register it, submit runs, wait for them.
 
-    from turnstile import Job, ToolContext, tool
+    from turnstile import Job, ToolContext, ToolError, tool
 
 Defining a job imports no Celery, connects to nothing and registers nothing: a job is found
 by the worker through the `turnstile.jobs` entry-point group or `TURNSTILE_JOBS`. The client
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from turnstile.errors import (
     DecisionRefusedError,
+    InvalidEventIdError,
     InvalidNameError,
     RunNotFoundError,
     StoreUnavailableError,
@@ -26,6 +27,7 @@ from turnstile.errors import (
     SubmissionError,
     SubmissionNameError,
     TurnstileError,
+    WaitTimeoutError,
 )
 from turnstile.jobs.budget import Budget
 from turnstile.jobs.declare import arguments_schema, tool
@@ -58,7 +60,7 @@ from turnstile.jobs.model import (
     Scripted,
 )
 from turnstile.jobs.state import Call, RunState
-from turnstile.jobs.tools import Tool, ToolContext, ToolOutput
+from turnstile.jobs.tools import Tool, ToolContext, ToolError, ToolOutput
 
 if TYPE_CHECKING:
     from turnstile.ledger.errors import (
@@ -70,7 +72,7 @@ if TYPE_CHECKING:
         LedgerUnknownReservation,
     )
     from turnstile.providers.errors import ProviderConfigError
-    from turnstile.worker.client._client import Client, connect_client
+    from turnstile.worker.client._client import Client, RunEvent, connect_client
     from turnstile.worker.ops.control import ControlError, DrainTimeoutError
     from turnstile.worker.registry import Registry
     from turnstile.worker.settings import Settings
@@ -87,6 +89,7 @@ __all__ = [
     "DrainTimeoutError",
     "Example",
     "Guard",
+    "InvalidEventIdError",
     "InvalidNameError",
     "Job",
     "JobDefinitionError",
@@ -109,6 +112,7 @@ __all__ = [
     "ProviderConfigError",
     "RecordedFailure",
     "Registry",
+    "RunEvent",
     "RunNotFoundError",
     "RunState",
     "Scripted",
@@ -122,10 +126,12 @@ __all__ = [
     "SubmissionNameError",
     "Tool",
     "ToolContext",
+    "ToolError",
     "ToolOutput",
     "TurnstileError",
     "UnknownJobError",
     "Verdict",
+    "WaitTimeoutError",
     "arguments_schema",
     "connect_client",
     "render_view",
@@ -135,6 +141,7 @@ __all__ = [
 _LEDGER_ERRORS = "turnstile.ledger.errors"
 _LAZY = {
     "Client": "turnstile.worker.client._client",
+    "RunEvent": "turnstile.worker.client._client",
     "connect_client": "turnstile.worker.client._client",
     "ControlError": "turnstile.worker.ops.control",
     "DrainTimeoutError": "turnstile.worker.ops.control",

@@ -46,3 +46,11 @@ class RunNotFoundError(TurnstileError):
 
 class DecisionRefusedError(TurnstileError):
     """An approve, deny or cancel that does not apply to the run as it stands."""
+
+
+class WaitTimeoutError(TurnstileError, TimeoutError):
+    """`Client.wait` gave up: the run was still running (or parked) after `timeout_s`."""
+
+
+class InvalidEventIdError(TurnstileError, ValueError):
+    """An `after` that is not an event id (`1764547200000-0`, as `RunEvent.id` gives)."""

@@ -143,9 +143,11 @@ class Registry:
                     )
 
     def names(self) -> list[str]:
+        """The jobs that built, by name."""
         return sorted(self._jobs)
 
     def broken(self) -> list[Plugin]:
+        """The registrations that gave no job, each with why."""
         return [p for p in self.plugins if p.error is not None]
 
     def log_broken(self) -> None:
@@ -154,6 +156,7 @@ class Registry:
             log.error("job_plugin_broken", plugin=plugin.source, reason=plugin.error)
 
     def get(self, name: str) -> Job:
+        """The job of that name; UnknownJobError naming why (broken) and the known jobs."""
         job = self._jobs.get(name)
         if job is not None:
             return job

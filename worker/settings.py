@@ -12,6 +12,10 @@ from turnstile.worker.store.durability import Durability, WaitFor
 
 
 class Settings(BaseSettings):
+    """Turnstile's configuration: every field is also the environment variable TURNSTILE_
+    followed by its name in capitals (`redis_url`: TURNSTILE_REDIS_URL). Give a client the
+    store's URL at least: `connect_client(Settings(redis_url="redis://..."))`."""
+
     model_config = SettingsConfigDict(env_prefix="TURNSTILE_", frozen=True, extra="ignore")
 
     redis_url: str | None = None  # the store and the ledger; None: local commands embed one
@@ -126,6 +130,7 @@ class Settings(BaseSettings):
 
     @property
     def broker(self) -> str:
+        """Celery's broker URL: TURNSTILE_BROKER_URL, else the store's."""
         url = self.broker_url or self.redis_url
         if url is None:
             raise ValueError("no broker: set TURNSTILE_BROKER_URL or TURNSTILE_REDIS_URL")

@@ -32,6 +32,7 @@ REFUNDED: list[int] = []
 
 @tool(mutates=True, reversible=False, charges={"refund_cents": "amount_cents"}, key_args=("order",))
 def refund(ctx: ToolContext, order: str, amount_cents: int) -> ToolOutput:
+    """Refund part of an order."""
     REFUNDED.append(amount_cents)
     return ToolOutput({"status": "ok"}, 0.1, charges={"refund_cents": amount_cents - 200})
 

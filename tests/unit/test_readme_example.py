@@ -1,5 +1,7 @@
 """The README's job example is real code: it defines a job that runs, asks for approval of its
-irreversible write, and charges its own dimension."""
+irreversible write, and charges its own dimension; its tools return plain values and raise
+ToolError as the README says. (tests/integration/test_outside_job.py runs it, with the
+README's client code, on a real worker.)"""
 
 from __future__ import annotations
 
@@ -13,20 +15,26 @@ from turnstile.jobs.clock import SimClock
 from turnstile.jobs.decisions import approve
 from turnstile.jobs.errors import ParamsError
 from turnstile.jobs.job import Job
-from turnstile.jobs.kernel import Finished, Runtime, Suspended, run
+from turnstile.jobs.kernel import Finished, Runtime, Suspended, run, turn
 from turnstile.jobs.runs import new_run
 from turnstile.jobs.trace import Trace
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-def readme_job() -> Job:
+def readme_code() -> tuple[str, str]:
+    """The section's two Python blocks, as written: the job's module, and the client's code."""
     text = README.read_text()
-    section = text[text.index("## Writing a job") :]
-    code = re.search(r"```python\n(.*?)```", section, re.DOTALL)
-    assert code is not None
+    start = text.index("## Writing a job")
+    section = text[start : text.index("\n## ", start + 1)]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    assert len(blocks) == 2, "the job's module, then the client's code"
+    return blocks[0], blocks[1]
+
+
+def readme_job() -> Job:
     namespace: dict[str, Any] = {"__name__": "readme_example"}
-    exec(compile(code.group(1), "README.md", "exec"), namespace)  # noqa: S102 - our own README
+    exec(compile(readme_code()[0], "README.md", "exec"), namespace)  # noqa: S102 - our README
     job = namespace["credits"]()
     assert isinstance(job, Job)
     return job
@@ -50,3 +58,26 @@ def test_the_readme_job_runs_asks_approval_and_charges_its_dimension() -> None:
     rt.close()
     assert isinstance(move, Finished) and move.outcome.value == "completed"
     assert state.usage.extra == {"credit_cents": 1000}
+
+
+def test_the_readme_tools_return_plain_values_and_raise_tool_error() -> None:
+    """get_balance's plain dict is the model's `ok` result, and its facts; an account it does
+    not know is the ToolError the README raises, shown to the model as not_found."""
+    job = readme_job()
+    state = new_run(run_id="r1", tenant="t", user_id="u", job=job, goal="g",
+                    params={"account": "acct_1"})  # fmt: skip
+    clock = SimClock()
+    rt = Runtime(job=job, model=job.model(state.params), clock=clock, trace=Trace(clock))
+    turn(state, rt)  # the first turn reads the balance
+    rt.close()
+    assert state.facts == {"balance_cents": 1250}
+    balance = state.last_result
+    assert balance == {"status": "ok", "result": {"account": "acct_1", "balance_cents": 1250}}
+    nobody = new_run(run_id="r2", tenant="t", user_id="u", job=job, goal="g",
+                     params={"account": "nobody"})  # fmt: skip
+    rt = Runtime(job=job, model=job.model(nobody.params), clock=clock, trace=Trace(clock))
+    turn(nobody, rt)
+    rt.close()
+    assert nobody.last_result == {
+        "status": "error", "code": "not_found", "detail": "no account nobody"
+    }  # fmt: skip

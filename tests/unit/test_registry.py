@@ -102,6 +102,7 @@ def test_a_tool_schema_derives_from_type_hints_and_bad_ones_are_refused() -> Non
 
     @tool(charges={"refund_cents": "amount_cents"})
     def refund(ctx: ToolContext, amount_cents: int) -> dict[str, str]:
+        """Refund an amount."""
         return {"status": "ok"}
 
     with pytest.raises(JobDefinitionError, match="charges undeclared dimensions"):

@@ -6,7 +6,7 @@ import json
 import os
 import re
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -19,6 +19,9 @@ from turnstile.worker.cli.deadletters import dead_letters_app
 from turnstile.worker.cli.http import register as register_http
 from turnstile.worker.cli.ops import register as register_ops
 from turnstile.worker.cli.tenants import HANDED_ON, tenants_app
+
+if TYPE_CHECKING:
+    from turnstile.worker.client._client import Client
 
 app = typer.Typer(
     name="turnstile",
@@ -176,6 +179,15 @@ def worker(
     ] = "WARNING",
     redis_url: RedisUrl = None,
     broker_url: BrokerUrl = None,
+    reload: Annotated[
+        bool,
+        typer.Option(
+            "--reload",
+            envvar="TURNSTILE_WORKER_RELOAD",
+            help="Development only: restart the worker when a job's module changes (its "
+            "files are looked at twice a second), so an edited job runs without a rebuild.",
+        ),
+    ] = False,
 ) -> None:
     """Start a Celery worker for Turnstile's steps: acks late, prefetch 1, JSON only, events on.
     SIGTERM finishes the turns in flight before exiting; the exit status is Celery's, so a
@@ -199,6 +211,14 @@ def worker(
     if loglevel.upper() not in LOG_LEVELS:
         fail(f"bad --loglevel {loglevel!r}: one of {', '.join(LOG_LEVELS)}", code=2)
     node = node_name(name)
+    if reload:  # the same command, without --reload, as a child this process restarts
+        from turnstile.worker.dev.reload import supervise
+
+        child = ["worker", "-Q", ",".join(names), "-c", str(concurrency), "-P", pool,
+                 "--loglevel", loglevel, *(["-n", name] if name else [])]  # fmt: skip
+        env = {**os.environ, "TURNSTILE_REDIS_URL": redis_url}
+        env |= {"TURNSTILE_BROKER_URL": broker_url} if broker_url else {}
+        raise typer.Exit(supervise(child, env))
     os.environ["TURNSTILE_REDIS_URL"] = redis_url
     os.environ["TURNSTILE_POOL"], os.environ["TURNSTILE_CONCURRENCY"] = pool, str(concurrency)
     if broker_url:
@@ -288,12 +308,34 @@ def _job_detail(row: dict[str, object]) -> Table:
     return out
 
 
-def _params(pairs: list[str]) -> dict[str, object]:
+PARAM_HELP = (
+    "KEY=VALUE, repeatable. VALUE is read as JSON when it parses (1001 is a number, true a "
+    "bool, '[1,2]' a list, '\"1001\"' text) and as text otherwise (acct_1); a param the "
+    'job\'s schema declares as a string is always text (order_id=1001 is "1001").'
+)
+
+
+def _text_params(c: Client, job: str) -> set[str]:
+    """The params the job declares as strings: their values are never read as JSON."""
+    from turnstile.jobs.errors import KernelError
+
+    try:
+        schema = c.jobs.get(job).params_schema
+    except KernelError:
+        return set()  # an unknown job: the submission refuses it, naming the known ones
+    props = schema.get("properties") or {}
+    return {k for k, sub in props.items() if isinstance(sub, dict) and sub.get("type") == "string"}
+
+
+def _params(pairs: list[str], text: set[str] | frozenset[str] = frozenset()) -> dict[str, object]:
     out: dict[str, object] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             fail(f"expected KEY=VALUE, got {pair!r}", code=2)
+        if key in text:
+            out[key] = value
+            continue
         try:
             out[key] = json.loads(value)
         except ValueError:
@@ -309,9 +351,7 @@ def submit(
     job: Annotated[str, typer.Option("--job", envvar="TURNSTILE_JOB")] = "support",
     param: Annotated[
         list[str] | None,
-        typer.Option(
-            "--param", envvar="TURNSTILE_PARAMS", help="KEY=VALUE; VALUE is JSON or text."
-        ),
+        typer.Option("--param", envvar="TURNSTILE_PARAMS", help=PARAM_HELP),
     ] = None,
     queue: Annotated[str, typer.Option("--queue", envvar="TURNSTILE_QUEUE")] = "default",
     run_id: Annotated[
@@ -335,9 +375,11 @@ def submit(
     """Submit a run; prints its id. Idempotent with --run-id or --idempotency-key. A broker
     that is down does not refuse it: the run is stored and its step sent when the broker is
     back."""
+    _params(param or [])  # a malformed pair is refused before connecting
     with client(redis_url, broker_url) as c:
+        params = _params(param or [], _text_params(c, job))
         made = c.submit_run(
-            tenant, user, job, goal, _params(param or []), queue=queue, run_id=run_id,
+            tenant, user, job, goal, params, queue=queue, run_id=run_id,
             idempotency_key=idempotency_key,
         )  # fmt: skip
     deferred = made.created and not made.sent

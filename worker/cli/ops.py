@@ -133,6 +133,34 @@ def _n(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
+REASON_CHARS = 160  # a reason beside its code, in a readable view: one line, this long at most
+
+
+def with_reason(code: object, reason: object, limit: int = REASON_CHARS) -> str:
+    """A code with the text that explains it, on one bounded line: `tool_raised (KeyError: x)`."""
+    from turnstile.jobs.tools import one_line
+
+    if reason in (None, "", [], {}):
+        return str(code)
+    text = reason if isinstance(reason, str) else json.dumps(reason)
+    return f"{code} ({one_line(text, limit)})"
+
+
+def observation_line(result: Any, limit: int = REASON_CHARS) -> str:
+    """A turn's observation(s) as one line: each call's code and, for an error, why."""
+    from turnstile.jobs.tools import one_line
+
+    def one(o: Any) -> str:
+        if not isinstance(o, dict):
+            return str(o)
+        code = o.get("code") or o.get("status")
+        shown = with_reason(code, o.get("detail") if o.get("status") == "error" else None, 100)
+        return f"{o['tool']}->{shown}" if "tool" in o else shown
+
+    items = result if isinstance(result, list) else [result]
+    return one_line(", ".join(one(o) for o in items), limit)
+
+
 # -- pause, resume, drain, queues -------------------------------------------------------------
 
 
@@ -370,13 +398,20 @@ def runs(
     whole = [Column(name, no_wrap=True) for name in ("run", "tenant")]  # copied, never cut
     table = Table(*whole, "status", "outcome", "detail", "queue", "steps", "tokens")
     for r in rows:
+        detail = f"{r.detail}: {r.reason}" if r.detail and r.reason else r.detail or r.reason
         table.add_row(
-            r.run_id, escape(r.tenant), r.status, r.outcome, escape(r.detail), escape(r.queue),
-            _n(r.steps), _n(r.tokens),
+            r.run_id, escape(r.tenant), r.status, r.outcome, escape(_cut(detail, 80)),
+            escape(r.queue), _n(r.steps), _n(r.tokens),
         )  # fmt: skip
     console_for_tables().print(table)
     if page.next_cursor:
         typer.echo(f"more: --cursor {page.next_cursor}")
+
+
+def _cut(text: str, limit: int) -> str:
+    from turnstile.jobs.tools import one_line
+
+    return one_line(text, limit)
 
 
 def status(
@@ -396,10 +431,15 @@ def status(
         _json(view)
         return
     table = Table("field", "value", show_header=False)
-    for key in ("run_id", "tenant", "status", "outcome", "detail", "reason", "queue", "job",
-                "user", "version", "cancel_requested_by", "answer", "message"):  # fmt: skip
+    if view.get("outcome"):  # the code, its detail, and the reason in words, on one line
+        code = f"{view['outcome']} ({view['detail']})" if view.get("detail") else view["outcome"]
+        view = {**view, "outcome": f"{code}: {view['reason']}" if view.get("reason") else code}
+    for key in ("run_id", "tenant", "status", "outcome", "queue", "job", "user", "version",
+                "cancel_requested_by", "answer", "message"):  # fmt: skip
         if view.get(key) not in (None, ""):
             table.add_row(key, escape(str(view[key])))
+    if view.get("last_result") is not None:
+        table.add_row("last result", escape(observation_line(view["last_result"])))
     usage, budget = view["usage"], view["budget"]
     table.add_row("steps", f"{usage['steps']} of {budget['max_steps']}")
     table.add_row("tool calls", f"{usage['tool_calls']} of {budget['max_tool_calls']}")
@@ -418,11 +458,21 @@ def status(
 
 def _turn_line(event: dict[str, Any]) -> str:
     spans = event.get("spans") or []
-    calls = [f"{s['name']}->{s['status']}" for s in spans if s.get("kind") == "tool"]
-    if not calls:  # a plan, a final answer or a refused reply: say which
+    calls = [
+        f"{s['name']}->{with_reason(s['status'], (s.get('attrs') or {}).get('detail'), 100)}"
+        for s in spans
+        if s.get("kind") == "tool"
+    ]
+    if not calls:  # a plan, a final answer or a refused reply: say which, and why refused
         model: dict[str, Any] = next((s for s in spans if s.get("kind") == "model"), {})
         reply = (model.get("attrs") or {}).get("reply")
-        calls = [str(reply.get("type") if isinstance(reply, dict) else model.get("status"))]
+        said = str(reply.get("type") if isinstance(reply, dict) else model.get("status"))
+        result = event.get("last_result")
+        if isinstance(result, dict) and result.get("status") == "error":
+            said += f" -> {observation_line(result, 120)}"
+        elif model.get("status") not in (None, "ok"):
+            said = _span_status(model)
+        calls = [said]
     totals = event.get("totals") or {}
     return (
         f"turn {event.get('step')}: {', '.join(calls)} | {totals.get('tokens', 0)} tokens, "
@@ -432,7 +482,20 @@ def _turn_line(event: dict[str, Any]) -> str:
 
 def _finished_line(event: dict[str, Any]) -> str:
     detail = f" ({event['detail']})" if event.get("detail") else ""
-    return f"finished {event.get('outcome')}{detail}: {event.get('reason')}"
+    return f"finished {event.get('outcome')}{detail}: {_cut(str(event.get('reason')), 300)}"
+
+
+def _span_status(span: dict[str, Any]) -> str:
+    """A span's status and, when it did not end ok, why in words: a tool's error detail, a
+    model's error or stop reason, the problem of a reply the adapter could not read."""
+    attrs = span.get("attrs") or {}
+    reply = attrs.get("reply")
+    if isinstance(reply, dict) and reply.get("type") == "malformed":
+        return with_reason("malformed", reply.get("problem"))
+    if span.get("status") in ("ok", "open"):
+        return str(span.get("status"))
+    why = attrs.get("detail") or attrs.get("error") or attrs.get("reason")
+    return with_reason(span.get("status"), why)
 
 
 def _held_line(event: dict[str, Any]) -> str:
@@ -538,7 +601,8 @@ def trace(
     for depth, span in span_tree(spans):
         extra = {k: span.attrs[k] for k in ("args", "input_tokens", "output_tokens")
                  if k in span.attrs}  # fmt: skip
-        line = f"{'  ' * depth}{span.id} {span.kind} {span.name} {span.status} "
+        status = _span_status(msgspec.to_builtins(span))
+        line = f"{'  ' * depth}{span.id} {span.kind} {span.name} {status} "
         line += f"{span.duration_s:.3f}s {json.dumps(extra) if extra else ''}"
         console.print(escape(line.rstrip()), highlight=False, soft_wrap=True)
     console.print(escape(f"post-mortem: {json.dumps(summary)}"), highlight=False, soft_wrap=True)

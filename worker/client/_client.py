@@ -15,7 +15,7 @@ import hashlib
 import re
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,11 +24,13 @@ import redis
 
 from turnstile.errors import (
     DecisionRefusedError,
+    InvalidEventIdError,
     InvalidNameError,
     RunNotFoundError,
     SubmissionConflictError,
     SubmissionError,
     SubmissionNameError,
+    WaitTimeoutError,
 )
 from turnstile.jobs.budget import Budget
 from turnstile.jobs.decisions import approve as kernel_approve
@@ -66,6 +68,9 @@ RUN_ID_PATTERN = (
 )
 RUN_ID = re.compile(RUN_ID_PATTERN)
 MAX_IDEMPOTENCY_KEY_CHARS = 255
+EVENT_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")  # a stream entry id, as `RunEvent.id` gives
+FINAL = frozenset({Status.STOPPED.value, Status.SUSPENDED.value})  # what `wait` returns on
+FOLLOW_BLOCK_MS = 1000  # one blocking read of the event stream, between looks at the status
 CANCEL_TRIES = 5  # a run that moves on under a cancel this often is refused; try again
 RUN_TENANTS = keys.RUN_TENANTS
 
@@ -103,7 +108,23 @@ def idempotent_run_id(tenant: str, key: str) -> str:
 
 
 @dataclass(frozen=True)
+class RunEvent:
+    """One stored event of a run, as `Client.events` yields it: its stream `id` (pass it as
+    `after` to resume after it), its `type` (`submitted`, `turn`, `suspended`, `decision`,
+    `parked`, `resumed`, `cancel_requested`, `finished`, ...) and the whole stored event as
+    `data`, the same JSON the HTTP API's event stream carries."""
+
+    id: str
+    type: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Submitted:
+    """What `Client.submit_run` did: the run's id, whether this call created it (False: the
+    same submission was made before), and whether its first step reached the broker (False:
+    stored; the sweeper sends it)."""
+
     run_id: str
     created: bool  # False: the same submission was made before (idempotent on the run id)
     sent: bool  # False: stored, but the broker did not take the step; the sweeper sends it
@@ -124,6 +145,15 @@ def _budget(raw: Budget | Mapping[str, Any] | None, default: Budget) -> Budget:
 
 
 class Client:
+    """A service's handle on Turnstile: submit runs, read them, wait for them, follow their
+    events, decide on held calls, and keep a tenant's users' long-term notes.
+
+    Made by `connect_client(Settings(redis_url=...))`. It reads and writes the store the
+    workers use and sends steps through a private producer: it builds no Celery app of the
+    caller's. Every input is checked before anything is written; a refusal is a
+    `SubmissionError` (or `DecisionRefusedError`) with a one-line message. One Client may be
+    shared by the threads of a process (its Redis client is a connection pool)."""
+
     def __init__(self, client: redis.Redis, config: Settings, send: Send) -> None:
         # A durable mode the server cannot give is refused before anything is written.
         check_server(client, config.wait_for)
@@ -139,6 +169,8 @@ class Client:
         self.store = RunStore(client, self.ledger, wait_for=config.wait_for)
         self.memory = RedisMemory(client)
         self.deferred: list[str] = []  # runs whose step the broker did not take (sweeper sends)
+        # A blocking read of a run's events ends before the socket's timeout would.
+        self.block_ms = max(10, min(FOLLOW_BLOCK_MS, int(config.redis_timeout_s * 1000) - 200))
 
     # -- submitting ------------------------------------------------------------------------
 
@@ -353,12 +385,15 @@ class Client:
     # -- reading ---------------------------------------------------------------------------
 
     def tenant_of(self, run_id: str) -> str:
+        """The tenant a run belongs to; RunNotFoundError if there is no such run."""
         tenant = self.client.hget(RUN_TENANTS, run_id)
         if not tenant:
             raise RunNotFoundError(f"no run {run_id!r}")
         return str(tenant)
 
     def run_hash(self, run_id: str, tenant: str | None = None) -> tuple[str, dict[str, str]]:
+        """The run's tenant and its stored record (status, outcome, detail, reason, version,
+        the state as JSON, ...); scoped to `tenant` when given."""
         tenant = tenant or self.tenant_of(run_id)
         stored = self.store.hash(tenant, run_id)
         if not stored:
@@ -366,8 +401,92 @@ class Client:
         return tenant, stored
 
     def state(self, run_id: str, tenant: str | None = None) -> RunState:
+        """The run's state as stored now: status, outcome and reason, usage, plan, facts, the
+        held call, the answer."""
         _, stored = self.run_hash(run_id, tenant)
         return RunState.from_json(stored["state"])
+
+    def wait(self, run_id: str, timeout_s: float, *, tenant: str | None = None) -> RunState:
+        """The run's state once it can go no further by itself, within `timeout_s` seconds:
+
+        - stopped: it has its outcome (`state.outcome`: completed, error, ..., with
+          `state.reason`), or
+        - suspended: a call waits for a person (`state.pending` is the held call; `approve`
+          or `deny` it, then wait again).
+
+        A running run is waited for, and so is a parked one (its tenant or queue is paused or
+        draining: `resume` brings it back). Past `timeout_s`, WaitTimeoutError. It blocks on
+        the run's event stream, not in a polling loop: it returns as soon as the commit that
+        stops or suspends the run is stored."""
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s < 0:
+            raise ValueError(f"timeout_s must be seconds >= 0, got {timeout_s!r}")
+        deadline = time.monotonic() + timeout_s
+        tenant, _ = self.run_hash(run_id, tenant)
+        key = keys.events(tenant, run_id)
+        while True:
+            # The newest event id before the status: a commit after this read appends an
+            # event past it, so the blocking read below returns at once and nothing is missed.
+            newest: Any = self.client.xrevrange(key, count=1)
+            last = _text(newest[0][0]) if newest else "0-0"
+            stored = self.store.hash(tenant, run_id)
+            if not stored:
+                raise RunNotFoundError(f"no run {run_id!r} for tenant {tenant!r}")
+            if stored.get("status") in FINAL:
+                return RunState.from_json(stored["state"])
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                raise WaitTimeoutError(
+                    f"run {run_id} is still {stored.get('status')} after {timeout_s:g} s"
+                )
+            self.client.xread({key: last}, count=1, block=min(left_ms, self.block_ms))
+
+    def events(
+        self,
+        run_id: str,
+        after: str | None = None,
+        *,
+        tenant: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Iterator[RunEvent]:
+        """The run's stored events in stored order, from the first (or the one after `after`,
+        a `RunEvent.id`), then the new ones as they are committed, until its `finished` event
+        (the iteration ends after it) or `timeout_s` passes. What is yielded was read back
+        from the store, so it has been persisted. A suspended or parked run is followed for
+        as long as it takes (or `timeout_s`). The run is looked up now: an unknown run raises
+        RunNotFoundError here, not at the first event."""
+        if after is not None and not (isinstance(after, str) and EVENT_ID.match(after)):
+            raise InvalidEventIdError(
+                f"bad event id {after!r}: a RunEvent.id, such as 1764547200000-0"
+            )
+        tenant, _ = self.run_hash(run_id, tenant)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        return self._follow(tenant, run_id, after or "0-0", deadline)
+
+    def _follow(
+        self, tenant: str, run_id: str, last: str, deadline: float | None
+    ) -> Iterator[RunEvent]:
+        key = keys.events(tenant, run_id)
+        stopped = False
+        while True:
+            block: int | None = None if stopped else self.block_ms
+            if deadline is not None and block is not None:
+                block = max(1, min(block, int((deadline - time.monotonic()) * 1000)))
+            reply: Any = self.client.xread({key: last}, count=200, block=block)
+            entries = reply[0][1] if reply else []
+            for eid, fields in entries:
+                last = _text(eid)
+                event: dict[str, Any] = msgspec.json.decode(_text(fields["event"]))
+                yield RunEvent(last, str(event.get("type")), event)
+                if event.get("type") == "finished":
+                    return
+            if entries:
+                continue
+            if stopped or (deadline is not None and time.monotonic() >= deadline):
+                return
+            # The commit writes the status and the events in one script: a run seen stopped
+            # has its `finished` event in the stream already, so one more read gets it.
+            status = self.client.hget(keys.run(tenant, run_id), "status")
+            stopped = _text(status) == Status.STOPPED.value if status else False
 
     # -- deciding --------------------------------------------------------------------------
 
@@ -424,6 +543,10 @@ class Client:
         return state
 
     def approve(self, run_id: str, *, by: str, digest: str | None = None) -> RunState:
+        """Approve the call a suspended run holds, exactly that tool with those arguments
+        (`digest`, from `state.pending.digest`, pins it); the run goes on. DecisionRefusedError
+        if the run is not suspended or holds another call."""
+
         def apply(state: RunState) -> dict[str, Any]:
             kernel_approve(state, by=by, at=now_iso(), digest=digest)
             assert state.approval is not None
@@ -432,6 +555,9 @@ class Client:
         return self._decide(run_id, by, apply)
 
     def deny(self, run_id: str, *, by: str, reason: str) -> RunState:
+        """Deny the call a suspended run holds: the run ends `approval_denied`, or, for a job
+        that shows denials to its model, goes on with the denial as the call's result."""
+
         def apply(state: RunState) -> dict[str, Any]:
             kernel_deny(state, self.jobs.get(state.job), by=by, at=now_iso(), reason=reason)
             return {"type": "decision", "kind": "denied", "reason": reason}
@@ -471,6 +597,10 @@ class Client:
                 if marked.kind == "ok":
                     return "requested"
         raise DecisionRefusedError(f"run {run_id} kept changing while cancelling; try again")
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def connect_client(config: Settings) -> Client:

@@ -499,6 +499,7 @@ class RunRow:
     steps: int | None
     tokens: int | None
     cost_microusd: int | None
+    reason: str = ""  # the outcome in words, beside its code and detail
 
 
 def _row(tenant: str, run_id: str, stored: dict[str, str]) -> RunRow:
@@ -510,7 +511,7 @@ def _row(tenant: str, run_id: str, stored: dict[str, str]) -> RunRow:
         stored.get("detail", ""), stored.get("queue", ""), stored.get("job", ""),
         stored.get("user", ""), int(stored.get("created_ms") or 0),
         int(stored.get("updated_ms") or 0), usage.get("steps"), usage.get("tokens"),
-        usage.get("cost_microusd"),
+        usage.get("cost_microusd"), stored.get("reason", ""),
     )  # fmt: skip
 
 
@@ -771,6 +772,7 @@ def run_view(c: Client, run_id: str, tenant: str | None = None) -> dict[str, Any
         "plan": [{"id": s.id, "tool": s.tool, "status": s.status} for s in state.plan],
         "pending": pending, "decisions": msgspec.to_builtins(state.decisions),
         "answer": state.answer, "message": finished.get("message") if finished else None,
+        "last_result": state.last_result,
         "events": len(stream), "last_event": stream[-1][1]["type"] if stream else None,
     }  # fmt: skip
 
@@ -780,34 +782,12 @@ def follow(
     tenant: str,
     run_id: str,
     *,
-    block_ms: int = 1000,
     timeout_s: float | None = None,
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     """The run's events from the first, then live as they are appended, until the run stops
-    (its `finished` event) or `timeout_s` passes. What is yielded was read from the stream,
-    so it has been persisted before anyone is shown it."""
-    key = keys.events(tenant, run_id)
-    last = "0-0"
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    stopped = False
-    while True:
-        reply: Any = c.client.xread({key: last}, count=200, block=None if stopped else block_ms)
-        entries = reply[0][1] if reply else []
-        for eid, fields in entries:
-            last = _s(eid)
-            event: dict[str, Any] = msgspec.json.decode(_s(fields["event"]))
-            yield last, event
-            if event.get("type") == "finished":
-                return
-        if entries:
-            continue
-        if stopped:
-            return
-        # The commit writes the status and the events in one script: a run seen stopped has
-        # its `finished` event in the stream already, so one more read gets it.
-        stopped = c.client.hget(keys.run(tenant, run_id), "status") == Status.STOPPED.value
-        if deadline is not None and time.monotonic() >= deadline:
-            return
+    (its `finished` event) or `timeout_s` passes: `Client.events`, as (id, event) pairs."""
+    for event in c.events(run_id, tenant=tenant, timeout_s=timeout_s):
+        yield event.id, event.data
 
 
 # -- trace ----------------------------------------------------------------------------------

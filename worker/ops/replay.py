@@ -33,7 +33,7 @@ from turnstile.jobs.kernel import Runtime, finish, turn
 from turnstile.jobs.model import Replay, responses_from_spans
 from turnstile.jobs.outcomes import Outcome, Status
 from turnstile.jobs.state import RunState
-from turnstile.jobs.tools import Tool, ToolContext, ToolOutput
+from turnstile.jobs.tools import Tool, ToolContext
 from turnstile.jobs.trace import Span, Trace
 from turnstile.worker.client._client import Client
 from turnstile.worker.ops.control import resolve
@@ -99,7 +99,7 @@ def _without_drills(tool: Tool, drills: tuple[str, ...]) -> Tool:
     """Failure drills act on the worker's process (sleep in a tool, kill the process), not on
     the run's state; replay runs without the params the job names as drills."""
 
-    def fn(ctx: ToolContext) -> ToolOutput:
+    def fn(ctx: ToolContext) -> Any:  # a plain value or a ToolOutput, passed on as is
         params = {k: v for k, v in ctx.params.items() if k not in drills}
         return tool.fn(dataclasses.replace(ctx, params=params))
 
@@ -129,7 +129,8 @@ class _Replaying:
         model = Replay(responses_from_spans(recorded))
         clock = SimClock(self.state.usage.elapsed_ms / 1000)
         runtime = Runtime(job=self.job, model=model, clock=clock, trace=Trace(clock),
-                          gate=_gate_as_recorded(event, after))  # fmt: skip
+                          gate=_gate_as_recorded(event, after),
+                          log_tool_raises=False)  # fmt: skip
         self.turns += 1
         try:
             turn(self.state, runtime)

@@ -79,7 +79,7 @@ def tools(outbox: Outbox) -> dict[str, Any]:
         category = classify(ticket)
         tier = ctx.params.get("customer_tier", "free")
         priority = "high" if tier == "enterprise" or category == "bug" else "normal"
-        return {"status": "ok", "category": category, "priority": priority}
+        return {"category": category, "priority": priority}
 
     @tool(facts=("article_id", "advice"))
     def search_kb(
@@ -87,7 +87,7 @@ def tools(outbox: Outbox) -> dict[str, Any]:
     ) -> dict[str, Any]:
         """Find the knowledge-base article for a category."""
         article_id, advice = KNOWLEDGE_BASE[category]
-        return {"status": "ok", "article_id": article_id, "advice": advice}
+        return {"article_id": article_id, "advice": advice}
 
     @tool(
         mutates=True,
