@@ -40,9 +40,10 @@ from tests.bench.noop_app import app as noop_app
 from turnstile.jobs.support.scenarios import GOAL, USER
 from turnstile.worker.client._client import Client
 from turnstile.worker.dev.embedded import EmbeddedServer
-from turnstile.worker.runtime.app import connect, sender
+from turnstile.worker.runtime.app import sender
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
+from turnstile.worker.store.connect import connect
 from turnstile.worker.store.durability import Durability
 
 TASK_EVENTS = ["0"]  # TURNSTILE_TASK_EVENTS for both workloads' workers (--task-events)

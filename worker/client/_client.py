@@ -36,11 +36,12 @@ from turnstile.providers import budget_for, unpriced
 from turnstile.providers.prices import PRICES_FILE_ENV
 from turnstile.worker.errors import TurnstileError
 from turnstile.worker.registry import Registry
-from turnstile.worker.runtime.app import connect, sender
+from turnstile.worker.runtime.app import sender
 from turnstile.worker.runtime.step import StepMessage, next_hold, now_iso, time_limits
 from turnstile.worker.scheduling.fair import route
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
+from turnstile.worker.store.connect import connect
 from turnstile.worker.store.memory import RedisMemory
 from turnstile.worker.store.runs import Change, RunStore, SubmissionConflictError, fingerprint
 

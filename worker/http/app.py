@@ -30,8 +30,9 @@ from turnstile.worker.http.context import Api
 from turnstile.worker.http.problems import response
 from turnstile.worker.http.ratelimit import RateLimiter
 from turnstile.worker.http.settings import ApiSettings
-from turnstile.worker.runtime.app import connect, sender
+from turnstile.worker.runtime.app import sender
 from turnstile.worker.settings import Settings
+from turnstile.worker.store.connect import connect
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -47,6 +47,7 @@ from turnstile.worker.runtime.step import (
 from turnstile.worker.scheduling import fair
 from turnstile.worker.scheduling.sweeper import Sweeper
 from turnstile.worker.settings import Settings, settings
+from turnstile.worker.store.connect import connect
 from turnstile.worker.store.runs import RunStore, StoreUnavailable
 
 log = structlog.get_logger("turnstile.worker")
@@ -166,24 +167,6 @@ def sender(broker_url: str) -> Callable[[StepMessage, float, float], None]:
 
 _services: dict[int, Services] = {}
 _lock = threading.Lock()
-
-
-def connect(url: str, config: Settings, *, max_connections: int | None = None) -> redis.Redis:
-    """A client of the store. A worker's step services bound its pool to the turns the process
-    holds in flight (`max_connections`): a turn past the bound waits for a connection, up to
-    the socket timeout, instead of opening more. A client of a service is not bounded."""
-    options: dict[str, Any] = {
-        "decode_responses": True,
-        "socket_timeout": config.redis_timeout_s,
-        "socket_connect_timeout": min(1.0, config.redis_timeout_s),
-        "health_check_interval": 30,
-    }
-    if max_connections is None:
-        return redis.Redis.from_url(url, **options)
-    pool = redis.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=config.redis_timeout_s, **options
-    )
-    return redis.Redis(connection_pool=pool)
 
 
 def _options(msg: StepMessage, soft_s: float, hard_s: float) -> dict[str, Any]:
