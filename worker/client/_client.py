@@ -34,10 +34,11 @@ from turnstile.ledger.client import Ledger
 from turnstile.ledger.inputs import DEFAULT_DIMENSIONS
 from turnstile.providers import budget_for, unpriced
 from turnstile.providers.prices import PRICES_FILE_ENV
+from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.errors import TurnstileError
 from turnstile.worker.registry import Registry
 from turnstile.worker.runtime.app import sender
-from turnstile.worker.runtime.step import StepMessage, next_hold, now_iso, time_limits
+from turnstile.worker.runtime.step import next_hold, now_iso, time_limits
 from turnstile.worker.scheduling.fair import route
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys

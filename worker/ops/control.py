@@ -29,6 +29,7 @@ from turnstile.jobs.errors import StateFormatError
 from turnstile.jobs.outcomes import Outcome, Status
 from turnstile.jobs.state import RunState
 from turnstile.jobs.trace import Span
+from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.client._client import (
     Client,
     DecisionRefusedError,
@@ -36,7 +37,7 @@ from turnstile.worker.client._client import (
     check_name,
 )
 from turnstile.worker.errors import TurnstileError
-from turnstile.worker.runtime.step import StepMessage, next_hold, now_iso, time_limits
+from turnstile.worker.runtime.step import next_hold, now_iso, time_limits
 from turnstile.worker.scheduling import fair
 from turnstile.worker.scheduling.sweeper import time_limits_default
 from turnstile.worker.store import keys

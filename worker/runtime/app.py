@@ -14,7 +14,6 @@ delivery harmless. Prefetch is one: a worker holds only the message it is runnin
 from __future__ import annotations
 
 import functools
-import math
 import os
 import random
 import threading
@@ -30,6 +29,7 @@ from turnstile.jobs.kernel import READ_POOL_SIZE
 from turnstile.ledger.client import Ledger
 from turnstile.ledger.inputs import DEFAULT_DIMENSIONS
 from turnstile.worker.broker import deadletters
+from turnstile.worker.broker.message import STEP_TASK, StepMessage, parse_message, publish_options
 from turnstile.worker.observability import metrics
 from turnstile.worker.observability.logs import configure as configure_logging
 from turnstile.worker.registry import Jobs
@@ -40,8 +40,6 @@ from turnstile.worker.runtime.step import (
     LedgerDown,
     Services,
     Step,
-    StepMessage,
-    parse_message,
     time_limits,
 )
 from turnstile.worker.scheduling import fair
@@ -51,12 +49,6 @@ from turnstile.worker.store.connect import connect
 from turnstile.worker.store.runs import RunStore, StoreUnavailable
 
 log = structlog.get_logger("turnstile.worker")
-
-STEP_TASK = "turnstile.step"
-# On the Redis transport 0 is served first. A run's later steps go ahead of new runs' first
-# steps, so a tenant at its cap finishes the runs it started instead of leaving many half done.
-CONTINUE_PRIORITY = 0
-START_PRIORITY = 9
 
 
 def make_app(config: Settings, *, broker_url: str | None = None, main: bool = True) -> Celery:
@@ -160,7 +152,7 @@ def sender(broker_url: str) -> Callable[[StepMessage, float, float], None]:
     app_for_broker = producer(broker_url)
 
     def send(msg: StepMessage, soft_s: float, hard_s: float) -> None:
-        app_for_broker.send_task(STEP_TASK, **_options(msg, soft_s, hard_s))
+        app_for_broker.send_task(STEP_TASK, **publish_options(msg, soft_s, hard_s))
 
     return send
 
@@ -169,18 +161,8 @@ _services: dict[int, Services] = {}
 _lock = threading.Lock()
 
 
-def _options(msg: StepMessage, soft_s: float, hard_s: float) -> dict[str, Any]:
-    return {
-        "kwargs": msg.as_kwargs(),
-        "queue": msg.queue,
-        "priority": CONTINUE_PRIORITY if msg.version > 1 else START_PRIORITY,
-        "soft_time_limit": math.ceil(soft_s),
-        "time_limit": math.ceil(hard_s),
-    }
-
-
 def send_step(msg: StepMessage, soft_s: float, hard_s: float) -> None:
-    worker_app().send_task(STEP_TASK, **_options(msg, soft_s, hard_s))
+    worker_app().send_task(STEP_TASK, **publish_options(msg, soft_s, hard_s))
 
 
 def send_steps(batch: list[tuple[StepMessage, float, float]]) -> None:
@@ -189,7 +171,7 @@ def send_steps(batch: list[tuple[StepMessage, float, float]]) -> None:
     app = worker_app()
     with app.producer_or_acquire() as producer, producer.batch():
         for msg, soft_s, hard_s in batch:
-            app.send_task(STEP_TASK, producer=producer, **_options(msg, soft_s, hard_s))
+            app.send_task(STEP_TASK, producer=producer, **publish_options(msg, soft_s, hard_s))
 
 
 def build_services(config: Settings) -> Services:

@@ -41,6 +41,7 @@ from turnstile.jobs.trace import Trace
 from turnstile.ledger import replies as ledger_replies
 from turnstile.ledger.client import Ledger
 from turnstile.ledger.results import ReserveResult
+from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.errors import TurnstileError
 from turnstile.worker.observability import metrics, tracing
 from turnstile.worker.registry import Jobs
@@ -61,50 +62,9 @@ __all__ = ["now_iso"]  # re-exported: callers take the time format from here
 
 log = structlog.get_logger("turnstile.step")
 
-MAX_TRACEPARENT_CHARS = 128
-
 
 class LedgerDown(TurnstileError):  # noqa: N818 - the ledger is down, said plainly
     """The ledger did not answer: hard limits fail closed, the step is retried later."""
-
-
-@dataclass(frozen=True)
-class StepMessage:
-    tenant: str
-    run_id: str
-    version: int
-    queue: str
-    traceparent: str = ""  # the run's W3C trace context, so all its turns share one trace
-
-    def as_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {
-            "tenant": self.tenant,
-            "run_id": self.run_id,
-            "version": self.version,
-            "queue": self.queue,
-        }
-        if self.traceparent:
-            kwargs["traceparent"] = self.traceparent
-        return kwargs
-
-
-def parse_message(args: tuple[Any, ...], kwargs: dict[str, Any]) -> StepMessage | str:
-    """The step's arguments, or why they are not a step message."""
-    if args:  # an excerpt: the arguments can be megabytes, and the reason is stored
-        return excerpt(f"positional arguments are not accepted: {list(args)[:4]!r}", 300)
-    tenant, run_id, version, queue = (
-        kwargs.get(k) for k in ("tenant", "run_id", "version", "queue")
-    )
-    if not isinstance(tenant, str) or not tenant or not isinstance(run_id, str) or not run_id:
-        return "tenant and run_id must be non-empty strings"
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        return "version must be a positive integer"
-    if not isinstance(queue, str) or not queue:
-        return "queue must be a non-empty string"
-    traceparent = kwargs.get("traceparent")  # optional; a bad one only costs the trace link
-    if not isinstance(traceparent, str) or len(traceparent) > MAX_TRACEPARENT_CHARS:
-        traceparent = ""
-    return StepMessage(tenant, run_id, version, queue, traceparent)
 
 
 def time_limits(state: RunState, settings: Settings) -> tuple[float, float]:

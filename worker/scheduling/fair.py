@@ -34,9 +34,9 @@ from typing import Any
 import redis
 import structlog
 
+from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.errors import TurnstileError
 from turnstile.worker.observability import metrics
-from turnstile.worker.runtime.step import StepMessage
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 from turnstile.worker.store.durability import Durability
