@@ -38,13 +38,19 @@ from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.errors import TurnstileError
 from turnstile.worker.registry import Registry
 from turnstile.worker.runtime.app import sender
-from turnstile.worker.runtime.step import next_hold, now_iso, time_limits
+from turnstile.worker.runtime.limits import next_hold, time_limits
 from turnstile.worker.scheduling.fair import route
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 from turnstile.worker.store.connect import connect
 from turnstile.worker.store.memory import RedisMemory
-from turnstile.worker.store.runs import Change, RunStore, SubmissionConflictError, fingerprint
+from turnstile.worker.store.runs import (
+    Change,
+    RunStore,
+    SubmissionConflictError,
+    fingerprint,
+    now_iso,
+)
 
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.\-]{0,63}$")
 RUN_ID = re.compile(r"^[A-Za-z0-9_.:][A-Za-z0-9_.:\-]{0,127}$")

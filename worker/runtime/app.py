@@ -34,14 +34,9 @@ from turnstile.worker.observability import metrics
 from turnstile.worker.observability.logs import configure as configure_logging
 from turnstile.worker.registry import Jobs
 from turnstile.worker.runtime import pools
+from turnstile.worker.runtime.limits import time_limits
 from turnstile.worker.runtime.pools import Pool
-from turnstile.worker.runtime.step import (
-    Heartbeat,
-    LedgerDown,
-    Services,
-    Step,
-    time_limits,
-)
+from turnstile.worker.runtime.step import Heartbeat, LedgerDown, Services, Step
 from turnstile.worker.scheduling import fair
 from turnstile.worker.scheduling.sweeper import Sweeper
 from turnstile.worker.settings import Settings, settings
