@@ -26,9 +26,9 @@ from typing import Any
 
 from tests.bench.bench_worker import ZERO_LATENCY, _env, _stop, _workers
 from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.broker.producer import sender
 from turnstile.worker.client._client import Client
 from turnstile.worker.dev.embedded import EmbeddedServer
-from turnstile.worker.runtime.app import sender
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 from turnstile.worker.store.connect import connect

@@ -38,9 +38,9 @@ import redis
 from tests.bench.noop_app import HARD_LIMIT_S, SOFT_LIMIT_S
 from tests.bench.noop_app import app as noop_app
 from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.broker.producer import sender
 from turnstile.worker.client._client import Client
 from turnstile.worker.dev.embedded import EmbeddedServer
-from turnstile.worker.runtime.app import sender
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 from turnstile.worker.store.connect import connect

@@ -23,12 +23,12 @@ from tests.integration.workers import WorkerProcess, client_for, wait_until
 from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
 from turnstile.worker.broker import deadletters
 from turnstile.worker.broker.message import STEP_TASK
+from turnstile.worker.broker.producer import producer
 from turnstile.worker.client._client import Client, DecisionRefusedError
 from turnstile.worker.dev.embedded import EmbeddedServer
 from turnstile.worker.dev.shop import RedisShop
 from turnstile.worker.ops import control
 from turnstile.worker.ops.control import Scope
-from turnstile.worker.runtime.app import producer
 
 pytestmark = pytest.mark.integration
 

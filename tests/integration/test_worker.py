@@ -26,11 +26,11 @@ from tests.integration.workers import (
 from turnstile.jobs.budget import Budget
 from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, SCENARIOS, USER
 from turnstile.worker.broker.message import STEP_TASK
+from turnstile.worker.broker.producer import producer
 from turnstile.worker.client._client import Client, SubmissionError
 from turnstile.worker.dev.embedded import EmbeddedServer
 from turnstile.worker.dev.shop import RedisShop
 from turnstile.worker.ops import control
-from turnstile.worker.runtime.app import producer
 from turnstile.worker.store import keys
 from turnstile.worker.store.runs import SubmissionConflictError
 

@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 
 from tests.integration.workers import WorkerProcess, client_for, settled, wait_until
 from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.broker.producer import producer
 from turnstile.worker.cli.main import app
 from turnstile.worker.dev.embedded import EmbeddedServer
-from turnstile.worker.runtime.app import producer
 
 pytestmark = pytest.mark.integration
 

@@ -35,9 +35,9 @@ from turnstile.ledger.inputs import DEFAULT_DIMENSIONS
 from turnstile.providers import budget_for, unpriced
 from turnstile.providers.prices import PRICES_FILE_ENV
 from turnstile.worker.broker.message import StepMessage
+from turnstile.worker.broker.producer import sender
 from turnstile.worker.errors import TurnstileError
 from turnstile.worker.registry import Registry
-from turnstile.worker.runtime.app import sender
 from turnstile.worker.runtime.limits import next_hold, time_limits
 from turnstile.worker.scheduling.fair import route
 from turnstile.worker.settings import Settings

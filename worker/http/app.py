@@ -13,6 +13,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from fastapi import FastAPI
 
+from turnstile.worker.broker.producer import sender
 from turnstile.worker.client._client import Client
 from turnstile.worker.http import (
     context,
@@ -30,7 +31,6 @@ from turnstile.worker.http.context import Api
 from turnstile.worker.http.problems import response
 from turnstile.worker.http.ratelimit import RateLimiter
 from turnstile.worker.http.settings import ApiSettings
-from turnstile.worker.runtime.app import sender
 from turnstile.worker.settings import Settings
 from turnstile.worker.store.connect import connect
 

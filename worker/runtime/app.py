@@ -13,11 +13,9 @@ delivery harmless. Prefetch is one: a worker holds only the message it is runnin
 
 from __future__ import annotations
 
-import functools
 import os
 import random
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -28,8 +26,8 @@ from celery import Celery, Task, signals
 from turnstile.jobs.kernel import READ_POOL_SIZE
 from turnstile.ledger.client import Ledger
 from turnstile.ledger.inputs import DEFAULT_DIMENSIONS
-from turnstile.worker.broker import deadletters
-from turnstile.worker.broker.message import STEP_TASK, StepMessage, parse_message, publish_options
+from turnstile.worker.broker import deadletters, producer
+from turnstile.worker.broker.message import STEP_TASK, StepMessage, parse_message
 from turnstile.worker.observability import metrics
 from turnstile.worker.observability.logs import configure as configure_logging
 from turnstile.worker.registry import Jobs
@@ -117,56 +115,16 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-# A client's publish is bounded: a broker that is down or unreachable makes a submission or a
-# decision say "accepted, sent later" within a few seconds (the sweeper sends the step),
-# instead of hanging on the operating system's connect timeout.
-PUBLISH_CONNECT_TIMEOUT_S = 1.0
-PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.25,
-                        "interval_max": 0.5}  # fmt: skip
-
-
-@functools.lru_cache(maxsize=8)
-def producer(broker_url: str) -> Celery:
-    """A producer-only app for this broker (no tasks of its own; it sends by task name)."""
-    made = make_app(settings(), broker_url=broker_url, main=False)
-    made.conf.update(
-        broker_connection_timeout=PUBLISH_CONNECT_TIMEOUT_S,
-        broker_transport_options={
-            **made.conf.broker_transport_options,
-            "socket_connect_timeout": PUBLISH_CONNECT_TIMEOUT_S,
-            "socket_timeout": 5.0,
-        },
-        task_publish_retry_policy=PUBLISH_RETRY_POLICY,
-    )
-    return made
-
-
-def sender(broker_url: str) -> Callable[[StepMessage, float, float], None]:
-    """A function that sends step messages to this broker: for a client (a service, the CLI,
-    a test) that picks its server at run time rather than from the environment."""
-    app_for_broker = producer(broker_url)
-
-    def send(msg: StepMessage, soft_s: float, hard_s: float) -> None:
-        app_for_broker.send_task(STEP_TASK, **publish_options(msg, soft_s, hard_s))
-
-    return send
-
-
 _services: dict[int, Services] = {}
 _lock = threading.Lock()
 
 
 def send_step(msg: StepMessage, soft_s: float, hard_s: float) -> None:
-    worker_app().send_task(STEP_TASK, **publish_options(msg, soft_s, hard_s))
+    producer.send_step(worker_app(), msg, soft_s, hard_s)
 
 
 def send_steps(batch: list[tuple[StepMessage, float, float]]) -> None:
-    """Send several step messages on one producer, batched: kombu's Redis transport writes
-    a batch in one pipeline, one round trip for all (another broker publishes them in turn)."""
-    app = worker_app()
-    with app.producer_or_acquire() as producer, producer.batch():
-        for msg, soft_s, hard_s in batch:
-            app.send_task(STEP_TASK, producer=producer, **publish_options(msg, soft_s, hard_s))
+    producer.send_steps(worker_app(), batch)
 
 
 def build_services(config: Settings) -> Services:
