@@ -91,6 +91,7 @@ def redis_max_connections(config: Settings) -> int:
 
 _worker: dict[str, Celery] = {}
 _worker_lock = threading.Lock()
+_worker_hooks: list[Hook] = []
 
 
 def worker_app() -> Celery:
@@ -103,7 +104,8 @@ def worker_app() -> Celery:
                 name=STEP_TASK, bind=True, acks_late=True, reject_on_worker_lost=True,
                 max_retries=None,
             )(step_task)  # fmt: skip
-            _connect_signals()
+            _worker_hooks.extend(worker_hooks(settings()))
+            install(_worker_hooks)
             _worker["app"] = celery
         return _worker["app"]
 
@@ -266,31 +268,111 @@ def _fail_named_run(kwargs: dict[str, Any], reason: str) -> None:
         log.error("fail_run_failed", error=str(exc))
 
 
-# -- the sweeper: a timer in each worker's main process --------------------------------------
-
-_sweeper_stop = threading.Event()
+# -- hooks: the worker's life, one concern each --------------------------------------------
 
 
-def _start_sweeper(sender: Any = None, **kwargs: Any) -> None:
-    config = settings()
-    log.info("worker_ready", hostname=getattr(sender, "hostname", ""), pid=os.getpid())
-    if config.redis_url is None:
-        return
-    client = connect(config.redis_url, config)
-    sweeper = Sweeper(client, config, fair.route(client, config, send_step))
-    _sweeper_stop.clear()
-    threading.Thread(
-        target=sweeper.loop, args=(_sweeper_stop,), name="turnstile-sweeper", daemon=True
-    ).start()
-    if config.fair_share:
+class Hook:
+    """One concern of a worker's life, told of the Celery signals it answers, as dramatiq's
+    middleware is told of its broker's events: a method named after a signal answers it; the
+    ones a hook does not override are not connected. Each method runs in the process the
+    signal fires in: the main process (worker_init, worker_ready, worker_shutting_down,
+    worker_shutdown) or a pool process (worker_process_init, worker_process_shutdown)."""
+
+    def worker_init(self, **kwargs: Any) -> None:
+        """The main process, before the pool starts (a prefork pool forks after it)."""
+
+    def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
+        """The main process, its consumer ready (`sender`) and its pool started."""
+
+    def worker_shutting_down(self, **kwargs: Any) -> None:
+        """The main process, told to stop (`exitcode`: the status the signal announced)."""
+
+    def worker_shutdown(self, **kwargs: Any) -> None:
+        """The main process, stopping."""
+
+    def worker_process_init(self, **kwargs: Any) -> None:
+        """A pool process, just started."""
+
+    def worker_process_shutdown(self, **kwargs: Any) -> None:
+        """A pool process, stopping (`pid`)."""
+
+
+SIGNALS = ("worker_init", "worker_ready", "worker_shutting_down", "worker_shutdown",
+           "worker_process_init", "worker_process_shutdown")  # fmt: skip
+
+
+def install(hooks: list[Hook]) -> None:
+    """Connect each hook's methods to their signals, in the hooks' order (weak=False: a hook
+    lives as long as its worker)."""
+    for hook in hooks:
+        for name in SIGNALS:
+            if getattr(type(hook), name) is not getattr(Hook, name):
+                getattr(signals, name).connect(getattr(hook, name), weak=False)
+
+
+class LoggingHook(Hook):
+    """Structured logs in the main process and in every pool process, and the line a worker
+    says it is ready with (the tests and an operator wait for `worker_ready`)."""
+
+    def __init__(self, config: Settings) -> None:
+        self.config = config
+
+    def worker_init(self, **kwargs: Any) -> None:
+        configure_logging(self.config.log_format, self.config.log_level)
+
+    def worker_process_init(self, **kwargs: Any) -> None:
+        configure_logging(self.config.log_format, self.config.log_level)
+
+    def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
+        log.info("worker_ready", hostname=getattr(sender, "hostname", ""), pid=os.getpid())
+
+
+class SweeperHook(Hook):
+    """The sweeper: a thread in each worker's main process that sends again the steps whose
+    leases lapsed (worker/scheduling/sweeper.py)."""
+
+    def __init__(self, config: Settings, send: producer.Send) -> None:
+        self.config, self.send = config, send
+        self.stop = threading.Event()
+
+    def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
+        config = self.config
+        if config.redis_url is None:
+            return
+        client = connect(config.redis_url, config)
+        sweeper = Sweeper(client, config, fair.route(client, config, self.send))
+        self.stop.clear()
+        threading.Thread(
+            target=sweeper.loop, args=(self.stop,), name="turnstile-sweeper", daemon=True
+        ).start()
+
+    def worker_shutdown(self, **kwargs: Any) -> None:
+        self.stop.set()
+
+
+class DispatcherHook(Hook):
+    """With fair share, the dispatcher: a thread in each worker's main process that moves
+    steps from the tenants' pending lists to the broker (worker/scheduling/fair.py)."""
+
+    def __init__(self, config: Settings, send_many: fair.PublishMany) -> None:
+        self.config, self.send_many = config, send_many
+        self.stop = threading.Event()
+
+    def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
+        config = self.config
+        if config.redis_url is None or not config.fair_share:
+            return
         dispatcher = fair.Dispatcher(
-            connect(config.redis_url, config), _broker_client(config), config, send_steps
+            connect(config.redis_url, config), _broker_client(config), config, self.send_many
         )
         dispatcher.capacity = _capacity(sender)
+        self.stop.clear()
         threading.Thread(
-            target=dispatcher.loop, args=(_sweeper_stop,), name="turnstile-dispatcher",
-            daemon=True,
-        ).start()  # fmt: skip
+            target=dispatcher.loop, args=(self.stop,), name="turnstile-dispatcher", daemon=True
+        ).start()
+
+    def worker_shutdown(self, **kwargs: Any) -> None:
+        self.stop.set()
 
 
 def _capacity(consumer: Any) -> tuple[str, list[str], int] | None:
@@ -313,40 +395,16 @@ def _broker_client(config: Settings) -> redis.Redis | None:
     return connect(url, config)
 
 
-# The exit status a shutdown signal announced (1 for a cold shutdown). Celery's worker exits 0
-# after a cold shutdown all the same (WorkController.terminate keeps no exit code), so
-# `turnstile worker` exits with this one when Celery's own is 0.
-_announced_exitcode: list[int] = []
+class WatchdogHook(Hook):
+    """On a green worker, once it is up (its imports done): kill it if its hub blocks
+    (worker/runtime/pools.py)."""
 
+    def __init__(self, config: Settings) -> None:
+        self.config = config
 
-def _note_exitcode(exitcode: int | None = None, **kwargs: Any) -> None:
-    if exitcode:
-        _announced_exitcode.append(int(exitcode))
-
-
-def announced_exitcode() -> int:
-    return max(_announced_exitcode, default=0)
-
-
-def _stop_sweeper(sender: Any = None, **kwargs: Any) -> None:
-    _sweeper_stop.set()
-
-
-def _child_init(**kwargs: Any) -> None:
-    config = settings()
-    configure_logging(config.log_format, config.log_level)
-
-
-def _main_init(**kwargs: Any) -> None:
-    config = settings()
-    configure_logging(config.log_format, config.log_level)
-    metrics.enable(config.metrics_port)  # before the pool forks: the children inherit it
-
-
-def _start_watchdog(**kwargs: Any) -> None:
-    """On a green worker, once it is up (its imports done): kill it if its hub blocks."""
-    if pools.green():
-        pools.Watchdog(settings().hub_block_limit_s, on_kill=_hub_blocked).start()
+    def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
+        if pools.green():
+            pools.Watchdog(self.config.hub_block_limit_s, on_kill=_hub_blocked).start()
 
 
 def _hub_blocked(blocked_s: float) -> None:
@@ -355,34 +413,65 @@ def _hub_blocked(blocked_s: float) -> None:
     os.write(2, line.encode())
 
 
-# -- metrics: served by the main process, written by every pool process ---------------------
-
-
-def _serve_metrics(**kwargs: Any) -> None:
-    metrics.serve(settings().metrics_port)
-
-
-def _child_exit(pid: int | None = None, **kwargs: Any) -> None:
-    metrics.process_dead(pid or os.getpid())
-
-
-def _connect_signals() -> None:
-    """The worker's handlers, connected when its app is built (weak=False: module functions)."""
-    signals.worker_ready.connect(_start_sweeper, weak=False)
-    signals.worker_ready.connect(_start_watchdog, weak=False)
-    signals.worker_ready.connect(_log_jobs, weak=False)
-    signals.worker_shutdown.connect(_stop_sweeper, weak=False)
-    signals.worker_shutting_down.connect(_note_exitcode, weak=False)
-    signals.worker_process_init.connect(_child_init, weak=False)
-    signals.worker_init.connect(_main_init, weak=False)
-    signals.worker_ready.connect(_serve_metrics, weak=False)
-    signals.worker_process_shutdown.connect(_child_exit, weak=False)
-
-
-def _log_jobs(**kwargs: Any) -> None:
+class JobsLogHook(Hook):
     """Once per worker: the jobs it can run, and one line for each plugin that is broken."""
-    config = settings()
-    client = connect(config.redis_url, config) if config.redis_url else None
-    registry = Jobs(client)
-    registry.log_broken()
-    log.info("worker_jobs", jobs=registry.names(), dimensions=list(registry.dimensions()))
+
+    def __init__(self, config: Settings) -> None:
+        self.config = config
+
+    def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
+        config = self.config
+        client = connect(config.redis_url, config) if config.redis_url else None
+        registry = Jobs(client)
+        registry.log_broken()
+        log.info("worker_jobs", jobs=registry.names(), dimensions=list(registry.dimensions()))
+
+
+class MetricsHook(Hook):
+    """Prometheus metrics: written by every pool process, served by the main process."""
+
+    def __init__(self, config: Settings) -> None:
+        self.config = config
+
+    def worker_init(self, **kwargs: Any) -> None:
+        metrics.enable(self.config.metrics_port)  # before the pool forks: the children inherit it
+
+    def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
+        metrics.serve(self.config.metrics_port)
+
+    def worker_process_shutdown(self, pid: int | None = None, **kwargs: Any) -> None:
+        metrics.process_dead(pid or os.getpid())
+
+
+class ExitCodeHook(Hook):
+    """The exit status a shutdown signal announced (1 for a cold shutdown). Celery's worker
+    exits 0 after a cold shutdown all the same (WorkController.terminate keeps no exit code),
+    so `turnstile worker` exits with this one when Celery's own is 0."""
+
+    def __init__(self) -> None:
+        self.announced: list[int] = []
+
+    def worker_shutting_down(self, exitcode: int | None = None, **kwargs: Any) -> None:
+        if exitcode:
+            self.announced.append(int(exitcode))
+
+    def exitcode(self) -> int:
+        return max(self.announced, default=0)
+
+
+def worker_hooks(config: Settings) -> list[Hook]:
+    """The worker's hooks, in the order they answer a signal: logging first, so every other
+    hook's lines are structured, and the ready line before the threads start."""
+    return [
+        LoggingHook(config),
+        SweeperHook(config, send_step),
+        DispatcherHook(config, send_steps),
+        WatchdogHook(config),
+        JobsLogHook(config),
+        MetricsHook(config),
+        ExitCodeHook(),
+    ]
+
+
+def announced_exitcode() -> int:
+    return max((h.exitcode() for h in _worker_hooks if isinstance(h, ExitCodeHook)), default=0)
