@@ -19,9 +19,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import redis
 import structlog
-from celery import Celery, Task, signals
+from celery import Celery, Task
 
 from turnstile.jobs.kernel import READ_POOL_SIZE
 from turnstile.ledger.client import Ledger
@@ -29,14 +28,12 @@ from turnstile.ledger.inputs import DEFAULT_DIMENSIONS
 from turnstile.worker.broker import deadletters, producer
 from turnstile.worker.broker.message import STEP_TASK, StepMessage, parse_message
 from turnstile.worker.observability import metrics
-from turnstile.worker.observability.logs import configure as configure_logging
 from turnstile.worker.registry import Jobs
-from turnstile.worker.runtime import pools
+from turnstile.worker.runtime import hooks, pools
 from turnstile.worker.runtime.limits import time_limits
 from turnstile.worker.runtime.pools import Pool
 from turnstile.worker.runtime.step import Heartbeat, LedgerDown, Services, Step
 from turnstile.worker.scheduling import fair
-from turnstile.worker.scheduling.sweeper import Sweeper
 from turnstile.worker.settings import Settings, settings
 from turnstile.worker.store.connect import connect
 from turnstile.worker.store.runs import RunStore, StoreUnavailable
@@ -91,7 +88,7 @@ def redis_max_connections(config: Settings) -> int:
 
 _worker: dict[str, Celery] = {}
 _worker_lock = threading.Lock()
-_worker_hooks: list[Hook] = []
+_worker_hooks: list[hooks.Hook] = []
 
 
 def worker_app() -> Celery:
@@ -104,8 +101,8 @@ def worker_app() -> Celery:
                 name=STEP_TASK, bind=True, acks_late=True, reject_on_worker_lost=True,
                 max_retries=None,
             )(step_task)  # fmt: skip
-            _worker_hooks.extend(worker_hooks(settings()))
-            install(_worker_hooks)
+            _worker_hooks.extend(hooks.worker_hooks(settings(), send_step, send_steps))
+            hooks.install(_worker_hooks)
             _worker["app"] = celery
         return _worker["app"]
 
@@ -268,210 +265,6 @@ def _fail_named_run(kwargs: dict[str, Any], reason: str) -> None:
         log.error("fail_run_failed", error=str(exc))
 
 
-# -- hooks: the worker's life, one concern each --------------------------------------------
-
-
-class Hook:
-    """One concern of a worker's life, told of the Celery signals it answers, as dramatiq's
-    middleware is told of its broker's events: a method named after a signal answers it; the
-    ones a hook does not override are not connected. Each method runs in the process the
-    signal fires in: the main process (worker_init, worker_ready, worker_shutting_down,
-    worker_shutdown) or a pool process (worker_process_init, worker_process_shutdown)."""
-
-    def worker_init(self, **kwargs: Any) -> None:
-        """The main process, before the pool starts (a prefork pool forks after it)."""
-
-    def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
-        """The main process, its consumer ready (`sender`) and its pool started."""
-
-    def worker_shutting_down(self, **kwargs: Any) -> None:
-        """The main process, told to stop (`exitcode`: the status the signal announced)."""
-
-    def worker_shutdown(self, **kwargs: Any) -> None:
-        """The main process, stopping."""
-
-    def worker_process_init(self, **kwargs: Any) -> None:
-        """A pool process, just started."""
-
-    def worker_process_shutdown(self, **kwargs: Any) -> None:
-        """A pool process, stopping (`pid`)."""
-
-
-SIGNALS = ("worker_init", "worker_ready", "worker_shutting_down", "worker_shutdown",
-           "worker_process_init", "worker_process_shutdown")  # fmt: skip
-
-
-def install(hooks: list[Hook]) -> None:
-    """Connect each hook's methods to their signals, in the hooks' order (weak=False: a hook
-    lives as long as its worker)."""
-    for hook in hooks:
-        for name in SIGNALS:
-            if getattr(type(hook), name) is not getattr(Hook, name):
-                getattr(signals, name).connect(getattr(hook, name), weak=False)
-
-
-class LoggingHook(Hook):
-    """Structured logs in the main process and in every pool process, and the line a worker
-    says it is ready with (the tests and an operator wait for `worker_ready`)."""
-
-    def __init__(self, config: Settings) -> None:
-        self.config = config
-
-    def worker_init(self, **kwargs: Any) -> None:
-        configure_logging(self.config.log_format, self.config.log_level)
-
-    def worker_process_init(self, **kwargs: Any) -> None:
-        configure_logging(self.config.log_format, self.config.log_level)
-
-    def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
-        log.info("worker_ready", hostname=getattr(sender, "hostname", ""), pid=os.getpid())
-
-
-class SweeperHook(Hook):
-    """The sweeper: a thread in each worker's main process that sends again the steps whose
-    leases lapsed (worker/scheduling/sweeper.py)."""
-
-    def __init__(self, config: Settings, send: producer.Send) -> None:
-        self.config, self.send = config, send
-        self.stop = threading.Event()
-
-    def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
-        config = self.config
-        if config.redis_url is None:
-            return
-        client = connect(config.redis_url, config)
-        sweeper = Sweeper(client, config, fair.route(client, config, self.send))
-        self.stop.clear()
-        threading.Thread(
-            target=sweeper.loop, args=(self.stop,), name="turnstile-sweeper", daemon=True
-        ).start()
-
-    def worker_shutdown(self, **kwargs: Any) -> None:
-        self.stop.set()
-
-
-class DispatcherHook(Hook):
-    """With fair share, the dispatcher: a thread in each worker's main process that moves
-    steps from the tenants' pending lists to the broker (worker/scheduling/fair.py)."""
-
-    def __init__(self, config: Settings, send_many: fair.PublishMany) -> None:
-        self.config, self.send_many = config, send_many
-        self.stop = threading.Event()
-
-    def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
-        config = self.config
-        if config.redis_url is None or not config.fair_share:
-            return
-        dispatcher = fair.Dispatcher(
-            connect(config.redis_url, config), _broker_client(config), config, self.send_many
-        )
-        dispatcher.capacity = _capacity(sender)
-        self.stop.clear()
-        threading.Thread(
-            target=dispatcher.loop, args=(self.stop,), name="turnstile-dispatcher", daemon=True
-        ).start()
-
-    def worker_shutdown(self, **kwargs: Any) -> None:
-        self.stop.set()
-
-
-def _capacity(consumer: Any) -> tuple[str, list[str], int] | None:
-    """This worker as the dispatcher announces it: its name, the queues it reads and how many
-    turns it holds in flight (the pool's limit: processes on prefork, greenlets on gevent)."""
-    try:
-        queues = sorted(consumer.app.amqp.queues.consume_from)
-        return str(consumer.hostname), queues, int(consumer.pool.limit)
-    except (AttributeError, TypeError, ValueError) as exc:
-        log.warning("capacity_unknown", error=str(exc))
-        return None
-
-
-def _broker_client(config: Settings) -> redis.Redis | None:
-    """The broker's lists, read to keep each queue short; None for a broker that is not
-    Redis (the dispatcher then keeps `dispatch_depth` steps moving without reading them)."""
-    url = config.broker
-    if not url.startswith(("redis://", "rediss://", "unix://")):
-        return None
-    return connect(url, config)
-
-
-class WatchdogHook(Hook):
-    """On a green worker, once it is up (its imports done): kill it if its hub blocks
-    (worker/runtime/pools.py)."""
-
-    def __init__(self, config: Settings) -> None:
-        self.config = config
-
-    def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
-        if pools.green():
-            pools.Watchdog(self.config.hub_block_limit_s, on_kill=_hub_blocked).start()
-
-
-def _hub_blocked(blocked_s: float) -> None:
-    """The watchdog's last line, written from its OS thread without taking any lock."""
-    line = f'{{"event": "hub_blocked", "blocked_s": {blocked_s:.1f}, "pid": {os.getpid()}}}\n'
-    os.write(2, line.encode())
-
-
-class JobsLogHook(Hook):
-    """Once per worker: the jobs it can run, and one line for each plugin that is broken."""
-
-    def __init__(self, config: Settings) -> None:
-        self.config = config
-
-    def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
-        config = self.config
-        client = connect(config.redis_url, config) if config.redis_url else None
-        registry = Jobs(client)
-        registry.log_broken()
-        log.info("worker_jobs", jobs=registry.names(), dimensions=list(registry.dimensions()))
-
-
-class MetricsHook(Hook):
-    """Prometheus metrics: written by every pool process, served by the main process."""
-
-    def __init__(self, config: Settings) -> None:
-        self.config = config
-
-    def worker_init(self, **kwargs: Any) -> None:
-        metrics.enable(self.config.metrics_port)  # before the pool forks: the children inherit it
-
-    def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
-        metrics.serve(self.config.metrics_port)
-
-    def worker_process_shutdown(self, pid: int | None = None, **kwargs: Any) -> None:
-        metrics.process_dead(pid or os.getpid())
-
-
-class ExitCodeHook(Hook):
-    """The exit status a shutdown signal announced (1 for a cold shutdown). Celery's worker
-    exits 0 after a cold shutdown all the same (WorkController.terminate keeps no exit code),
-    so `turnstile worker` exits with this one when Celery's own is 0."""
-
-    def __init__(self) -> None:
-        self.announced: list[int] = []
-
-    def worker_shutting_down(self, exitcode: int | None = None, **kwargs: Any) -> None:
-        if exitcode:
-            self.announced.append(int(exitcode))
-
-    def exitcode(self) -> int:
-        return max(self.announced, default=0)
-
-
-def worker_hooks(config: Settings) -> list[Hook]:
-    """The worker's hooks, in the order they answer a signal: logging first, so every other
-    hook's lines are structured, and the ready line before the threads start."""
-    return [
-        LoggingHook(config),
-        SweeperHook(config, send_step),
-        DispatcherHook(config, send_steps),
-        WatchdogHook(config),
-        JobsLogHook(config),
-        MetricsHook(config),
-        ExitCodeHook(),
-    ]
-
-
 def announced_exitcode() -> int:
-    return max((h.exitcode() for h in _worker_hooks if isinstance(h, ExitCodeHook)), default=0)
+    exits = (h.exitcode() for h in _worker_hooks if isinstance(h, hooks.ExitCodeHook))
+    return max(exits, default=0)
