@@ -38,7 +38,7 @@ SETTINGS = {"on": True, "off": False}
 
 def _client(store: EmbeddedServer, broker: EmbeddedServer, fair: bool) -> Client:
     config = Settings(redis_url=store.url, broker_url=broker.url, fair_share=fair)
-    return Client(connect(store.url, config), config, sender(broker.url))
+    return Client(connect(store.url, config), config, sender(config))
 
 
 def _env_for(broker: EmbeddedServer, store: EmbeddedServer, counts: Path, fair: bool) -> Any:

@@ -112,7 +112,7 @@ def support_round(
     queue, tenant = f"s-{uuid.uuid4().hex[:6]}", f"bench-{uuid.uuid4().hex[:6]}"
     counts = Path(tempfile.mkdtemp(dir=work))
     config = Settings(redis_url=store.url, broker_url=broker.url, durability=Durability(durability))
-    client = Client(connect(store.url, config), config, sender(broker.url))
+    client = Client(connect(store.url, config), config, sender(config))
     for _ in range(runs):
         client.submit(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue)
     env = _env(broker.url, store.url, counts, store.port, durability)

@@ -29,6 +29,7 @@ from turnstile.worker.dev.embedded import EmbeddedServer
 from turnstile.worker.dev.shop import RedisShop
 from turnstile.worker.ops import control
 from turnstile.worker.ops.control import Scope
+from turnstile.worker.settings import Settings
 
 pytestmark = pytest.mark.integration
 
@@ -122,7 +123,7 @@ class Drill:
     def malformed(self) -> None:
         for entry in MALFORMED:
             self.client.client.lpush(self.queue, entry)
-        producer(self.server.url).send_task(
+        producer(Settings(redis_url=self.server.url)).send_task(
             STEP_TASK,
             kwargs={"tenant": self.tenants[1], "run_id": "run_nobody", "version": 1,
                     "queue": self.queue},

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from turnstile.worker.broker.message import STEP_TASK, StepMessage, publish_options
-from turnstile.worker.settings import settings
+from turnstile.worker.settings import Settings
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -30,11 +30,13 @@ PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 
 
 
 @functools.lru_cache(maxsize=8)
-def producer(broker_url: str) -> Celery:
-    """A producer-only app for this broker (no tasks of its own; it sends by task name)."""
+def producer(config: Settings) -> Celery:
+    """A producer-only app for this configuration's broker (no tasks of its own; it sends by
+    task name), one per Settings value: clients built from equal Settings share it and its
+    connection pool."""
     from turnstile.worker.runtime.app import make_app  # noqa: PLC0415 - Celery at first send
 
-    made = make_app(settings(), broker_url=broker_url, main=False)
+    made = make_app(config, main=False)
     made.conf.update(
         broker_connection_timeout=PUBLISH_CONNECT_TIMEOUT_S,
         broker_transport_options={
@@ -47,13 +49,12 @@ def producer(broker_url: str) -> Celery:
     return made
 
 
-def sender(broker_url: str) -> Send:
-    """A function that sends step messages to this broker: for a client (a service, the CLI,
-    a test) that picks its server at run time rather than from the environment."""
-    app_for_broker = producer(broker_url)
+def sender(config: Settings) -> Send:
+    """A function that sends step messages to this configuration's broker, for a client (a
+    service, the CLI, the HTTP API, a test); its producer is built at the first send."""
 
     def send(msg: StepMessage, soft_s: float, hard_s: float) -> None:
-        send_step(app_for_broker, msg, soft_s, hard_s)
+        send_step(producer(config), msg, soft_s, hard_s)
 
     return send
 

@@ -431,4 +431,4 @@ def connect_client(config: Settings) -> Client:
     """A client over the configured store, sending steps through the configured broker."""
     if config.redis_url is None:
         raise SubmissionError("no store: set TURNSTILE_REDIS_URL")
-    return Client(connect(config.redis_url, config), config, sender(config.broker))
+    return Client(connect(config.redis_url, config), config, sender(config))

@@ -101,7 +101,7 @@ def create_app(config: Settings, api_settings: ApiSettings | None = None) -> Fas
     if config.redis_url is None:
         raise ValueError("no store: set TURNSTILE_REDIS_URL")
     store = connect(config.redis_url, config)
-    client = Client(store, config, sender(config.broker))
+    client = Client(store, config, sender(config))
     limiter = RateLimiter(
         store, limit=api_settings.submits_per_window, window_s=api_settings.rate_window_s
     )
