@@ -12,9 +12,9 @@ import redis
 from celery import Task, signals
 
 from turnstile.worker.runtime.app import make_app
-from turnstile.worker.settings import settings
+from turnstile.worker.settings import Settings
 
-app = make_app(settings())
+app = make_app(Settings())
 SOFT_LIMIT_S, HARD_LIMIT_S = 38, 40  # what a step of a 30 s run is sent with
 
 

@@ -19,6 +19,7 @@ from turnstile.worker.cli.deadletters import dead_letters_app
 from turnstile.worker.cli.http import register as register_http
 from turnstile.worker.cli.ops import register as register_ops
 from turnstile.worker.cli.tenants import HANDED_ON, tenants_app
+from turnstile.worker.settings import Settings
 
 app = typer.Typer(
     name="turnstile",
@@ -205,34 +206,32 @@ def worker(
     if loglevel.upper() not in LOG_LEVELS:
         fail(f"bad --loglevel {loglevel!r}: one of {', '.join(LOG_LEVELS)}", code=2)
     node = node_name(name)
-    os.environ["TURNSTILE_REDIS_URL"] = redis_url
-    os.environ["TURNSTILE_POOL"], os.environ["TURNSTILE_CONCURRENCY"] = pool, str(concurrency)
-    if broker_url:
-        os.environ["TURNSTILE_BROKER_URL"] = broker_url
+    config = worker_settings(redis_url, broker_url, pool, concurrency)
+    from turnstile.worker.runtime.app import build_worker
+
+    worker = build_worker(config)
+    events = ["-E"] if config.task_events else []  # Celery's task events: see settings
+    code: int | None = worker.app.start(
+        ["worker", "-Q", ",".join(names), "-c", str(concurrency), "-P", pool, "-n", node,
+         *events, "-l", loglevel.upper(), "--without-gossip", "--without-mingle"]
+    )  # fmt: skip
+    raise typer.Exit(code or worker.announced_exitcode())
+
+
+def worker_settings(
+    redis_url: str, broker_url: str | None, pool: str, concurrency: int
+) -> Settings:
+    """The worker's Settings: its flags, and every other setting from its `TURNSTILE_*`
+    variable; a bad one is one line and exit 2."""
     from pydantic import ValidationError
 
-    from turnstile.worker.settings import settings
-
-    settings.cache_clear()
     try:
-        settings()
+        return Settings(redis_url=redis_url, broker_url=broker_url or None, pool=pool,
+                        concurrency=concurrency)  # fmt: skip
     except ValidationError as exc:
         first = exc.errors()[0]
         where = "TURNSTILE_" + str(first["loc"][0]).upper() if first["loc"] else "settings"
         fail(f"bad {where}: {first['msg']}", code=2)
-    from turnstile.worker.broker import deadletters
-    from turnstile.worker.runtime.app import announced_exitcode, worker_app
-
-    celery_app = worker_app()
-
-    url = broker_url or redis_url
-    celery_app.conf.update(broker_url=url, **deadletters.celery_config(url))
-    events = ["-E"] if settings().task_events else []  # Celery's task events: see settings
-    code: int | None = celery_app.start(
-        ["worker", "-Q", ",".join(names), "-c", str(concurrency), "-P", pool, "-n", node,
-         *events, "-l", loglevel.upper(), "--without-gossip", "--without-mingle"]
-    )  # fmt: skip
-    raise typer.Exit(code or announced_exitcode())
 
 
 @app.command()

@@ -1,10 +1,12 @@
-"""The Celery app and the step task: at least once, never pickle, never lose a message.
+"""The Celery app: its configuration (`make_app`, shared by the worker and the client's
+private producer), and a worker process's own app, built when the worker starts.
 
-Nothing is built on import: `worker_app()` builds the worker's app, registers the step task
-and connects the worker's signal handlers when a worker starts (`turnstile worker`, or
-`celery -A worker.app:app`, whose attribute lookup builds it). A service that imports the
-client keeps its own `celery.current_app`; it sends through `producer()`, an app of its own
-that is never made current.
+Nothing is built on import. `build_worker(config)` builds the worker from a Settings value:
+its app, the step task registered on it (worker/runtime/task.py), its services
+(worker/runtime/services.py) and its hooks, connected (worker/runtime/hooks.py). `turnstile
+worker` calls it with the Settings its flags make; `celery -A turnstile.worker.runtime.app:app
+worker` finds the app through this module's attribute lookup, which builds the worker from the
+`TURNSTILE_*` environment variables, read once there: that is a Celery-started worker's edge.
 
 Acks are late and a lost worker's message is rejected back to the queue, so a step that dies
 mid-turn is delivered again; the version compare-and-set in the store makes every extra
@@ -14,20 +16,16 @@ delivery harmless. Prefetch is one: a worker holds only the message it is runnin
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any
 
-import structlog
 from celery import Celery
 
 from turnstile.worker.broker import deadletters
-from turnstile.worker.broker.message import STEP_TASK
-from turnstile.worker.runtime import hooks, pools
+from turnstile.worker.runtime import hooks, pools, task
 from turnstile.worker.runtime.pools import Pool
 from turnstile.worker.runtime.services import WorkerServices
-from turnstile.worker.runtime.task import StepTask, step_task
-from turnstile.worker.settings import Settings, settings
-
-log = structlog.get_logger("turnstile.worker")
+from turnstile.worker.settings import Settings
 
 
 def make_app(config: Settings, *, broker_url: str | None = None, main: bool = True) -> Celery:
@@ -67,38 +65,41 @@ def broker_pool_limit(config: Settings) -> int:
     return 4
 
 
-_worker: dict[str, Celery] = {}
-_worker_lock = threading.Lock()
-_worker_hooks: list[hooks.Hook] = []
+@dataclass(frozen=True)
+class Worker:
+    """A worker process: its app with the step task, its services and its hooks, connected."""
+
+    app: Celery
+    services: WorkerServices
+    hooks: tuple[hooks.Hook, ...]
+
+    def announced_exitcode(self) -> int:
+        """The exit status a shutdown signal announced (hooks.ExitCodeHook); 0 if none."""
+        codes = (h.exitcode() for h in self.hooks if isinstance(h, hooks.ExitCodeHook))
+        return max(codes, default=0)
 
 
-def worker_app() -> Celery:
-    """The worker's app, built once per process on first use, with the step task and the
-    worker's hooks: this is where a worker starts, never at import."""
-    with _worker_lock:
-        if "app" not in _worker:
-            config = settings()
-            celery = make_app(config)
-            worker = WorkerServices(config, celery)
-            # The task carries the worker's services: a prefork pool process, forked from
-            # this one, finds them there rather than reading the environment again.
-            celery.task(
-                name=STEP_TASK, bind=True, base=StepTask, acks_late=True,
-                reject_on_worker_lost=True, max_retries=None, worker=worker,
-            )(step_task)  # fmt: skip
-            _worker_hooks.extend(hooks.worker_hooks(config, worker.send, worker.send_many))
-            hooks.install(_worker_hooks)
-            _worker["app"] = celery
-        return _worker["app"]
+_worker: list[Worker] = []
+_lock = threading.Lock()
+
+
+def build_worker(config: Settings) -> Worker:
+    """This process's worker, built from `config` when it starts: one per process (a process
+    is one Celery worker), so a later call returns the first."""
+    with _lock:
+        if not _worker:
+            app = make_app(config)
+            services = WorkerServices(config, app)
+            task.register(app, services)
+            connected = tuple(hooks.worker_hooks(services))
+            hooks.install(connected)
+            _worker.append(Worker(app, services, connected))
+        return _worker[0]
 
 
 def __getattr__(name: str) -> Any:
-    """`celery -A worker.app:app` finds the worker's app by this lookup, which builds it."""
+    """`celery -A turnstile.worker.runtime.app:app` finds the worker's app by this lookup,
+    which builds the worker, its Settings read from the environment."""
     if name == "app":
-        return worker_app()
+        return (_worker[0] if _worker else build_worker(Settings())).app
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def announced_exitcode() -> int:
-    exits = (h.exitcode() for h in _worker_hooks if isinstance(h, hooks.ExitCodeHook))
-    return max(exits, default=0)

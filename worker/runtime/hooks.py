@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -16,6 +17,7 @@ from turnstile.worker.observability import metrics
 from turnstile.worker.observability.logs import configure as configure_logging
 from turnstile.worker.registry import Jobs
 from turnstile.worker.runtime import pools
+from turnstile.worker.runtime.services import WorkerServices
 from turnstile.worker.scheduling import fair
 from turnstile.worker.scheduling.sweeper import Sweeper
 from turnstile.worker.settings import Settings
@@ -54,7 +56,7 @@ SIGNALS = ("worker_init", "worker_ready", "worker_shutting_down", "worker_shutdo
            "worker_process_init", "worker_process_shutdown")  # fmt: skip
 
 
-def install(hooks: list[Hook]) -> None:
+def install(hooks: Sequence[Hook]) -> None:
     """Connect each hook's methods to their signals, in the hooks' order (weak=False: a hook
     lives as long as its worker)."""
     for hook in hooks:
@@ -212,13 +214,14 @@ class ExitCodeHook(Hook):
         return max(self.announced, default=0)
 
 
-def worker_hooks(config: Settings, send: producer.Send, send_many: fair.PublishMany) -> list[Hook]:
+def worker_hooks(worker: WorkerServices) -> list[Hook]:
     """The worker's hooks, in the order they answer a signal: logging first, so every other
     hook's lines are structured, and the ready line before the threads start."""
+    config = worker.settings
     return [
         LoggingHook(config),
-        SweeperHook(config, send),
-        DispatcherHook(config, send_many),
+        SweeperHook(config, worker.send),
+        DispatcherHook(config, worker.send_many),
         WatchdogHook(config),
         JobsLogHook(config),
         MetricsHook(config),

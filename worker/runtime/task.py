@@ -7,9 +7,9 @@ import random
 from typing import Any
 
 import structlog
-from celery import Task
+from celery import Celery, Task
 
-from turnstile.worker.broker.message import StepMessage, parse_message
+from turnstile.worker.broker.message import STEP_TASK, StepMessage, parse_message
 from turnstile.worker.observability import metrics
 from turnstile.worker.runtime.services import WorkerServices
 from turnstile.worker.runtime.step import LedgerDown, Step
@@ -30,6 +30,16 @@ class StepTask(Task[..., str]):
     registered on the worker's app."""
 
     worker: WorkerServices
+
+
+def register(app: Celery, worker: WorkerServices) -> None:
+    """Register the step task on the worker's app. The task's class carries the worker's
+    services: a prefork pool process, forked from the main one, finds its Settings there
+    rather than reading the environment again."""
+    app.task(
+        name=STEP_TASK, bind=True, base=StepTask, acks_late=True, reject_on_worker_lost=True,
+        max_retries=None, worker=worker,
+    )(step_task)  # fmt: skip
 
 
 def step_task(self: StepTask, *args: Any, **kwargs: Any) -> str:
