@@ -198,7 +198,7 @@ def worker(
     from turnstile.worker.registry import Registry
     from turnstile.worker.runtime import pools
 
-    problem = pools.check(pool, concurrency, Registry(None).names())
+    problem = pools.check(pool, concurrency, lambda: Registry(None).names())
     if problem is not None:
         fail(problem, code=2)
     if pool == pools.Pool.GEVENT and not pools.green():

@@ -126,7 +126,7 @@ class Client:
             client, grace_s=config.ledger_grace_s,
             dimensions=(*DEFAULT_DIMENSIONS, *self.jobs.dimensions()),
         )  # fmt: skip
-        self.store = RunStore(client, self.ledger, wait_for=config.wait_for)
+        self.store = RunStore(client, self.ledger, wait_for=config.wait_for, jobs=self.jobs)
         self.memory = RedisMemory(client)
         self.deferred: list[str] = []  # runs whose step the broker did not take (sweeper sends)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -15,7 +15,7 @@ from celery import signals
 from turnstile.worker.broker import producer
 from turnstile.worker.observability import metrics
 from turnstile.worker.observability.logs import configure as configure_logging
-from turnstile.worker.registry import Jobs
+from turnstile.worker.registry import Registry
 from turnstile.worker.runtime import pools
 from turnstile.worker.runtime.services import WorkerServices
 from turnstile.worker.scheduling import fair
@@ -171,13 +171,11 @@ def _hub_blocked(blocked_s: float) -> None:
 class JobsLogHook(Hook):
     """Once per worker: the jobs it can run, and one line for each plugin that is broken."""
 
-    def __init__(self, config: Settings) -> None:
-        self.config = config
+    def __init__(self, jobs: Callable[[], Registry]) -> None:
+        self.jobs = jobs
 
     def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
-        config = self.config
-        client = connect(config.redis_url, config) if config.redis_url else None
-        registry = Jobs(client)
+        registry = self.jobs()
         registry.log_broken()
         log.info("worker_jobs", jobs=registry.names(), dimensions=list(registry.dimensions()))
 
@@ -223,7 +221,7 @@ def worker_hooks(worker: WorkerServices) -> list[Hook]:
         SweeperHook(config, worker.send),
         DispatcherHook(config, worker.send_many),
         WatchdogHook(config),
-        JobsLogHook(config),
+        JobsLogHook(worker.jobs),
         MetricsHook(config),
         ExitCodeHook(),
     ]

@@ -8,8 +8,10 @@ import functools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import redis
 import structlog
 
 from turnstile.jobs.kernel import READ_POOL_SIZE
@@ -18,7 +20,7 @@ from turnstile.ledger.inputs import DEFAULT_DIMENSIONS
 from turnstile.worker.broker import producer
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.broker.producer import Send
-from turnstile.worker.registry import Jobs
+from turnstile.worker.registry import Registry
 from turnstile.worker.runtime import pools
 from turnstile.worker.runtime.limits import time_limits
 from turnstile.worker.runtime.pools import Pool
@@ -42,18 +44,18 @@ def redis_max_connections(config: Settings) -> int:
     return turns * (1 + READ_POOL_SIZE) + pools.SPARE_CONNECTIONS
 
 
-def build_services(config: Settings, send_step: Send) -> Services:
-    """A worker process's step services, from its Settings; `send_step` publishes through
-    the worker's app."""
+def build_services(
+    config: Settings, client: redis.Redis, jobs: Registry, send_step: Send
+) -> Services:
+    """A worker process's step services, from its Settings, over its store client and its
+    job registry; `send_step` publishes through the worker's app."""
     if config.redis_url is None:
         raise StoreUnavailable("no store: set TURNSTILE_REDIS_URL")
-    client = connect(config.redis_url, config, max_connections=redis_max_connections(config))
-    jobs = Jobs(client, drills=config.allow_drills)
     ledger = Ledger.from_url(
         config.redis_url, grace_s=config.ledger_grace_s,
         dimensions=(*DEFAULT_DIMENSIONS, *jobs.dimensions()),
     )  # fmt: skip
-    store = RunStore(client, ledger, wait_for=config.wait_for)
+    store = RunStore(client, ledger, wait_for=config.wait_for, jobs=jobs)
     route = fair.route(client, config, send_step)
 
     sends = iter(range(1, 2**62))
@@ -99,24 +101,54 @@ def build_services(config: Settings, send_step: Send) -> Services:
     )
 
 
+@dataclass
+class _Process:
+    """What one process of the worker built: its store client, its job registry (once per
+    process), and its step services once a step asks for them."""
+
+    pid: int
+    client: redis.Redis | None
+    jobs: Registry
+    services: Services | None = None
+
+
 class WorkerServices:
     """One worker's services: its Settings, the sends through its app, and each process's
-    step services, built in that process on first use, after any fork (connections are never
-    shared between processes). The step task and the hooks are handed this object when the
-    worker starts; a prefork pool process inherits it with the task."""
+    store client, job registry and step services, built in that process on first use, after
+    any fork (connections are never shared between processes). The step task and the hooks
+    are handed this object when the worker starts; a prefork pool process inherits it with
+    the task."""
 
     def __init__(self, config: Settings, app: Celery) -> None:
         self.settings = config
         self.send: Send = functools.partial(producer.send_step, app)
         self.send_many: fair.PublishMany = functools.partial(producer.send_steps, app)
         self._lock = threading.Lock()
-        self._built: dict[int, Services] = {}
+        self._process: _Process | None = None
+
+    def _here(self) -> _Process:
+        """This process's part (the caller holds the lock)."""
+        pid = os.getpid()
+        if self._process is None or self._process.pid != pid:
+            config = self.settings
+            client = None
+            if config.redis_url is not None:
+                bound = redis_max_connections(config)
+                client = connect(config.redis_url, config, max_connections=bound)
+            self._process = _Process(pid, client, Registry(client, drills=config.allow_drills))
+        return self._process
+
+    def jobs(self) -> Registry:
+        """This process's job registry, over its store client (None without a store)."""
+        with self._lock:
+            return self._here().jobs
 
     def services(self) -> Services:
-        """This process's services."""
-        pid = os.getpid()
+        """This process's step services."""
         with self._lock:
-            if pid not in self._built:
-                self._built.clear()
-                self._built[pid] = build_services(self.settings, self.send)
-            return self._built[pid]
+            here = self._here()
+            if here.services is None:
+                if here.client is None:
+                    raise StoreUnavailable("no store: set TURNSTILE_REDIS_URL")
+                here.services = build_services(self.settings, here.client, here.jobs, self.send)
+            return here.services
