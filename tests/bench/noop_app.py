@@ -1,7 +1,8 @@
 """A no-op Celery task that re-enqueues itself: the baseline for the worker benchmark.
 
 Same Celery settings as Turnstile's app (JSON only, acks late, prefetch 1, reject on worker
-lost, events on), so the ratio measures what a turn adds over the queue itself.
+lost, task events as TURNSTILE_TASK_EVENTS says), so the ratio measures what a turn adds over
+the queue itself.
 """
 
 from __future__ import annotations

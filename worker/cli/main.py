@@ -184,9 +184,10 @@ def worker(
     redis_url: RedisUrl = None,
     broker_url: BrokerUrl = None,
 ) -> None:
-    """Start a Celery worker for Turnstile's steps: acks late, prefetch 1, JSON only, events on.
-    SIGTERM finishes the turns in flight before exiting; the exit status is Celery's, so a
-    supervisor restarts a worker that stopped on an error."""
+    """Start a Celery worker for Turnstile's steps: acks late, prefetch 1, JSON only; Celery's
+    task events off unless TURNSTILE_TASK_EVENTS=1. SIGTERM finishes the turns in flight before
+    exiting; the exit status is Celery's, so a supervisor restarts a worker that stopped on an
+    error."""
     from turnstile.worker.client._client import QUEUE_NAME
 
     if not redis_url:
