@@ -72,12 +72,12 @@ def build_services(
         except Exception as exc:  # the lease the commit set makes the sweeper send it later
             log.warning("enqueue_failed", error=str(exc), version=msg.version)
 
-    # With fair share on, a run's next step is queued by the commit itself (worker/fair.py,
-    # run_commit.lua); not in the drills, which stand in the gap between a commit and its
-    # send. With a durability wait, a worker may take the step while the commit's wait is
-    # under way (milliseconds): a crash then loses that turn with the commit it followed, and
-    # it runs again from the durable version, its writes replayed by their keys, as a turn
-    # killed mid-flight does.
+    # With fair share on, a run's next step is queued by the commit itself
+    # (worker/scheduling/fair.py, run_commit.lua); not in the drills, which stand in the gap
+    # between a commit and its send. With a durability wait, a worker may take the step while
+    # the commit's wait is under way (milliseconds): a crash then loses that turn with the
+    # commit it followed, and it runs again from the durable version, its writes replayed by
+    # their keys, as a turn killed mid-flight does.
     queues_in_commit = (
         config.fair_share and not config.chaos_drop_every and config.chaos_send_copies == 1
     )

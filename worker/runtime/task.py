@@ -81,17 +81,17 @@ def step_task(self: StepTask, *args: Any, **kwargs: Any) -> str:
         metrics.step_done(result, started)
         structlog.contextvars.clear_contextvars()
         # A retry keeps the step's slot until its last delivery; a continuing run's next
-        # step gave it back as it was queued (worker/fair.py).
+        # step gave it back as it was queued (worker/scheduling/fair.py).
         if result not in ("retry", "continued"):
             _release(self.worker, msg, result)
 
 
-# Results of a step after which its run is over (see worker/step.py and step_task).
+# Results of a step after which its run is over (see worker/runtime/step.py and step_task).
 RUN_ENDED = frozenset({"finished", "refused", "cancelled", "broken", "poison", "missing"})
 
 
 def _release(worker: WorkerServices, msg: StepMessage, result: str) -> None:
-    """Give the step's fair-share slot back (see worker/fair.py)."""
+    """Give the step's fair-share slot back (see worker/scheduling/fair.py)."""
     if not worker.settings.fair_share:
         return
     try:
