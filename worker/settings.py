@@ -1,8 +1,9 @@
-"""Settings, built once at the edge from `TURNSTILE_*` environment variables, typed and frozen."""
+"""Settings, built once at the edge from `TURNSTILE_*` environment variables and the command
+line's flags, typed and frozen, and passed in: the worker, the client and the HTTP API are
+each built from a Settings value; there is no global one to read."""
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -141,8 +142,3 @@ class Settings(BaseSettings):
         """Above the longest hard time limit a step can have, so the broker never hands a
         running step to a second worker."""
         return int(self.max_deadline_s + self.step_grace_s + 60)
-
-
-@lru_cache(maxsize=1)
-def settings() -> Settings:
-    return Settings()

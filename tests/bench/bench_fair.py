@@ -26,18 +26,19 @@ from typing import Any
 
 from tests.bench.bench_worker import ZERO_LATENCY, _env, _stop, _workers
 from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.broker.producer import sender
 from turnstile.worker.client._client import Client
 from turnstile.worker.dev.embedded import EmbeddedServer
-from turnstile.worker.runtime.app import connect, sender
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
+from turnstile.worker.store.connect import connect
 
 SETTINGS = {"on": True, "off": False}
 
 
 def _client(store: EmbeddedServer, broker: EmbeddedServer, fair: bool) -> Client:
     config = Settings(redis_url=store.url, broker_url=broker.url, fair_share=fair)
-    return Client(connect(store.url, config), config, sender(broker.url))
+    return Client(connect(store.url, config), config, sender(config))
 
 
 def _env_for(broker: EmbeddedServer, store: EmbeddedServer, counts: Path, fair: bool) -> Any:

@@ -43,11 +43,12 @@ import redis
 from tests.bench.noop_app import HARD_LIMIT_S, SOFT_LIMIT_S
 from tests.bench.noop_app import app as noop_app
 from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.broker.producer import sender
 from turnstile.worker.client._client import Client
 from turnstile.worker.dev.embedded import EmbeddedServer
-from turnstile.worker.runtime.app import connect, sender
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
+from turnstile.worker.store.connect import connect
 from turnstile.worker.store.durability import Durability
 
 TASK_EVENTS = ["0"]  # TURNSTILE_TASK_EVENTS for both workloads' workers (--task-events)
@@ -126,7 +127,7 @@ def support_round(
     queue, tenant = f"s-{uuid.uuid4().hex[:6]}", f"bench-{uuid.uuid4().hex[:6]}"
     counts = Path(tempfile.mkdtemp(dir=work))
     config = Settings(redis_url=store.url, broker_url=broker.url, durability=Durability(durability))
-    client = Client(connect(store.url, config), config, sender(broker.url))
+    client = Client(connect(store.url, config), config, sender(config))
     for _ in range(runs):
         client.submit(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue)
     env = _env(broker.url, store.url, counts, store.port, durability)

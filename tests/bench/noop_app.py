@@ -1,7 +1,8 @@
 """A no-op Celery task that re-enqueues itself: the baseline for the worker benchmark.
 
 Same Celery settings as Turnstile's app (JSON only, acks late, prefetch 1, reject on worker
-lost, events on), so the ratio measures what a turn adds over the queue itself.
+lost, task events as TURNSTILE_TASK_EVENTS says), so the ratio measures what a turn adds over
+the queue itself.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import redis
 from celery import Task, signals
 
 from turnstile.worker.runtime.app import make_app
-from turnstile.worker.settings import settings
+from turnstile.worker.settings import Settings
 
-app = make_app(settings())
+app = make_app(Settings())
 SOFT_LIMIT_S, HARD_LIMIT_S = 38, 40  # what a step of a 30 s run is sent with
 
 

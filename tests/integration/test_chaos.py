@@ -23,12 +23,14 @@ from tests.integration.workers import WorkerProcess, client_for, wait_until
 from turnstile.errors import DecisionRefusedError
 from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
 from turnstile.worker.broker import deadletters
+from turnstile.worker.broker.message import STEP_TASK
+from turnstile.worker.broker.producer import producer
 from turnstile.worker.client._client import Client
 from turnstile.worker.dev.embedded import EmbeddedServer
 from turnstile.worker.dev.shop import RedisShop
 from turnstile.worker.ops import control
 from turnstile.worker.ops.control import Scope
-from turnstile.worker.runtime.app import STEP_TASK, producer
+from turnstile.worker.settings import Settings
 
 pytestmark = pytest.mark.integration
 
@@ -122,7 +124,7 @@ class Drill:
     def malformed(self) -> None:
         for entry in MALFORMED:
             self.client.client.lpush(self.queue, entry)
-        producer(self.server.url).send_task(
+        producer(Settings(redis_url=self.server.url)).send_task(
             STEP_TASK,
             kwargs={"tenant": self.tenants[1], "run_id": "run_nobody", "version": 1,
                     "queue": self.queue},

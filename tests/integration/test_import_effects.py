@@ -31,3 +31,36 @@ def test_importing_the_client_keeps_the_services_celery_app_and_signals(
     assert probe["signals_untouched"] is True
     assert probe["status"] == "running" and probe["run_id"].startswith("run_")
     assert probe["service_worker_module"] is None  # the editable install adds no `worker`
+
+
+CLIENT_LOADS = """
+import json, sys
+import turnstile.worker.client
+from turnstile import Budget, Settings, connect_client
+
+def loaded():
+    return sorted(m for m in ("celery.worker", "kombu.transport") if m in sys.modules)
+
+after_import = loaded()
+client = connect_client(Settings(redis_url=sys.argv[1], fair_share=False))
+after_connect = loaded()
+client.submit("probe", "cu_ana", "support", "refund the damaged item", {},
+              budget=Budget(), queue=sys.argv[2])
+print(json.dumps({"import": after_import, "connect": after_connect, "publish": loaded()}))
+"""
+
+
+def test_importing_the_client_loads_neither_celerys_worker_nor_kombus_transports(
+    redis_url: str, unique: str
+) -> None:
+    """In a fresh interpreter, importing the client (`turnstile.worker.client`, `from turnstile
+    import connect_client`) and connecting it loads neither `celery.worker` nor
+    `kombu.transport`: they are loaded only when a step is published."""
+    out = subprocess.run(
+        [sys.executable, "-c", CLIENT_LOADS, redis_url, f"nobody-{unique}"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert loaded["import"] == [] and loaded["connect"] == []
+    assert loaded["publish"] == ["celery.worker", "kombu.transport"]  # the producer, at last

@@ -26,11 +26,13 @@ from tests.integration.workers import (
 from turnstile.errors import SubmissionConflictError, SubmissionError
 from turnstile.jobs.budget import Budget
 from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, SCENARIOS, USER
+from turnstile.worker.broker.message import STEP_TASK
+from turnstile.worker.broker.producer import producer
 from turnstile.worker.client._client import Client
 from turnstile.worker.dev.embedded import EmbeddedServer
 from turnstile.worker.dev.shop import RedisShop
 from turnstile.worker.ops import control
-from turnstile.worker.runtime.app import STEP_TASK, producer
+from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 
 pytestmark = pytest.mark.integration
@@ -219,12 +221,12 @@ def test_malformed_messages_are_logged_acked_and_fail_only_their_run(
         queue=queue,
     )
     healthy = client.submit(tenant, USER, "support", GOAL, {}, queue=queue)
-    producer(redis_url).send_task(
+    producer(Settings(redis_url=redis_url)).send_task(
         STEP_TASK,
         kwargs={"tenant": tenant, "run_id": victim, "version": "seven", "queue": queue},
         queue=queue,
     )
-    producer(redis_url).send_task(
+    producer(Settings(redis_url=redis_url)).send_task(
         STEP_TASK,
         kwargs={"tenant": tenant, "run_id": "run_nobody", "version": 1, "queue": queue},
         queue=queue,
@@ -251,7 +253,7 @@ def test_a_state_that_does_not_parse_ends_the_run_error(
     raw["schema_version"] = 42
     run_key = keys.run(tenant, run_id)
     client.client.hset(run_key, mapping={"state": msgspec.json.encode(raw), "status": "running"})
-    producer(redis_url).send_task(STEP_TASK, queue=queue, kwargs={
+    producer(Settings(redis_url=redis_url)).send_task(STEP_TASK, queue=queue, kwargs={
         "tenant": tenant, "run_id": run_id, "version": int(stored["version"]), "queue": queue,
     })  # fmt: skip
     wait_until(lambda: client.run_hash(run_id)[1]["status"] == "stopped", what="the run ends")
@@ -483,7 +485,7 @@ def test_a_malformed_message_mid_turn_leaves_no_hold(
             tenant, USER, "support", GOAL, {"sleep_s": {"get_order": 4.0}}, queue=queue
         )
         wait_until(lambda: _in_turn(client, tenant, run_id, 2), every_s=0.01, what="turn 2")
-        producer(redis_url).send_task(
+        producer(Settings(redis_url=redis_url)).send_task(
             STEP_TASK,
             kwargs={"tenant": tenant, "run_id": run_id, "version": "seven", "queue": queue},
             queue=bad,
@@ -506,7 +508,7 @@ def test_a_malformed_message_stores_a_bounded_reason(
     most 500 characters: the run's hash stays small."""
     tenant = f"t-{unique}"
     run_id = client.submit(tenant, USER, "support", GOAL, {}, queue=f"nobody-{unique}")
-    producer(redis_url).send_task(
+    producer(Settings(redis_url=redis_url)).send_task(
         STEP_TASK,
         args=["x" * 8_000_000],
         kwargs={"tenant": tenant, "run_id": run_id, "version": 1, "queue": queue},

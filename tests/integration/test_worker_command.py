@@ -20,9 +20,10 @@ from typer.testing import CliRunner
 
 from tests.integration.workers import WorkerProcess, client_for, settled, wait_until
 from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.broker.producer import producer
 from turnstile.worker.cli.main import app
 from turnstile.worker.dev.embedded import EmbeddedServer
-from turnstile.worker.runtime.app import producer
+from turnstile.worker.settings import Settings
 
 pytestmark = pytest.mark.integration
 
@@ -58,7 +59,7 @@ def command_workers(
 
 
 def pong_names(redis_url: str, names: list[str]) -> set[str]:
-    replies = producer(redis_url).control.ping(destination=names, timeout=2.0)
+    replies = producer(Settings(redis_url=redis_url)).control.ping(destination=names, timeout=2.0)
     return {name for reply in replies or [] for name in reply}
 
 

@@ -24,7 +24,8 @@ from turnstile.jobs.tools import Tool, ToolContext, ToolOutput
 from turnstile.jobs.trace import Trace
 from turnstile.ledger.client import Ledger
 from turnstile.ledger.inputs import DEFAULT_DIMENSIONS
-from turnstile.worker.runtime.step import LedgerDown, LedgerGate, StepMessage, split_actual
+from turnstile.worker.broker.message import StepMessage
+from turnstile.worker.runtime.step import LedgerDown, LedgerGate, split_actual
 from turnstile.worker.store.runs import RunStore
 
 REFUNDED: list[int] = []

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from turnstile.jobs.trace import Span, semconv
+from turnstile.worker.broker.message import StepMessage, parse_message
 from turnstile.worker.observability.tracing import run_traceparent
-from turnstile.worker.runtime.step import StepMessage, parse_message
 
 KWARGS = {"tenant": "t", "run_id": "r", "version": 2, "queue": "q"}
 

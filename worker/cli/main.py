@@ -19,6 +19,7 @@ from turnstile.worker.cli.deadletters import dead_letters_app
 from turnstile.worker.cli.http import register as register_http
 from turnstile.worker.cli.ops import register as register_ops
 from turnstile.worker.cli.tenants import HANDED_ON, tenants_app
+from turnstile.worker.settings import Settings
 
 if TYPE_CHECKING:
     from turnstile.worker.client._client import Client
@@ -189,9 +190,10 @@ def worker(
         ),
     ] = False,
 ) -> None:
-    """Start a Celery worker for Turnstile's steps: acks late, prefetch 1, JSON only, events on.
-    SIGTERM finishes the turns in flight before exiting; the exit status is Celery's, so a
-    supervisor restarts a worker that stopped on an error."""
+    """Start a Celery worker for Turnstile's steps: acks late, prefetch 1, JSON only; Celery's
+    task events off unless TURNSTILE_TASK_EVENTS=1. SIGTERM finishes the turns in flight before
+    exiting; the exit status is Celery's, so a supervisor restarts a worker that stopped on an
+    error."""
     from turnstile.worker.client._client import QUEUE_NAME
 
     if not redis_url:
@@ -203,7 +205,7 @@ def worker(
     from turnstile.worker.registry import Registry
     from turnstile.worker.runtime import pools
 
-    problem = pools.check(pool, concurrency, Registry(None).names())
+    problem = pools.check(pool, concurrency, lambda: Registry(None).names())
     if problem is not None:
         fail(problem, code=2)
     if pool == pools.Pool.GEVENT and not pools.green():
@@ -212,50 +214,61 @@ def worker(
         fail(f"bad --loglevel {loglevel!r}: one of {', '.join(LOG_LEVELS)}", code=2)
     node = node_name(name)
     if reload:  # the same command, without --reload, as a child this process restarts
-        from turnstile.worker.dev.reload import supervise
-
         child = ["worker", "-Q", ",".join(names), "-c", str(concurrency), "-P", pool,
                  "--loglevel", loglevel, *(["-n", name] if name else [])]  # fmt: skip
-        env = {**os.environ, "TURNSTILE_REDIS_URL": redis_url}
-        env |= {"TURNSTILE_BROKER_URL": broker_url} if broker_url else {}
-        raise typer.Exit(supervise(child, env))
-    os.environ["TURNSTILE_REDIS_URL"] = redis_url
-    os.environ["TURNSTILE_POOL"], os.environ["TURNSTILE_CONCURRENCY"] = pool, str(concurrency)
-    if broker_url:
-        os.environ["TURNSTILE_BROKER_URL"] = broker_url
-    from pydantic import ValidationError
+        raise typer.Exit(_supervise(child, redis_url, broker_url))
+    config = worker_settings(redis_url, broker_url, pool, concurrency)
+    _check_durable(config)
+    from turnstile.worker.runtime.app import build_worker
 
-    from turnstile.worker.settings import settings
+    worker = build_worker(config)
+    events = ["-E"] if config.task_events else []  # Celery's task events: see settings
+    code: int | None = worker.app.start(
+        ["worker", "-Q", ",".join(names), "-c", str(concurrency), "-P", pool, "-n", node,
+         *events, "-l", loglevel.upper(), "--without-gossip", "--without-mingle"]
+    )  # fmt: skip
+    raise typer.Exit(code or worker.announced_exitcode())
 
-    settings.cache_clear()
-    try:
-        settings()
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = "TURNSTILE_" + str(first["loc"][0]).upper() if first["loc"] else "settings"
-        fail(f"bad {where}: {first['msg']}", code=2)
-    from turnstile.worker.broker import deadletters
-    from turnstile.worker.runtime.app import announced_exitcode, connect, worker_app
+
+def _supervise(child: list[str], redis_url: str, broker_url: str | None) -> int:
+    """`turnstile worker --reload`: run the worker as a child, restarted on a job's change."""
+    from turnstile.worker.dev.reload import supervise
+
+    env = {**os.environ, "TURNSTILE_REDIS_URL": redis_url}
+    env |= {"TURNSTILE_BROKER_URL": broker_url} if broker_url else {}
+    return supervise(child, env)
+
+
+def _check_durable(config: Settings) -> None:
+    """A durable mode the store cannot keep refuses the worker before Celery starts, so the
+    refusal is the only line (the worker's DurabilityHook checks again, for a worker Celery
+    starts itself)."""
+    from turnstile.worker.store.connect import connect
     from turnstile.worker.store.durability import DurabilityRefusedError, check_server
 
-    store = connect(redis_url, settings())
-    try:  # before Celery starts, so the refusal is the only line (worker_init checks again)
-        check_server(store, settings().wait_for)
+    store = connect(str(config.redis_url), config)
+    try:
+        check_server(store, config.wait_for)
     except DurabilityRefusedError as exc:
         fail(str(exc), code=2)
     finally:
         store.close()
 
-    celery_app = worker_app()
 
-    url = broker_url or redis_url
-    celery_app.conf.update(broker_url=url, **deadletters.celery_config(url))
-    events = ["-E"] if settings().task_events else []  # Celery's task events: see settings
-    code: int | None = celery_app.start(
-        ["worker", "-Q", ",".join(names), "-c", str(concurrency), "-P", pool, "-n", node,
-         *events, "-l", loglevel.upper(), "--without-gossip", "--without-mingle"]
-    )  # fmt: skip
-    raise typer.Exit(code or announced_exitcode())
+def worker_settings(
+    redis_url: str, broker_url: str | None, pool: str, concurrency: int
+) -> Settings:
+    """The worker's Settings: its flags, and every other setting from its `TURNSTILE_*`
+    variable; a bad one is one line and exit 2."""
+    from pydantic import ValidationError
+
+    try:
+        return Settings(redis_url=redis_url, broker_url=broker_url or None, pool=pool,
+                        concurrency=concurrency)  # fmt: skip
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = "TURNSTILE_" + str(first["loc"][0]).upper() if first["loc"] else "settings"
+        fail(f"bad {where}: {first['msg']}", code=2)
 
 
 @app.command()

@@ -45,15 +45,23 @@ from turnstile.ledger.client import Ledger
 from turnstile.ledger.inputs import DEFAULT_DIMENSIONS
 from turnstile.providers import budget_for, unpriced
 from turnstile.providers.prices import PRICES_FILE_ENV
+from turnstile.worker.broker.message import StepMessage
+from turnstile.worker.broker.producer import sender
 from turnstile.worker.registry import Registry
-from turnstile.worker.runtime.app import connect, sender
-from turnstile.worker.runtime.step import StepMessage, next_hold, now_iso, time_limits
+from turnstile.worker.runtime.limits import next_hold, time_limits
 from turnstile.worker.scheduling.fair import route
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
+from turnstile.worker.store.connect import connect
 from turnstile.worker.store.durability import check_server
 from turnstile.worker.store.memory import RedisMemory
-from turnstile.worker.store.runs import Change, RunStore, StoreUnavailable, fingerprint
+from turnstile.worker.store.runs import (
+    Change,
+    RunStore,
+    StoreUnavailable,
+    fingerprint,
+    now_iso,
+)
 
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.\-]{0,63}$")
 # The one rule for a run id, wherever one comes in (this client, the CLI, the HTTP API's paths
@@ -166,7 +174,7 @@ class Client:
             client, grace_s=config.ledger_grace_s,
             dimensions=(*DEFAULT_DIMENSIONS, *self.jobs.dimensions()),
         )  # fmt: skip
-        self.store = RunStore(client, self.ledger, wait_for=config.wait_for)
+        self.store = RunStore(client, self.ledger, wait_for=config.wait_for, jobs=self.jobs)
         self.memory = RedisMemory(client)
         self.deferred: list[str] = []  # runs whose step the broker did not take (sweeper sends)
         # A blocking read of a run's events ends before the socket's timeout would.
@@ -607,4 +615,4 @@ def connect_client(config: Settings) -> Client:
     """A client over the configured store, sending steps through the configured broker."""
     if config.redis_url is None:
         raise StoreUnavailable("no store: set TURNSTILE_REDIS_URL")
-    return Client(connect(config.redis_url, config), config, sender(config.broker))
+    return Client(connect(config.redis_url, config), config, sender(config))

@@ -13,6 +13,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from fastapi import Depends, FastAPI
 
+from turnstile.worker.broker.producer import sender
 from turnstile.worker.client._client import Client
 from turnstile.worker.http import context, problems, routes_ops, routes_runs
 from turnstile.worker.http import routes_webhooks as webhooks
@@ -22,8 +23,8 @@ from turnstile.worker.http.problems import response
 from turnstile.worker.http.ratelimit import RateLimiter
 from turnstile.worker.http.settings import ApiSettings
 from turnstile.worker.http.streams import StreamSlots
-from turnstile.worker.runtime.app import connect, sender
 from turnstile.worker.settings import Settings
+from turnstile.worker.store.connect import connect
 from turnstile.worker.store.runs import StoreUnavailable
 
 Scope = MutableMapping[str, Any]
@@ -93,7 +94,7 @@ def create_app(config: Settings, api_settings: ApiSettings | None = None) -> Fas
     if config.redis_url is None:
         raise StoreUnavailable("no store: set TURNSTILE_REDIS_URL")
     store = connect(config.redis_url, config)
-    client = Client(store, config, sender(config.broker))
+    client = Client(store, config, sender(config))
     limiter = RateLimiter(
         store, limit=api_settings.submits_per_window, window_s=api_settings.rate_window_s
     )

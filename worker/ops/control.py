@@ -31,12 +31,13 @@ from turnstile.jobs.errors import StateFormatError
 from turnstile.jobs.outcomes import Outcome, Status
 from turnstile.jobs.state import RunState
 from turnstile.jobs.trace import Span
+from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.client._client import Client, check_name
-from turnstile.worker.runtime.step import StepMessage, next_hold, now_iso, time_limits
+from turnstile.worker.runtime.limits import next_hold, time_limits
 from turnstile.worker.scheduling import fair
 from turnstile.worker.scheduling.sweeper import time_limits_default
 from turnstile.worker.store import keys
-from turnstile.worker.store.runs import Change
+from turnstile.worker.store.runs import Change, now_iso
 
 # A step that read a flag just before it was cleared still parks its run, a few milliseconds
 # later; resume looks at the parked set again once such steps are done, waiting at most this.

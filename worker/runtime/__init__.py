@@ -1,1 +1,2 @@
-"""Inside a worker process: the Celery app, the step task, its hooks and pools."""
+"""Inside a worker process: the Celery app, the step task, its services and hooks, the step and
+its pools; and a step's limits (limits.py), which a client computes too when it queues one."""

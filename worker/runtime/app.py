@@ -1,10 +1,12 @@
-"""The Celery app and the step task: at least once, never pickle, never lose a message.
+"""The Celery app: its configuration (`make_app`, shared by the worker and the client's
+private producer), and a worker process's own app, built when the worker starts.
 
-Nothing is built on import: `worker_app()` builds the worker's app, registers the step task
-and connects the worker's signal handlers when a worker starts (`turnstile worker`, or
-`celery -A worker.app:app`, whose attribute lookup builds it). A service that imports the
-client keeps its own `celery.current_app`; it sends through `producer()`, an app of its own
-that is never made current.
+Nothing is built on import. `build_worker(config)` builds the worker from a Settings value:
+its app, the step task registered on it (worker/runtime/task.py), its services
+(worker/runtime/services.py) and its hooks, connected (worker/runtime/hooks.py). `turnstile
+worker` calls it with the Settings its flags make; `celery -A turnstile.worker.runtime.app:app
+worker` finds the app through this module's attribute lookup, which builds the worker from the
+`TURNSTILE_*` environment variables, read once there: that is a Celery-started worker's edge.
 
 Acks are late and a lost worker's message is rejected back to the queue, so a step that dies
 mid-turn is delivered again; the version compare-and-set in the store makes every extra
@@ -13,55 +15,24 @@ delivery harmless. Prefetch is one: a worker holds only the message it is runnin
 
 from __future__ import annotations
 
-import functools
-import math
-import os
-import random
 import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
-import redis
-import structlog
-from celery import Celery, Task, signals
+from celery import Celery
 
-from turnstile.jobs.kernel import READ_POOL_SIZE
-from turnstile.ledger.client import Ledger
-from turnstile.ledger.inputs import DEFAULT_DIMENSIONS
 from turnstile.worker.broker import deadletters
-from turnstile.worker.observability import metrics
-from turnstile.worker.observability.logs import configure as configure_logging
-from turnstile.worker.registry import Jobs
-from turnstile.worker.runtime import pools
+from turnstile.worker.runtime import hooks, pools, task
 from turnstile.worker.runtime.pools import Pool
-from turnstile.worker.runtime.step import (
-    Heartbeat,
-    LedgerDown,
-    Services,
-    Step,
-    StepMessage,
-    parse_message,
-    time_limits,
-)
-from turnstile.worker.scheduling import fair
-from turnstile.worker.scheduling.sweeper import Sweeper
-from turnstile.worker.settings import Settings, settings
-from turnstile.worker.store.durability import DurabilityRefusedError, check_server
-from turnstile.worker.store.runs import RunStore, StoreUnavailable
-
-log = structlog.get_logger("turnstile.worker")
-
-STEP_TASK = "turnstile.step"
-# On the Redis transport 0 is served first. A run's later steps go ahead of new runs' first
-# steps, so a tenant at its cap finishes the runs it started instead of leaving many half done.
-CONTINUE_PRIORITY = 0
-START_PRIORITY = 9
+from turnstile.worker.runtime.services import WorkerServices
+from turnstile.worker.settings import Settings
 
 
-def make_app(config: Settings, *, broker_url: str | None = None, main: bool = True) -> Celery:
+def make_app(config: Settings, *, main: bool = True) -> Celery:
+    """A Celery app configured from `config`, with no task of its own: the worker's
+    (`main`: made the current app) or a client's private producer (never made current)."""
     celery = Celery("turnstile", set_as_current=main)
-    url = broker_url or config.broker_url or config.redis_url
+    url = config.broker_url or config.redis_url
     celery.conf.update(
         broker_url=url,
         broker_transport_options={"visibility_timeout": config.visibility_timeout_s},
@@ -96,392 +67,41 @@ def broker_pool_limit(config: Settings) -> int:
     return 4
 
 
-def redis_max_connections(config: Settings) -> int:
-    """Redis connections one worker process may open to the store: for each turn in flight,
-    its own and one per parallel tool call (a tool may read the store), then the heartbeat
-    and a few spares."""
-    turns = config.concurrency if config.pool == Pool.GEVENT else 1
-    return turns * (1 + READ_POOL_SIZE) + pools.SPARE_CONNECTIONS
+@dataclass(frozen=True)
+class Worker:
+    """A worker process: its app with the step task, its services and its hooks, connected."""
+
+    app: Celery
+    services: WorkerServices
+    hooks: tuple[hooks.Hook, ...]
+
+    def announced_exitcode(self) -> int:
+        """The exit status a shutdown signal announced (hooks.ExitCodeHook); 0 if none."""
+        codes = (h.exitcode() for h in self.hooks if isinstance(h, hooks.ExitCodeHook))
+        return max(codes, default=0)
 
 
-_worker: dict[str, Celery] = {}
-_worker_lock = threading.Lock()
-
-
-def worker_app() -> Celery:
-    """The worker's app, built once per process on first use, with the step task and the
-    worker's signal handlers: this is where a worker starts, never at import."""
-    with _worker_lock:
-        if "app" not in _worker:
-            celery = make_app(settings())
-            celery.task(
-                name=STEP_TASK, bind=True, acks_late=True, reject_on_worker_lost=True,
-                max_retries=None,
-            )(step_task)  # fmt: skip
-            _connect_signals()
-            _worker["app"] = celery
-        return _worker["app"]
-
-
-def __getattr__(name: str) -> Any:
-    """`celery -A worker.app:app` finds the worker's app by this lookup, which builds it."""
-    if name == "app":
-        return worker_app()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-# A client's publish is bounded: a broker that is down or unreachable makes a submission or a
-# decision say "accepted, sent later" within a few seconds (the sweeper sends the step),
-# instead of hanging on the operating system's connect timeout.
-PUBLISH_CONNECT_TIMEOUT_S = 1.0
-PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.25,
-                        "interval_max": 0.5}  # fmt: skip
-
-
-@functools.lru_cache(maxsize=8)
-def producer(broker_url: str) -> Celery:
-    """A producer-only app for this broker (no tasks of its own; it sends by task name)."""
-    made = make_app(settings(), broker_url=broker_url, main=False)
-    made.conf.update(
-        broker_connection_timeout=PUBLISH_CONNECT_TIMEOUT_S,
-        broker_transport_options={
-            **made.conf.broker_transport_options,
-            "socket_connect_timeout": PUBLISH_CONNECT_TIMEOUT_S,
-            "socket_timeout": 5.0,
-        },
-        task_publish_retry_policy=PUBLISH_RETRY_POLICY,
-    )
-    return made
-
-
-def sender(broker_url: str) -> Callable[[StepMessage, float, float], None]:
-    """A function that sends step messages to this broker: for a client (a service, the CLI,
-    a test) that picks its server at run time rather than from the environment."""
-    app_for_broker = producer(broker_url)
-
-    def send(msg: StepMessage, soft_s: float, hard_s: float) -> None:
-        app_for_broker.send_task(STEP_TASK, **_options(msg, soft_s, hard_s))
-
-    return send
-
-
-_services: dict[int, Services] = {}
+_worker: list[Worker] = []
 _lock = threading.Lock()
 
 
-def connect(url: str, config: Settings, *, max_connections: int | None = None) -> redis.Redis:
-    """A client of the store. A worker's step services bound its pool to the turns the process
-    holds in flight (`max_connections`): a turn past the bound waits for a connection, up to
-    the socket timeout, instead of opening more. A client of a service is not bounded."""
-    options: dict[str, Any] = {
-        "decode_responses": True,
-        "socket_timeout": config.redis_timeout_s,
-        "socket_connect_timeout": min(1.0, config.redis_timeout_s),
-        "health_check_interval": 30,
-    }
-    if max_connections is None:
-        return redis.Redis.from_url(url, **options)
-    pool = redis.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=config.redis_timeout_s, **options
-    )
-    return redis.Redis(connection_pool=pool)
-
-
-def _options(msg: StepMessage, soft_s: float, hard_s: float) -> dict[str, Any]:
-    return {
-        "kwargs": msg.as_kwargs(),
-        "queue": msg.queue,
-        "priority": CONTINUE_PRIORITY if msg.version > 1 else START_PRIORITY,
-        "soft_time_limit": math.ceil(soft_s),
-        "time_limit": math.ceil(hard_s),
-    }
-
-
-def send_step(msg: StepMessage, soft_s: float, hard_s: float) -> None:
-    worker_app().send_task(STEP_TASK, **_options(msg, soft_s, hard_s))
-
-
-def send_steps(batch: list[tuple[StepMessage, float, float]]) -> None:
-    """Send several step messages on one producer, batched: kombu's Redis transport writes
-    a batch in one pipeline, one round trip for all (another broker publishes them in turn)."""
-    app = worker_app()
-    with app.producer_or_acquire() as producer, producer.batch():
-        for msg, soft_s, hard_s in batch:
-            app.send_task(STEP_TASK, producer=producer, **_options(msg, soft_s, hard_s))
-
-
-def build_services(config: Settings) -> Services:
-    if config.redis_url is None:
-        raise StoreUnavailable("no store: set TURNSTILE_REDIS_URL")
-    client = connect(config.redis_url, config, max_connections=redis_max_connections(config))
-    jobs = Jobs(client, drills=config.allow_drills)
-    ledger = Ledger.from_url(
-        config.redis_url, grace_s=config.ledger_grace_s,
-        dimensions=(*DEFAULT_DIMENSIONS, *jobs.dimensions()),
-    )  # fmt: skip
-    store = RunStore(client, ledger, wait_for=config.wait_for)
-    route = fair.route(client, config, send_step)
-
-    sends = iter(range(1, 2**62))
-
-    def send(msg: StepMessage, state: Any) -> None:
-        soft_s, hard_s = time_limits(state, config)
-        if config.chaos_drop_every and next(sends) % config.chaos_drop_every == 0:
-            log.warning("chaos_send_dropped", version=msg.version)
-            return
-        try:
-            route(msg, soft_s, hard_s)
-            for _ in range(config.chaos_send_copies - 1):  # the drill's duplicates, as they
-                send_step(msg, soft_s, hard_s)  # come: past the pending list, which folds them
-        except Exception as exc:  # the lease the commit set makes the sweeper send it later
-            log.warning("enqueue_failed", error=str(exc), version=msg.version)
-
-    # With fair share on, a run's next step is queued by the commit itself
-    # (worker/scheduling/fair.py, run_commit.lua); not in the drills, which stand in the gap
-    # between a commit and its send. With a durability wait, a worker may take the step while
-    # the commit's wait is under way (milliseconds): a crash then loses that turn with the
-    # commit it followed, and it runs again from the durable version, its writes replayed by
-    # their keys, as a turn killed mid-flight does.
-    queues_in_commit = (
-        config.fair_share and not config.chaos_drop_every and config.chaos_send_copies == 1
-    )
-
-    def next_step(msg: StepMessage, state: Any) -> fair.Pending | None:
-        if not queues_in_commit:
-            return None
-        return fair.pending_entry(msg, *time_limits(state, config))
-
-    turns = config.concurrency if config.pool == Pool.GEVENT else 1
-    return Services(
-        settings=config,
-        store=store,
-        ledger=ledger,
-        jobs=jobs,
-        send=send,
-        next_step=next_step,
-        heartbeat=Heartbeat(config.inflight_lease_s / 3),
-        # Tool calls of every turn in flight: greenlets on a green worker, so one set per turn.
-        pool=ThreadPoolExecutor(READ_POOL_SIZE * turns, "turnstile-tool"),
-    )
-
-
-def services() -> Services:
-    """This process's services, built after any fork: connections are never shared."""
-    pid = os.getpid()
+def build_worker(config: Settings) -> Worker:
+    """This process's worker, built from `config` when it starts: one per process (a process
+    is one Celery worker), so a later call returns the first."""
     with _lock:
-        if pid not in _services:
-            _services.clear()
-            _services[pid] = build_services(settings())
-        return _services[pid]
+        if not _worker:
+            app = make_app(config)
+            services = WorkerServices(config, app)
+            task.register(app, services)
+            connected = tuple(hooks.worker_hooks(services))
+            hooks.install(connected)
+            _worker.append(Worker(app, services, connected))
+        return _worker[0]
 
 
-def compute_backoff(attempts: int, *, base_s: float, max_s: float, jitter: float = 0.25) -> float:
-    """Exponential backoff with jitter, capped: base * 2^attempts, give or take a quarter."""
-    delay = min(max_s, base_s * 2.0 ** min(attempts, 30))
-    return max(0.0, delay * (1 + random.uniform(-jitter, jitter)))
-
-
-def step_task(self: Task, *args: Any, **kwargs: Any) -> str:  # type: ignore[type-arg]
-    """Run one turn of a run. Malformed messages are logged and acked; the run, where it can
-    be told, ends `error` with the reason."""
-    started, result = metrics.step_started(), "exception"
-    msg = parse_message(args, kwargs)
-    if isinstance(msg, str):
-        log.error(
-            "malformed_step_message", reason=msg, args=repr(args)[:200], kwargs=repr(kwargs)[:400]
-        )
-        _fail_named_run(kwargs, msg)
-        metrics.step_done("malformed", started)
-        return "malformed"
-    structlog.contextvars.bind_contextvars(
-        tenant=msg.tenant, run_id=msg.run_id, version=msg.version
-    )
-    # A delivery that exits cleanly (store or ledger down) names itself to its retry as
-    # `after`, so that it does not count as a delivery that died mid-turn.
-    after = kwargs.get("after")
-    step: Step | None = None
-    try:
-        step = Step(services(), msg, delivery=f"{self.request.id}:{self.request.retries}",
-                    after=after if isinstance(after, str) else "")  # fmt: skip
-        result = step.run()
-        return result
-    except (LedgerDown, StoreUnavailable) as exc:
-        config = settings()
-        delay = compute_backoff(
-            self.request.retries, base_s=config.retry_base_s, max_s=config.retry_max_s
-        )
-        log.warning("step_retry", error=str(exc), countdown_s=round(delay, 2))
-        result = "retry"
-        metrics.step_retried("ledger_down" if isinstance(exc, LedgerDown) else "store_unavailable")
-        retry_kwargs = {**msg.as_kwargs(), "after": step.clean_exit if step else ""}
-        raise self.retry(countdown=delay, exc=exc, kwargs=retry_kwargs) from exc
-    finally:
-        metrics.step_done(result, started)
-        structlog.contextvars.clear_contextvars()
-        # A retry keeps the step's slot until its last delivery; a continuing run's next
-        # step gave it back as it was queued (worker/scheduling/fair.py).
-        if result not in ("retry", "continued"):
-            _release(msg, result)
-
-
-# Results of a step after which its run is over (see worker/runtime/step.py and step_task).
-RUN_ENDED = frozenset({"finished", "refused", "cancelled", "broken", "poison", "missing"})
-
-
-def _release(msg: StepMessage, result: str) -> None:
-    """Give the step's fair-share slot back (see worker/scheduling/fair.py)."""
-    if not settings().fair_share:
-        return
-    try:
-        fair.release(services().store.client, msg.tenant, msg.run_id, msg.version,
-                     ended=result in RUN_ENDED)  # fmt: skip
-    except Exception as exc:  # the slot lapses by itself
-        log.warning("slot_release_failed", error=str(exc))
-
-
-def _fail_named_run(kwargs: dict[str, Any], reason: str) -> None:
-    tenant, run_id = kwargs.get("tenant"), kwargs.get("run_id")
-    if not (isinstance(tenant, str) and tenant and isinstance(run_id, str) and run_id):
-        return
-    try:
-        services().store.fail_run(tenant, run_id, f"malformed step message: {reason}")
-    except Exception as exc:
-        log.error("fail_run_failed", error=str(exc))
-
-
-# -- the sweeper: a timer in each worker's main process --------------------------------------
-
-_sweeper_stop = threading.Event()
-
-
-def _start_sweeper(sender: Any = None, **kwargs: Any) -> None:
-    config = settings()
-    log.info("worker_ready", hostname=getattr(sender, "hostname", ""), pid=os.getpid())
-    if config.redis_url is None:
-        return
-    client = connect(config.redis_url, config)
-    sweeper = Sweeper(client, config, fair.route(client, config, send_step))
-    _sweeper_stop.clear()
-    threading.Thread(
-        target=sweeper.loop, args=(_sweeper_stop,), name="turnstile-sweeper", daemon=True
-    ).start()
-    if config.fair_share:
-        dispatcher = fair.Dispatcher(
-            connect(config.redis_url, config), _broker_client(config), config, send_steps
-        )
-        dispatcher.capacity = _capacity(sender)
-        threading.Thread(
-            target=dispatcher.loop, args=(_sweeper_stop,), name="turnstile-dispatcher",
-            daemon=True,
-        ).start()  # fmt: skip
-
-
-def _capacity(consumer: Any) -> tuple[str, list[str], int] | None:
-    """This worker as the dispatcher announces it: its name, the queues it reads and how many
-    turns it holds in flight (the pool's limit: processes on prefork, greenlets on gevent)."""
-    try:
-        queues = sorted(consumer.app.amqp.queues.consume_from)
-        return str(consumer.hostname), queues, int(consumer.pool.limit)
-    except (AttributeError, TypeError, ValueError) as exc:
-        log.warning("capacity_unknown", error=str(exc))
-        return None
-
-
-def _broker_client(config: Settings) -> redis.Redis | None:
-    """The broker's lists, read to keep each queue short; None for a broker that is not
-    Redis (the dispatcher then keeps `dispatch_depth` steps moving without reading them)."""
-    url = config.broker
-    if not url.startswith(("redis://", "rediss://", "unix://")):
-        return None
-    return connect(url, config)
-
-
-# The exit status a shutdown signal announced (1 for a cold shutdown). Celery's worker exits 0
-# after a cold shutdown all the same (WorkController.terminate keeps no exit code), so
-# `turnstile worker` exits with this one when Celery's own is 0.
-_announced_exitcode: list[int] = []
-
-
-def _note_exitcode(exitcode: int | None = None, **kwargs: Any) -> None:
-    if exitcode:
-        _announced_exitcode.append(int(exitcode))
-
-
-def announced_exitcode() -> int:
-    return max(_announced_exitcode, default=0)
-
-
-def _stop_sweeper(sender: Any = None, **kwargs: Any) -> None:
-    _sweeper_stop.set()
-
-
-def _child_init(**kwargs: Any) -> None:
-    config = settings()
-    configure_logging(config.log_format, config.log_level)
-
-
-def _main_init(**kwargs: Any) -> None:
-    config = settings()
-    configure_logging(config.log_format, config.log_level)
-    _check_durability(config)
-    metrics.enable(config.metrics_port)  # before the pool forks: the children inherit it
-
-
-def _check_durability(config: Settings) -> None:
-    """A worker whose store cannot keep TURNSTILE_DURABILITY's promise does not start: one
-    line, and an exit status its supervisor sees (SystemExit passes Celery's signal
-    dispatch, which swallows exceptions)."""
-    if config.redis_url is None or not config.wait_for.waits:
-        return
-    client = connect(config.redis_url, config)
-    try:
-        check_server(client, config.wait_for)
-    except DurabilityRefusedError as exc:
-        raise SystemExit(f"error: {exc}") from None
-    finally:
-        client.close()
-
-
-def _start_watchdog(**kwargs: Any) -> None:
-    """On a green worker, once it is up (its imports done): kill it if its hub blocks."""
-    if pools.green():
-        pools.Watchdog(settings().hub_block_limit_s, on_kill=_hub_blocked).start()
-
-
-def _hub_blocked(blocked_s: float) -> None:
-    """The watchdog's last line, written from its OS thread without taking any lock."""
-    line = f'{{"event": "hub_blocked", "blocked_s": {blocked_s:.1f}, "pid": {os.getpid()}}}\n'
-    os.write(2, line.encode())
-
-
-# -- metrics: served by the main process, written by every pool process ---------------------
-
-
-def _serve_metrics(**kwargs: Any) -> None:
-    metrics.serve(settings().metrics_port)
-
-
-def _child_exit(pid: int | None = None, **kwargs: Any) -> None:
-    metrics.process_dead(pid or os.getpid())
-
-
-def _connect_signals() -> None:
-    """The worker's handlers, connected when its app is built (weak=False: module functions)."""
-    signals.worker_ready.connect(_start_sweeper, weak=False)
-    signals.worker_ready.connect(_start_watchdog, weak=False)
-    signals.worker_ready.connect(_log_jobs, weak=False)
-    signals.worker_shutdown.connect(_stop_sweeper, weak=False)
-    signals.worker_shutting_down.connect(_note_exitcode, weak=False)
-    signals.worker_process_init.connect(_child_init, weak=False)
-    signals.worker_init.connect(_main_init, weak=False)
-    signals.worker_ready.connect(_serve_metrics, weak=False)
-    signals.worker_process_shutdown.connect(_child_exit, weak=False)
-
-
-def _log_jobs(**kwargs: Any) -> None:
-    """Once per worker: the jobs it can run, and one line for each plugin that is broken."""
-    config = settings()
-    client = connect(config.redis_url, config) if config.redis_url else None
-    registry = Jobs(client)
-    registry.log_broken()
-    log.info("worker_jobs", jobs=registry.names(), dimensions=list(registry.dimensions()))
+def __getattr__(name: str) -> Any:
+    """`celery -A turnstile.worker.runtime.app:app` finds the worker's app by this lookup,
+    which builds the worker, its Settings read from the environment."""
+    if name == "app":
+        return (_worker[0] if _worker else build_worker(Settings())).app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -47,8 +47,10 @@ MAX_CONCURRENCY = {Pool.PREFORK: 1024, Pool.GEVENT: 5000, Pool.THREADS: 1024}
 SPARE_CONNECTIONS = 8
 
 
-def check(pool: str, concurrency: int, jobs: Sequence[str]) -> str | None:
-    """Why the worker must not start with this pool and concurrency, or None."""
+def check(pool: str, concurrency: int, jobs: Callable[[], Sequence[str]]) -> str | None:
+    """Why the worker must not start with this pool and concurrency, or None. `jobs` gives
+    the job names, asked for only to name them when a pool is refused for want of hard
+    limits: a worker that starts builds its registry once, later, over its store."""
     names = ", ".join(p.value for p in Pool if p in ENFORCES_HARD_LIMITS)
     if pool not in Pool.__members__.values():
         return f"bad --pool {pool!r}: one of {names}"
@@ -56,7 +58,7 @@ def check(pool: str, concurrency: int, jobs: Sequence[str]) -> str | None:
     if chosen not in ENFORCES_HARD_LIMITS:
         return (
             f"--pool {pool} cannot stop a call that ignores its timeout, and every job's "
-            f"turns need that hard limit ({', '.join(jobs) or 'no jobs'}): use {names}"
+            f"turns need that hard limit ({', '.join(jobs()) or 'no jobs'}): use {names}"
         )
     top = MAX_CONCURRENCY[chosen]
     if not 1 <= concurrency <= top:

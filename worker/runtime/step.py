@@ -42,9 +42,11 @@ from turnstile.jobs.trace import Trace
 from turnstile.ledger import replies as ledger_replies
 from turnstile.ledger.client import Ledger
 from turnstile.ledger.results import ReserveResult
+from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.observability import metrics, tracing
 from turnstile.worker.registry import Jobs
 from turnstile.worker.runtime import pools
+from turnstile.worker.runtime.limits import hold_id, ledger_amounts, next_hold, time_limits
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 from turnstile.worker.store.runs import (
@@ -57,92 +59,11 @@ from turnstile.worker.store.runs import (
     now_iso,
 )
 
-__all__ = ["now_iso"]  # re-exported: callers take the time format from here
-
 log = structlog.get_logger("turnstile.step")
-
-MAX_TRACEPARENT_CHARS = 128
 
 
 class LedgerDown(StoreUnavailableError):  # noqa: N818 - the ledger is down, said plainly
     """The ledger did not answer: hard limits fail closed, the step is retried later."""
-
-
-@dataclass(frozen=True)
-class StepMessage:
-    tenant: str
-    run_id: str
-    version: int
-    queue: str
-    traceparent: str = ""  # the run's W3C trace context, so all its turns share one trace
-
-    def as_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {
-            "tenant": self.tenant,
-            "run_id": self.run_id,
-            "version": self.version,
-            "queue": self.queue,
-        }
-        if self.traceparent:
-            kwargs["traceparent"] = self.traceparent
-        return kwargs
-
-
-def parse_message(args: tuple[Any, ...], kwargs: dict[str, Any]) -> StepMessage | str:
-    """The step's arguments, or why they are not a step message."""
-    if args:  # an excerpt: the arguments can be megabytes, and the reason is stored
-        return excerpt(f"positional arguments are not accepted: {list(args)[:4]!r}", 300)
-    tenant, run_id, version, queue = (
-        kwargs.get(k) for k in ("tenant", "run_id", "version", "queue")
-    )
-    if not isinstance(tenant, str) or not tenant or not isinstance(run_id, str) or not run_id:
-        return "tenant and run_id must be non-empty strings"
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        return "version must be a positive integer"
-    if not isinstance(queue, str) or not queue:
-        return "queue must be a non-empty string"
-    traceparent = kwargs.get("traceparent")  # optional; a bad one only costs the trace link
-    if not isinstance(traceparent, str) or len(traceparent) > MAX_TRACEPARENT_CHARS:
-        traceparent = ""
-    return StepMessage(tenant, run_id, version, queue, traceparent)
-
-
-def time_limits(state: RunState, settings: Settings) -> tuple[float, float]:
-    """(soft, hard) time limits of the run's next step: the run's remaining active time plus a
-    grace, so that a call ignoring its own timeout is still stopped from outside."""
-    remaining_s = max(0, state.budget.deadline_ms - state.usage.elapsed_ms) / 1000
-    hard = min(remaining_s, settings.max_deadline_s) + settings.step_grace_s
-    return max(1.0, hard - settings.soft_margin_s), hard
-
-
-def ledger_amounts(usage: Usage) -> dict[str, int]:
-    """The built-in four dimensions and whatever job dimensions the usage carries."""
-    return usage.ledger_amounts()
-
-
-def hold_id(run_id: str, step: int, version: int) -> str:
-    """The reservation id of a turn: "<run>:<step>", qualified by the version of the step
-    message that takes it. A redelivered message takes the same hold again (the ledger
-    replays it); after a park released a hold, the resumed run takes a new one."""
-    return f"{run_id}:{step}:v{version}"
-
-
-def next_hold(
-    ledger: Ledger, settings: Settings, state: RunState, job: Job, *, version: int
-) -> str:
-    """The ledger hold the run's next turn will take, as the load script reads it: computed
-    whenever the run is committed live, for the step message of `version`, so that step
-    reserves inside its one read. It is the worst case of the next turn (the kernel's
-    exposure), held until the step's hard time limit has passed."""
-    unfit, worst = exposure(state, job)
-    if unfit is not None:
-        return msgspec.json.encode({"unfit": unfit.value}).decode()
-    _, hard_s = time_limits(state, settings)
-    reservation_id = hold_id(state.run_id, state.usage.steps + 1, version)
-    _, argv = ledger.reserve_script_args(
-        state.tenant, reservation_id, ledger_amounts(worst), timeout_s=hard_s
-    )
-    return msgspec.json.encode({"argv": argv}).decode()
 
 
 @dataclass

@@ -35,8 +35,8 @@ import redis
 import structlog
 
 from turnstile.errors import TurnstileError
+from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.observability import metrics
-from turnstile.worker.runtime.step import StepMessage
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 from turnstile.worker.store.durability import Durability

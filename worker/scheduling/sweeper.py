@@ -29,7 +29,8 @@ import structlog
 from turnstile.jobs.errors import StateFormatError
 from turnstile.jobs.state import RunState
 from turnstile.ledger.client import Ledger
-from turnstile.worker.runtime.step import StepMessage, time_limits
+from turnstile.worker.broker.message import StepMessage
+from turnstile.worker.runtime.limits import time_limits
 from turnstile.worker.scheduling import retention
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys

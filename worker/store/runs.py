@@ -172,7 +172,12 @@ def with_scripts(
 
 class RunStore:
     def __init__(
-        self, client: redis.Redis, ledger: Ledger, *, wait_for: WaitFor | None = None
+        self,
+        client: redis.Redis,
+        ledger: Ledger,
+        *,
+        wait_for: WaitFor | None = None,
+        jobs: Jobs | None = None,
     ) -> None:
         self.client = client
         self.ledger = ledger
@@ -185,7 +190,9 @@ class RunStore:
         )
         self._hold = client.register_script(library_source() + "\n" + _script("run_hold"))
         self._mark = client.register_script(_script("run_mark"))
-        self.jobs = Jobs(client)  # for closing messages
+        # For closing messages: the process's registry, passed in; built here only for a store
+        # made on its own (a test, a tool).
+        self.jobs = jobs if jobs is not None else Jobs(client)
 
     # -- writing ---------------------------------------------------------------------------
 

@@ -1,0 +1,68 @@
+"""The step message as it travels on the broker: the task's name, its arguments, its priority
+and its time limits. Plain data: the client, the scheduler and the worker's task all speak it,
+and none of them imports Celery to do so."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from turnstile.worker.store.runs import excerpt
+
+STEP_TASK = "turnstile.step"
+# On the Redis transport 0 is served first. A run's later steps go ahead of new runs' first
+# steps, so a tenant at its cap finishes the runs it started instead of leaving many half done.
+CONTINUE_PRIORITY = 0
+START_PRIORITY = 9
+MAX_TRACEPARENT_CHARS = 128
+
+
+@dataclass(frozen=True)
+class StepMessage:
+    tenant: str
+    run_id: str
+    version: int
+    queue: str
+    traceparent: str = ""  # the run's W3C trace context, so all its turns share one trace
+
+    def as_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "tenant": self.tenant,
+            "run_id": self.run_id,
+            "version": self.version,
+            "queue": self.queue,
+        }
+        if self.traceparent:
+            kwargs["traceparent"] = self.traceparent
+        return kwargs
+
+
+def parse_message(args: tuple[Any, ...], kwargs: dict[str, Any]) -> StepMessage | str:
+    """The step's arguments, or why they are not a step message."""
+    if args:  # an excerpt: the arguments can be megabytes, and the reason is stored
+        return excerpt(f"positional arguments are not accepted: {list(args)[:4]!r}", 300)
+    tenant, run_id, version, queue = (
+        kwargs.get(k) for k in ("tenant", "run_id", "version", "queue")
+    )
+    if not isinstance(tenant, str) or not tenant or not isinstance(run_id, str) or not run_id:
+        return "tenant and run_id must be non-empty strings"
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        return "version must be a positive integer"
+    if not isinstance(queue, str) or not queue:
+        return "queue must be a non-empty string"
+    traceparent = kwargs.get("traceparent")  # optional; a bad one only costs the trace link
+    if not isinstance(traceparent, str) or len(traceparent) > MAX_TRACEPARENT_CHARS:
+        traceparent = ""
+    return StepMessage(tenant, run_id, version, queue, traceparent)
+
+
+def publish_options(msg: StepMessage, soft_s: float, hard_s: float) -> dict[str, Any]:
+    """The arguments of `send_task` for this step: its queue, priority and time limits."""
+    return {
+        "kwargs": msg.as_kwargs(),
+        "queue": msg.queue,
+        "priority": CONTINUE_PRIORITY if msg.version > 1 else START_PRIORITY,
+        "soft_time_limit": math.ceil(soft_s),
+        "time_limit": math.ceil(hard_s),
+    }

@@ -1,0 +1,71 @@
+"""Publishing step messages: the private producer a client sends through, and the sends of a
+worker's own app.
+
+A service that imports the client keeps its own `celery.current_app`: the client sends through
+`producer()`, an app of its own that is never made current. Nothing here imports Celery until
+a step is published (`make_app` is imported then), so importing the client loads neither
+Celery's worker nor kombu's transports.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from turnstile.worker.broker.message import STEP_TASK, StepMessage, publish_options
+from turnstile.worker.settings import Settings
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+Send = Callable[[StepMessage, float, float], None]
+
+# A client's publish is bounded: a broker that is down or unreachable makes a submission or a
+# decision say "accepted, sent later" within a few seconds (the sweeper sends the step),
+# instead of hanging on the operating system's connect timeout.
+PUBLISH_CONNECT_TIMEOUT_S = 1.0
+PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.25,
+                        "interval_max": 0.5}  # fmt: skip
+
+
+@functools.lru_cache(maxsize=8)
+def producer(config: Settings) -> Celery:
+    """A producer-only app for this configuration's broker (no tasks of its own; it sends by
+    task name), one per Settings value: clients built from equal Settings share it and its
+    connection pool."""
+    from turnstile.worker.runtime.app import make_app  # noqa: PLC0415 - Celery at first send
+
+    made = make_app(config, main=False)
+    made.conf.update(
+        broker_connection_timeout=PUBLISH_CONNECT_TIMEOUT_S,
+        broker_transport_options={
+            **made.conf.broker_transport_options,
+            "socket_connect_timeout": PUBLISH_CONNECT_TIMEOUT_S,
+            "socket_timeout": 5.0,
+        },
+        task_publish_retry_policy=PUBLISH_RETRY_POLICY,
+    )
+    return made
+
+
+def sender(config: Settings) -> Send:
+    """A function that sends step messages to this configuration's broker, for a client (a
+    service, the CLI, the HTTP API, a test); its producer is built at the first send."""
+
+    def send(msg: StepMessage, soft_s: float, hard_s: float) -> None:
+        send_step(producer(config), msg, soft_s, hard_s)
+
+    return send
+
+
+def send_step(app: Celery, msg: StepMessage, soft_s: float, hard_s: float) -> None:
+    app.send_task(STEP_TASK, **publish_options(msg, soft_s, hard_s))
+
+
+def send_steps(app: Celery, batch: list[tuple[StepMessage, float, float]]) -> None:
+    """Send several step messages on one producer, batched: kombu's Redis transport writes
+    a batch in one pipeline, one round trip for all (another broker publishes them in turn)."""
+    with app.producer_or_acquire() as producer, producer.batch():
+        for msg, soft_s, hard_s in batch:
+            app.send_task(STEP_TASK, producer=producer, **publish_options(msg, soft_s, hard_s))

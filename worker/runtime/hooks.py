@@ -1,0 +1,250 @@
+"""The worker's hooks: its signal wiring as named objects, one concern each, connected by
+`install` when a worker starts (worker/runtime/app.py), never on import."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+import structlog
+from celery import signals
+
+from turnstile.worker.broker import producer
+from turnstile.worker.observability import metrics
+from turnstile.worker.observability.logs import configure as configure_logging
+from turnstile.worker.registry import Registry
+from turnstile.worker.runtime import pools
+from turnstile.worker.runtime.services import WorkerServices
+from turnstile.worker.scheduling import fair
+from turnstile.worker.scheduling.sweeper import Sweeper
+from turnstile.worker.settings import Settings
+from turnstile.worker.store.connect import connect
+from turnstile.worker.store.durability import DurabilityRefusedError, check_server
+
+log = structlog.get_logger("turnstile.worker")
+
+
+class Hook:
+    """One concern of a worker's life, told of the Celery signals it answers, as dramatiq's
+    middleware is told of its broker's events: a method named after a signal answers it; the
+    ones a hook does not override are not connected. Each method runs in the process the
+    signal fires in: the main process (worker_init, worker_ready, worker_shutting_down,
+    worker_shutdown) or a pool process (worker_process_init, worker_process_shutdown)."""
+
+    def worker_init(self, **kwargs: Any) -> None:
+        """The main process, before the pool starts (a prefork pool forks after it)."""
+
+    def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
+        """The main process, its consumer ready (`sender`) and its pool started."""
+
+    def worker_shutting_down(self, **kwargs: Any) -> None:
+        """The main process, told to stop (`exitcode`: the status the signal announced)."""
+
+    def worker_shutdown(self, **kwargs: Any) -> None:
+        """The main process, stopping."""
+
+    def worker_process_init(self, **kwargs: Any) -> None:
+        """A pool process, just started."""
+
+    def worker_process_shutdown(self, **kwargs: Any) -> None:
+        """A pool process, stopping (`pid`)."""
+
+
+SIGNALS = ("worker_init", "worker_ready", "worker_shutting_down", "worker_shutdown",
+           "worker_process_init", "worker_process_shutdown")  # fmt: skip
+
+
+def install(hooks: Sequence[Hook]) -> None:
+    """Connect each hook's methods to their signals, in the hooks' order (weak=False: a hook
+    lives as long as its worker)."""
+    for hook in hooks:
+        for name in SIGNALS:
+            if getattr(type(hook), name) is not getattr(Hook, name):
+                getattr(signals, name).connect(getattr(hook, name), weak=False)
+
+
+class LoggingHook(Hook):
+    """Structured logs in the main process and in every pool process, and the line a worker
+    says it is ready with (the tests and an operator wait for `worker_ready`)."""
+
+    def __init__(self, config: Settings) -> None:
+        self.config = config
+
+    def worker_init(self, **kwargs: Any) -> None:
+        configure_logging(self.config.log_format, self.config.log_level)
+
+    def worker_process_init(self, **kwargs: Any) -> None:
+        configure_logging(self.config.log_format, self.config.log_level)
+
+    def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
+        log.info("worker_ready", hostname=getattr(sender, "hostname", ""), pid=os.getpid())
+
+
+class DurabilityHook(Hook):
+    """A worker whose store cannot keep TURNSTILE_DURABILITY's promise does not start: one
+    line, and an exit status its supervisor sees (SystemExit passes Celery's signal dispatch,
+    which swallows exceptions)."""
+
+    def __init__(self, config: Settings) -> None:
+        self.config = config
+
+    def worker_init(self, **kwargs: Any) -> None:
+        config = self.config
+        if config.redis_url is None or not config.wait_for.waits:
+            return
+        client = connect(config.redis_url, config)
+        try:
+            check_server(client, config.wait_for)
+        except DurabilityRefusedError as exc:
+            raise SystemExit(f"error: {exc}") from None
+        finally:
+            client.close()
+
+
+class SweeperHook(Hook):
+    """The sweeper: a thread in each worker's main process that sends again the steps whose
+    leases lapsed (worker/scheduling/sweeper.py)."""
+
+    def __init__(self, config: Settings, send: producer.Send) -> None:
+        self.config, self.send = config, send
+        self.stop = threading.Event()
+
+    def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
+        config = self.config
+        if config.redis_url is None:
+            return
+        client = connect(config.redis_url, config)
+        sweeper = Sweeper(client, config, fair.route(client, config, self.send))
+        self.stop.clear()
+        threading.Thread(
+            target=sweeper.loop, args=(self.stop,), name="turnstile-sweeper", daemon=True
+        ).start()
+
+    def worker_shutdown(self, **kwargs: Any) -> None:
+        self.stop.set()
+
+
+class DispatcherHook(Hook):
+    """With fair share, the dispatcher: a thread in each worker's main process that moves
+    steps from the tenants' pending lists to the broker (worker/scheduling/fair.py)."""
+
+    def __init__(self, config: Settings, send_many: fair.PublishMany) -> None:
+        self.config, self.send_many = config, send_many
+        self.stop = threading.Event()
+
+    def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
+        config = self.config
+        if config.redis_url is None or not config.fair_share:
+            return
+        dispatcher = fair.Dispatcher(
+            connect(config.redis_url, config), _broker_client(config), config, self.send_many
+        )
+        dispatcher.capacity = _capacity(sender)
+        self.stop.clear()
+        threading.Thread(
+            target=dispatcher.loop, args=(self.stop,), name="turnstile-dispatcher", daemon=True
+        ).start()
+
+    def worker_shutdown(self, **kwargs: Any) -> None:
+        self.stop.set()
+
+
+def _capacity(consumer: Any) -> tuple[str, list[str], int] | None:
+    """This worker as the dispatcher announces it: its name, the queues it reads and how many
+    turns it holds in flight (the pool's limit: processes on prefork, greenlets on gevent)."""
+    try:
+        queues = sorted(consumer.app.amqp.queues.consume_from)
+        return str(consumer.hostname), queues, int(consumer.pool.limit)
+    except (AttributeError, TypeError, ValueError) as exc:
+        log.warning("capacity_unknown", error=str(exc))
+        return None
+
+
+def _broker_client(config: Settings) -> redis.Redis | None:
+    """The broker's lists, read to keep each queue short; None for a broker that is not
+    Redis (the dispatcher then keeps `dispatch_depth` steps moving without reading them)."""
+    url = config.broker
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        return None
+    return connect(url, config)
+
+
+class WatchdogHook(Hook):
+    """On a green worker, once it is up (its imports done): kill it if its hub blocks
+    (worker/runtime/pools.py)."""
+
+    def __init__(self, config: Settings) -> None:
+        self.config = config
+
+    def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
+        if pools.green():
+            pools.Watchdog(self.config.hub_block_limit_s, on_kill=_hub_blocked).start()
+
+
+def _hub_blocked(blocked_s: float) -> None:
+    """The watchdog's last line, written from its OS thread without taking any lock."""
+    line = f'{{"event": "hub_blocked", "blocked_s": {blocked_s:.1f}, "pid": {os.getpid()}}}\n'
+    os.write(2, line.encode())
+
+
+class JobsLogHook(Hook):
+    """Once per worker: the jobs it can run, and one line for each plugin that is broken."""
+
+    def __init__(self, jobs: Callable[[], Registry]) -> None:
+        self.jobs = jobs
+
+    def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
+        registry = self.jobs()
+        registry.log_broken()
+        log.info("worker_jobs", jobs=registry.names(), dimensions=list(registry.dimensions()))
+
+
+class MetricsHook(Hook):
+    """Prometheus metrics: written by every pool process, served by the main process."""
+
+    def __init__(self, config: Settings) -> None:
+        self.config = config
+
+    def worker_init(self, **kwargs: Any) -> None:
+        metrics.enable(self.config.metrics_port)  # before the pool forks: the children inherit it
+
+    def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
+        metrics.serve(self.config.metrics_port)
+
+    def worker_process_shutdown(self, pid: int | None = None, **kwargs: Any) -> None:
+        metrics.process_dead(pid or os.getpid())
+
+
+class ExitCodeHook(Hook):
+    """The exit status a shutdown signal announced (1 for a cold shutdown). Celery's worker
+    exits 0 after a cold shutdown all the same (WorkController.terminate keeps no exit code),
+    so `turnstile worker` exits with this one when Celery's own is 0."""
+
+    def __init__(self) -> None:
+        self.announced: list[int] = []
+
+    def worker_shutting_down(self, exitcode: int | None = None, **kwargs: Any) -> None:
+        if exitcode:
+            self.announced.append(int(exitcode))
+
+    def exitcode(self) -> int:
+        return max(self.announced, default=0)
+
+
+def worker_hooks(worker: WorkerServices) -> list[Hook]:
+    """The worker's hooks, in the order they answer a signal: logging first, so every other
+    hook's lines are structured, and the ready line before the threads start."""
+    config = worker.settings
+    return [
+        LoggingHook(config),
+        DurabilityHook(config),
+        SweeperHook(config, worker.send),
+        DispatcherHook(config, worker.send_many),
+        WatchdogHook(config),
+        JobsLogHook(worker.jobs),
+        MetricsHook(config),
+        ExitCodeHook(),
+    ]

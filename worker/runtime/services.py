@@ -1,0 +1,154 @@
+"""What the steps of one worker process share, wired from the worker's Settings: the store's
+client, the job registry, the ledger, the run store, where a next step goes and the tool-call
+threads; built once in each process."""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import redis
+import structlog
+
+from turnstile.jobs.kernel import READ_POOL_SIZE
+from turnstile.ledger.client import Ledger
+from turnstile.ledger.inputs import DEFAULT_DIMENSIONS
+from turnstile.worker.broker import producer
+from turnstile.worker.broker.message import StepMessage
+from turnstile.worker.broker.producer import Send
+from turnstile.worker.registry import Registry
+from turnstile.worker.runtime import pools
+from turnstile.worker.runtime.limits import time_limits
+from turnstile.worker.runtime.pools import Pool
+from turnstile.worker.runtime.step import Heartbeat, Services
+from turnstile.worker.scheduling import fair
+from turnstile.worker.settings import Settings
+from turnstile.worker.store.connect import connect
+from turnstile.worker.store.runs import RunStore, StoreUnavailable
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+log = structlog.get_logger("turnstile.worker")
+
+
+def redis_max_connections(config: Settings) -> int:
+    """Redis connections one worker process may open to the store: for each turn in flight,
+    its own and one per parallel tool call (a tool may read the store), then the heartbeat
+    and a few spares."""
+    turns = config.concurrency if config.pool == Pool.GEVENT else 1
+    return turns * (1 + READ_POOL_SIZE) + pools.SPARE_CONNECTIONS
+
+
+def build_services(
+    config: Settings, client: redis.Redis, jobs: Registry, send_step: Send
+) -> Services:
+    """A worker process's step services, from its Settings, over its store client and its
+    job registry; `send_step` publishes through the worker's app."""
+    if config.redis_url is None:
+        raise StoreUnavailable("no store: set TURNSTILE_REDIS_URL")
+    ledger = Ledger.from_url(
+        config.redis_url, grace_s=config.ledger_grace_s,
+        dimensions=(*DEFAULT_DIMENSIONS, *jobs.dimensions()),
+    )  # fmt: skip
+    store = RunStore(client, ledger, wait_for=config.wait_for, jobs=jobs)
+    route = fair.route(client, config, send_step)
+
+    sends = iter(range(1, 2**62))
+
+    def send(msg: StepMessage, state: Any) -> None:
+        soft_s, hard_s = time_limits(state, config)
+        if config.chaos_drop_every and next(sends) % config.chaos_drop_every == 0:
+            log.warning("chaos_send_dropped", version=msg.version)
+            return
+        try:
+            route(msg, soft_s, hard_s)
+            for _ in range(config.chaos_send_copies - 1):  # the drill's duplicates, as they
+                send_step(msg, soft_s, hard_s)  # come: past the pending list, which folds them
+        except Exception as exc:  # the lease the commit set makes the sweeper send it later
+            log.warning("enqueue_failed", error=str(exc), version=msg.version)
+
+    # With fair share on, a run's next step is queued by the commit itself
+    # (worker/scheduling/fair.py, run_commit.lua); not in the drills, which stand in the gap
+    # between a commit and its send. With a durability wait, a worker may take the step while
+    # the commit's wait is under way (milliseconds): a crash then loses that turn with the
+    # commit it followed, and it runs again from the durable version, its writes replayed by
+    # their keys, as a turn killed mid-flight does.
+    queues_in_commit = (
+        config.fair_share and not config.chaos_drop_every and config.chaos_send_copies == 1
+    )
+
+    def next_step(msg: StepMessage, state: Any) -> fair.Pending | None:
+        if not queues_in_commit:
+            return None
+        return fair.pending_entry(msg, *time_limits(state, config))
+
+    turns = config.concurrency if config.pool == Pool.GEVENT else 1
+    return Services(
+        settings=config,
+        store=store,
+        ledger=ledger,
+        jobs=jobs,
+        send=send,
+        next_step=next_step,
+        heartbeat=Heartbeat(config.inflight_lease_s / 3),
+        # Tool calls of every turn in flight: greenlets on a green worker, so one set per turn.
+        pool=ThreadPoolExecutor(READ_POOL_SIZE * turns, "turnstile-tool"),
+    )
+
+
+@dataclass
+class _Process:
+    """What one process of the worker built: its store client, its job registry (once per
+    process), and its step services once a step asks for them."""
+
+    pid: int
+    client: redis.Redis | None
+    jobs: Registry
+    services: Services | None = None
+
+
+class WorkerServices:
+    """One worker's services: its Settings, the sends through its app, and each process's
+    store client, job registry and step services, built in that process on first use, after
+    any fork (connections are never shared between processes). The step task and the hooks
+    are handed this object when the worker starts; a prefork pool process inherits it with
+    the task."""
+
+    def __init__(self, config: Settings, app: Celery) -> None:
+        self.settings = config
+        self.send: Send = functools.partial(producer.send_step, app)
+        self.send_many: fair.PublishMany = functools.partial(producer.send_steps, app)
+        self._lock = threading.Lock()
+        self._process: _Process | None = None
+
+    def _here(self) -> _Process:
+        """This process's part (the caller holds the lock)."""
+        pid = os.getpid()
+        if self._process is None or self._process.pid != pid:
+            config = self.settings
+            client = None
+            if config.redis_url is not None:
+                bound = redis_max_connections(config)
+                client = connect(config.redis_url, config, max_connections=bound)
+            self._process = _Process(pid, client, Registry(client, drills=config.allow_drills))
+        return self._process
+
+    def jobs(self) -> Registry:
+        """This process's job registry, over its store client (None without a store)."""
+        with self._lock:
+            return self._here().jobs
+
+    def services(self) -> Services:
+        """This process's step services."""
+        with self._lock:
+            here = self._here()
+            if here.services is None:
+                if here.client is None:
+                    raise StoreUnavailable("no store: set TURNSTILE_REDIS_URL")
+                here.services = build_services(self.settings, here.client, here.jobs, self.send)
+            return here.services

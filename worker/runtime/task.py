@@ -1,0 +1,111 @@
+"""The step task: parse the message, run one turn (worker/runtime/step.py), retry with a
+backoff when the store or the ledger is down, give the fair-share slot back."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import structlog
+from celery import Celery, Task
+
+from turnstile.worker.broker.message import STEP_TASK, StepMessage, parse_message
+from turnstile.worker.observability import metrics
+from turnstile.worker.runtime.services import WorkerServices
+from turnstile.worker.runtime.step import LedgerDown, Step
+from turnstile.worker.scheduling import fair
+from turnstile.worker.store.runs import StoreUnavailable
+
+log = structlog.get_logger("turnstile.worker")
+
+
+def compute_backoff(attempts: int, *, base_s: float, max_s: float, jitter: float = 0.25) -> float:
+    """Exponential backoff with jitter, capped: base * 2^attempts, give or take a quarter."""
+    delay = min(max_s, base_s * 2.0 ** min(attempts, 30))
+    return max(0.0, delay * (1 + random.uniform(-jitter, jitter)))
+
+
+class StepTask(Task[..., str]):
+    """The step task's class: `worker` is the worker's services, set when the task is
+    registered on the worker's app."""
+
+    worker: WorkerServices
+
+
+def register(app: Celery, worker: WorkerServices) -> None:
+    """Register the step task on the worker's app. The task's class carries the worker's
+    services: a prefork pool process, forked from the main one, finds its Settings there
+    rather than reading the environment again."""
+    app.task(
+        name=STEP_TASK, bind=True, base=StepTask, acks_late=True, reject_on_worker_lost=True,
+        max_retries=None, worker=worker,
+    )(step_task)  # fmt: skip
+
+
+def step_task(self: StepTask, *args: Any, **kwargs: Any) -> str:
+    """Run one turn of a run. Malformed messages are logged and acked; the run, where it can
+    be told, ends `error` with the reason."""
+    started, result = metrics.step_started(), "exception"
+    msg = parse_message(args, kwargs)
+    if isinstance(msg, str):
+        log.error(
+            "malformed_step_message", reason=msg, args=repr(args)[:200], kwargs=repr(kwargs)[:400]
+        )
+        _fail_named_run(self.worker, kwargs, msg)
+        metrics.step_done("malformed", started)
+        return "malformed"
+    structlog.contextvars.bind_contextvars(
+        tenant=msg.tenant, run_id=msg.run_id, version=msg.version
+    )
+    # A delivery that exits cleanly (store or ledger down) names itself to its retry as
+    # `after`, so that it does not count as a delivery that died mid-turn.
+    after = kwargs.get("after")
+    step: Step | None = None
+    try:
+        delivery = f"{self.request.id}:{self.request.retries}"
+        step = Step(self.worker.services(), msg, delivery=delivery,
+                    after=after if isinstance(after, str) else "")  # fmt: skip
+        result = step.run()
+        return result
+    except (LedgerDown, StoreUnavailable) as exc:
+        config = self.worker.settings
+        delay = compute_backoff(
+            self.request.retries, base_s=config.retry_base_s, max_s=config.retry_max_s
+        )
+        log.warning("step_retry", error=str(exc), countdown_s=round(delay, 2))
+        result = "retry"
+        metrics.step_retried("ledger_down" if isinstance(exc, LedgerDown) else "store_unavailable")
+        retry_kwargs = {**msg.as_kwargs(), "after": step.clean_exit if step else ""}
+        raise self.retry(countdown=delay, exc=exc, kwargs=retry_kwargs) from exc
+    finally:
+        metrics.step_done(result, started)
+        structlog.contextvars.clear_contextvars()
+        # A retry keeps the step's slot until its last delivery; a continuing run's next
+        # step gave it back as it was queued (worker/scheduling/fair.py).
+        if result not in ("retry", "continued"):
+            _release(self.worker, msg, result)
+
+
+# Results of a step after which its run is over (see worker/runtime/step.py and step_task).
+RUN_ENDED = frozenset({"finished", "refused", "cancelled", "broken", "poison", "missing"})
+
+
+def _release(worker: WorkerServices, msg: StepMessage, result: str) -> None:
+    """Give the step's fair-share slot back (see worker/scheduling/fair.py)."""
+    if not worker.settings.fair_share:
+        return
+    try:
+        fair.release(worker.services().store.client, msg.tenant, msg.run_id, msg.version,
+                     ended=result in RUN_ENDED)  # fmt: skip
+    except Exception as exc:  # the slot lapses by itself
+        log.warning("slot_release_failed", error=str(exc))
+
+
+def _fail_named_run(worker: WorkerServices, kwargs: dict[str, Any], reason: str) -> None:
+    tenant, run_id = kwargs.get("tenant"), kwargs.get("run_id")
+    if not (isinstance(tenant, str) and tenant and isinstance(run_id, str) and run_id):
+        return
+    try:
+        worker.services().store.fail_run(tenant, run_id, f"malformed step message: {reason}")
+    except Exception as exc:
+        log.error("fail_run_failed", error=str(exc))
