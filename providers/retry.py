@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
+from turnstile.backoff import backoff_s
 from turnstile.jobs.model import ModelStop, ModelTimeout
 from turnstile.jobs.outcomes import Outcome, Resource
 
@@ -54,10 +55,6 @@ def retry_after_s(headers: Mapping[str, str] | None) -> float | None:
     return None
 
 
-def backoff_s(attempt: int) -> float:
-    return min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2.0 ** (attempt - 1))
-
-
 def with_retries(
     attempt: Callable[[float], T],
     classify: Callable[[Exception], Failure | None],
@@ -87,7 +84,11 @@ def with_retries(
                 raise ModelStop(failure.outcome, failure.reason, failure.detail) from exc
         if number == max_attempts:
             break
-        wait = failure.wait_s if failure.wait_s is not None else backoff_s(number)
+        wait = (
+            failure.wait_s
+            if failure.wait_s is not None
+            else backoff_s(number, base_s=BACKOFF_BASE_S, max_s=BACKOFF_MAX_S)
+        )
         left = timeout_s - (now() - start)
         if wait >= left:
             raise ModelStop(

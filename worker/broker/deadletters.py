@@ -46,6 +46,7 @@ from kombu.utils.json import loads as kombu_loads
 from turnstile.errors import TurnstileError
 from turnstile.worker.observability import metrics
 from turnstile.worker.store import keys
+from turnstile.worker.store.values import text
 
 log = structlog.get_logger("turnstile.deadletters")
 
@@ -126,12 +127,8 @@ def record(client: redis.Redis | None, letter: DeadLetter) -> None:
 # -- reading and removing (the CLI, `turnstile queues`) ----------------------------------------
 
 
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def queues(client: redis.Redis) -> list[str]:
-    return sorted(_s(q) for q in client.smembers(keys.DEAD_LETTER_QUEUES))
+    return sorted(text(q) for q in client.smembers(keys.DEAD_LETTER_QUEUES))
 
 
 def _parse(entry: bytes | str) -> DeadLetter | None:
@@ -170,7 +167,7 @@ def drop(client: redis.Redis, *, queue: str | None = None, ids: list[str] | None
         for entry in client.lrange(keys.dead_letters(name), 0, -1):
             parsed = _parse(entry)
             if parsed is not None and parsed.id in ids:
-                found[parsed.id] = (keys.dead_letters(name), _s(entry))
+                found[parsed.id] = (keys.dead_letters(name), text(entry))
     missing = [i for i in ids if i not in found]
     if missing:
         raise DeadLetterNotFoundError(f"no dead letter {', '.join(missing)}; nothing dropped")

@@ -62,6 +62,7 @@ from turnstile.worker.store.runs import (
     fingerprint,
     now_iso,
 )
+from turnstile.worker.store.values import text
 
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.\-]{0,63}$")
 # The one rule for a run id, wherever one comes in (this client, the CLI, the HTTP API's paths
@@ -435,7 +436,7 @@ class Client:
             # The newest event id before the status: a commit after this read appends an
             # event past it, so the blocking read below returns at once and nothing is missed.
             newest: Any = self.client.xrevrange(key, count=1)
-            last = _text(newest[0][0]) if newest else "0-0"
+            last = text(newest[0][0]) if newest else "0-0"
             stored = self.store.hash(tenant, run_id)
             if not stored:
                 raise RunNotFoundError(f"no run {run_id!r} for tenant {tenant!r}")
@@ -482,8 +483,8 @@ class Client:
             reply: Any = self.client.xread({key: last}, count=200, block=block)
             entries = reply[0][1] if reply else []
             for eid, fields in entries:
-                last = _text(eid)
-                event: dict[str, Any] = msgspec.json.decode(_text(fields["event"]))
+                last = text(eid)
+                event: dict[str, Any] = msgspec.json.decode(text(fields["event"]))
                 yield RunEvent(last, str(event.get("type")), event)
                 if event.get("type") == "finished":
                     return
@@ -494,7 +495,7 @@ class Client:
             # The commit writes the status and the events in one script: a run seen stopped
             # has its `finished` event in the stream already, so one more read gets it.
             status = self.client.hget(keys.run(tenant, run_id), "status")
-            stopped = _text(status) == Status.STOPPED.value if status else False
+            stopped = text(status) == Status.STOPPED.value if status else False
 
     # -- deciding --------------------------------------------------------------------------
 
@@ -605,10 +606,6 @@ class Client:
                 if marked.kind == "ok":
                     return "requested"
         raise DecisionRefusedError(f"run {run_id} kept changing while cancelling; try again")
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def connect_client(config: Settings) -> Client:

@@ -22,6 +22,7 @@ import redis
 
 from turnstile.errors import TurnstileError
 from turnstile.jobs.support.shop import Applied, Order, demo_orders
+from turnstile.worker.store.values import text
 
 PREFIX = "turnstile:shop"
 
@@ -75,12 +76,8 @@ _SEED = [
 ]
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def _pairs(flat: Sequence[bytes | str]) -> dict[str, bytes | str]:
-    return {_text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
+    return {text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
 
 
 def _order(raw: bytes | str | None) -> Order | None:
@@ -184,7 +181,7 @@ class RedisShop:
                 b"" if applied.effect is None else msgspec.json.encode(applied.effect),
             ],
         )
-        match _text(reply[0]):
+        match text(reply[0]):
             case "stored":
                 return dict(applied.result), False
             case "replay":

@@ -35,6 +35,7 @@ import msgspec
 import redis
 import structlog
 
+from turnstile.backoff import backoff_s
 from turnstile.worker.http import keys
 from turnstile.worker.http.problems import one_line
 from turnstile.worker.http.routes_webhooks import (
@@ -49,6 +50,7 @@ from turnstile.worker.http.routes_webhooks import endpoints as tenant_endpoints
 from turnstile.worker.http.settings import ApiSettings
 from turnstile.worker.http.targets import TargetError
 from turnstile.worker.store import keys as run_keys
+from turnstile.worker.store.values import server_ms
 
 log = structlog.get_logger("turnstile.webhooks")
 
@@ -66,18 +68,8 @@ class Delivery(msgspec.Struct):
     attempts: int = 0
 
 
-def backoff_s(attempts: int, *, base_s: float, max_s: float) -> float:
-    """Seconds before the next try after `attempts` failed ones: doubling from `base_s`."""
-    return float(min(max_s, base_s * 2 ** max(0, attempts - 1)))
-
-
 def delivery_id(endpoint_id: str, run_id: str, entry_id: str) -> str:
     return "dlv_" + hashlib.sha256(f"{endpoint_id}|{run_id}|{entry_id}".encode()).hexdigest()[:24]
-
-
-def _now_ms(r: redis.Redis) -> int:
-    seconds, micros = r.time()
-    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def payload(kind: str, tenant: str, run_id: str, entry_id: str, event: dict[str, Any]) -> str:
@@ -109,7 +101,7 @@ class Scanner:
         return made
 
     def _watch_new_runs(self, tenant: str) -> None:
-        cursor = int(self.r.get(keys.cursor(tenant)) or _now_ms(self.r))
+        cursor = int(self.r.get(keys.cursor(tenant)) or server_ms(self.r))
         new: list[Any] = self.r.zrangebyscore(
             run_keys.runs(tenant), cursor, "+inf", start=0, num=NEW_RUNS_PER_TICK,
             withscores=True,
@@ -139,7 +131,7 @@ class Scanner:
             last = watched[run_id]
             start = "-" if last == "-" else f"({last}"
             pipe.xrange(run_keys.events(tenant, run_id), min=start, count=EVENTS_PER_READ)
-        now = _now_ms(self.r)
+        now = server_ms(self.r)
         write = self.r.pipeline(transaction=False)
         made = 0
         for run_id, entries in zip(ids, pipe.execute(), strict=True):
@@ -194,7 +186,7 @@ class Sender:
         self.targets = target_checker(settings)
 
     def tick(self) -> None:
-        now = _now_ms(self.r)
+        now = server_ms(self.r)
         due = [str(d) for d in self.r.zrangebyscore(keys.OUTBOX, "-inf", now, start=0,
                                                      num=DUE_PER_TICK)]  # fmt: skip
         lease_ms = int((self.settings.webhook_timeout_s + 5) * 1000)
@@ -248,7 +240,7 @@ class Sender:
             return
         code, error = self._post(endpoint, delivery)
         delivery.attempts += 1
-        now = _now_ms(self.r)
+        now = server_ms(self.r)
         ok = 200 <= code < 300
         gave_up = not ok and now - delivery.first_ms >= self.settings.webhook_retry_for_s * 1000
         result = "delivered" if ok else "gave_up" if gave_up else "retrying"

@@ -38,6 +38,7 @@ from turnstile.worker.scheduling import fair
 from turnstile.worker.scheduling.sweeper import time_limits_default
 from turnstile.worker.store import keys
 from turnstile.worker.store.runs import Change, now_iso
+from turnstile.worker.store.values import server_ms, text
 
 # A step that read a flag just before it was cleared still parks its run, a few milliseconds
 # later; resume looks at the parked set again once such steps are done, waiting at most this.
@@ -85,19 +86,13 @@ class Scope:
         return keys.control(self.tenant)
 
 
-def _s(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode()
-    return "" if value is None else str(value)
-
-
 SCAN_COUNT = 500  # members asked for per SSCAN call: indexes are read in slices
 
 
 def tenants(c: Client) -> list[str]:
     """Every tenant with runs, by name, read in slices (a tenant is far fewer keys than its
     runs; the runs themselves are only ever read a page at a time)."""
-    return sorted({_s(t) for t in c.client.sscan_iter(keys.TENANTS, count=SCAN_COUNT)})
+    return sorted({text(t) for t in c.client.sscan_iter(keys.TENANTS, count=SCAN_COUNT)})
 
 
 def _scan(c: Client, key: str) -> Iterator[list[str]]:
@@ -107,7 +102,7 @@ def _scan(c: Client, key: str) -> Iterator[list[str]]:
     while True:
         cursor, members = c.client.sscan(key, cursor, count=SCAN_COUNT)
         if members:
-            yield [_s(m) for m in members]
+            yield [text(m) for m in members]
         if int(cursor) == 0:
             return
 
@@ -117,11 +112,6 @@ def check_known(c: Client, scope: Scope) -> None:
         raise ControlError(f"unknown queue {scope.queue!r}")
     if scope.tenant is not None and not c.client.sismember(keys.TENANTS, scope.tenant):
         raise ControlError(f"unknown tenant {scope.tenant!r}")
-
-
-def _now_ms(c: Client) -> int:
-    seconds, micros = c.client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
 
 
 # -- pause, drain -----------------------------------------------------------------------------
@@ -147,7 +137,7 @@ def _set_flag(c: Client, scope: Scope, flag: str, by: str) -> Flagged:
         c.client.hset(key, f"{flag}_by", by)
         already = False
     else:
-        at, by = (_s(v) for v in c.client.hmget(key, flag, f"{flag}_by"))
+        at, by = (text(v) for v in c.client.hmget(key, flag, f"{flag}_by"))
         already = True
     target, name = ("queue", scope.queue) if scope.queue is not None else ("tenant", scope.tenant)
     assert name is not None
@@ -210,8 +200,8 @@ def parked_runs(c: Client, scope: Scope) -> list[tuple[str, str, str]]:
             for run_id in ids:
                 pipe.hget(keys.run(tenant, run_id), "queue")
             for run_id, queue in zip(ids, pipe.execute(), strict=True):
-                if scope.queue is None or _s(queue) == scope.queue:
-                    out.add((tenant, run_id, _s(queue)))
+                if scope.queue is None or text(queue) == scope.queue:
+                    out.add((tenant, run_id, text(queue)))
     return sorted(out)
 
 
@@ -305,10 +295,10 @@ def resume(c: Client, scope: Scope, *, by: str, settle_s: float = PARK_SETTLE_S)
 def live_inflight(c: Client, scope: Scope) -> list[tuple[str, str, str]]:
     """(tenant, run id, queue) of the turns in flight in scope. An entry counts only while its
     own lease is in the future: a worker that died mid-turn leaves one behind."""
-    now = _now_ms(c)
+    now = server_ms(c.client)
     out = []
     for tenant in [scope.tenant] if scope.tenant is not None else tenants(c):
-        entries = {_s(k): _s(v) for k, v in c.client.hgetall(keys.inflight(tenant)).items()}
+        entries = {text(k): text(v) for k, v in c.client.hgetall(keys.inflight(tenant)).items()}
         for run_id in sorted(entries):
             fields = entries[run_id].split("|")
             queue, lease = fields[0], fields[-1]
@@ -361,7 +351,7 @@ def _running_on(c: Client, queue: str) -> int:
             for run_id in ids:
                 pipe.hget(keys.run(tenant, run_id), "queue")
             seen |= {
-                (tenant, r) for r, q in zip(ids, pipe.execute(), strict=True) if _s(q) == queue
+                (tenant, r) for r, q in zip(ids, pipe.execute(), strict=True) if text(q) == queue
             }
     return len(seen)
 
@@ -369,7 +359,7 @@ def _running_on(c: Client, queue: str) -> int:
 def queue_view(c: Client, queue: str) -> QueueView:
     check_known(c, Scope(queue=queue))
     paused, paused_by, draining, draining_by = (
-        _s(v)
+        text(v)
         for v in c.client.hmget(
             keys.queue_control(queue), "paused", "paused_by", "draining", "draining_by"
         )
@@ -389,7 +379,7 @@ def queue_view(c: Client, queue: str) -> QueueView:
 
 def _fair_tenants(c: Client, queue: str) -> list[dict[str, Any]]:
     out = []
-    for tenant in sorted(_s(t) for t in c.client.smembers(keys.fair_active(queue))):
+    for tenant in sorted(text(t) for t in c.client.smembers(keys.fair_active(queue))):
         view = fair.tenant_view(c.client, tenant, [queue])
         if view.waiting or view.in_flight:
             out.append(asdict(view))
@@ -408,7 +398,7 @@ def dead_letter_count(broker_url: str, queue: str) -> int | None:
 
 
 def queues(c: Client) -> list[QueueView]:
-    return [queue_view(c, _s(q)) for q in sorted(c.client.smembers(keys.QUEUES))]
+    return [queue_view(c, text(q)) for q in sorted(c.client.smembers(keys.QUEUES))]
 
 
 def wait_drained(
@@ -595,13 +585,13 @@ def _chunk(c: Client, tenant: str, bound: Bound | None, n: int) -> list[Bound]:
         raw: list[Any] = c.client.zrevrangebyscore(
             key, "+inf", "-inf", start=0, num=n, withscores=True
         )
-        return [(int(score), _s(m)) for m, score in raw]
+        return [(int(score), text(m)) for m, score in raw]
     ms, run_id = bound
-    ties = sorted((_s(m) for m in c.client.zrangebyscore(key, ms, ms)), reverse=True)
+    ties = sorted((text(m) for m in c.client.zrangebyscore(key, ms, ms)), reverse=True)
     older: list[Any] = c.client.zrevrangebyscore(
         key, f"({ms}", "-inf", start=0, num=n, withscores=True
     )
-    out = [(ms, m) for m in ties if m < run_id] + [(int(sc), _s(m)) for m, sc in older]
+    out = [(ms, m) for m in ties if m < run_id] + [(int(sc), text(m)) for m, sc in older]
     return out[:n]
 
 
@@ -727,7 +717,7 @@ def _rows(c: Client, page: list[Key]) -> list[RunRow]:
     for _, t, run_id in page:
         pipe.hgetall(keys.run(t, run_id))
     return [
-        _row(t, run_id, {_s(k): _s(v) for k, v in raw.items()})
+        _row(t, run_id, {text(k): text(v) for k, v in raw.items()})
         for (_, t, run_id), raw in zip(page, pipe.execute(), strict=True)
         if raw
     ]

@@ -3,12 +3,12 @@ backoff when the store or the ledger is down, give the fair-share slot back."""
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import structlog
 from celery import Celery, Task
 
+from turnstile.backoff import backoff_s
 from turnstile.worker.broker.message import STEP_TASK, StepMessage, parse_message
 from turnstile.worker.observability import metrics
 from turnstile.worker.runtime.services import WorkerServices
@@ -17,12 +17,6 @@ from turnstile.worker.scheduling import fair
 from turnstile.worker.store.runs import StoreUnavailable
 
 log = structlog.get_logger("turnstile.worker")
-
-
-def compute_backoff(attempts: int, *, base_s: float, max_s: float, jitter: float = 0.25) -> float:
-    """Exponential backoff with jitter, capped: base * 2^attempts, give or take a quarter."""
-    delay = min(max_s, base_s * 2.0 ** min(attempts, 30))
-    return max(0.0, delay * (1 + random.uniform(-jitter, jitter)))
 
 
 class StepTask(Task[..., str]):
@@ -69,9 +63,10 @@ def step_task(self: StepTask, *args: Any, **kwargs: Any) -> str:
         return result
     except (LedgerDown, StoreUnavailable) as exc:
         config = self.worker.settings
-        delay = compute_backoff(
-            self.request.retries, base_s=config.retry_base_s, max_s=config.retry_max_s
-        )
+        delay = backoff_s(
+            self.request.retries + 1, base_s=config.retry_base_s, max_s=config.retry_max_s,
+            jitter=0.25,
+        )  # fmt: skip
         log.warning("step_retry", error=str(exc), countdown_s=round(delay, 2))
         result = "retry"
         metrics.step_retried("ledger_down" if isinstance(exc, LedgerDown) else "store_unavailable")

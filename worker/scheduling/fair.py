@@ -41,6 +41,7 @@ from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 from turnstile.worker.store.durability import Durability
 from turnstile.worker.store.runs import with_scripts
+from turnstile.worker.store.values import server_ms
 
 log = structlog.get_logger("turnstile.fair")
 
@@ -232,7 +233,7 @@ def tenant_view(client: redis.Redis, tenant: str, queues: Iterable[str]) -> Tena
     for queue in queues:
         pipe.llen(keys.pending(tenant, queue, "cont"))
         pipe.llen(keys.pending(tenant, queue, "start"))
-    pipe.zcount(keys.slots(tenant), "(" + str(_now_ms(client)), "+inf")
+    pipe.zcount(keys.slots(tenant), "(" + str(server_ms(client)), "+inf")
     pipe.hmget(keys.caps(tenant), "turns_in_flight", "weight", "active_runs")
     pipe.zcard(keys.active(tenant))
     *lengths, in_flight, (cap, weight, runs_cap), active = pipe.execute()
@@ -245,11 +246,6 @@ def tenant_view(client: redis.Redis, tenant: str, queues: Iterable[str]) -> Tena
         int(active),
         int(runs_cap) if runs_cap else None,
     )
-
-
-def _now_ms(client: redis.Redis) -> int:
-    seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
 
 
 # -- the dispatcher --------------------------------------------------------------------------
@@ -332,7 +328,7 @@ class Dispatcher:
         if self.capacity is None or now - self.announced < CAPACITY_EVERY_S:
             return
         name, queues, slots = self.capacity
-        lapses = _now_ms(self.client) + CAPACITY_TTL_MS
+        lapses = server_ms(self.client) + CAPACITY_TTL_MS
         pipe = self.client.pipeline(transaction=False)
         for queue in queues:
             pipe.zadd(keys.fair_capacity(queue), {f"{name}|{slots}": lapses})
@@ -349,7 +345,7 @@ class Dispatcher:
             return depth
         key = keys.fair_capacity(queue)
         pipe = self.client.pipeline(transaction=False)
-        pipe.zremrangebyscore(key, "-inf", _now_ms(self.client))
+        pipe.zremrangebyscore(key, "-inf", server_ms(self.client))
         pipe.zrange(key, 0, -1)
         _, live = pipe.execute()
         slots = sum(int(str(entry).rpartition("|")[2] or 0) for entry in live)

@@ -26,6 +26,7 @@ import structlog
 from turnstile.ledger.client import Ledger
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
+from turnstile.worker.store.values import server_ms, text
 
 log = structlog.get_logger("turnstile.retention")
 
@@ -42,17 +43,6 @@ class Retained:
     buckets: int  # ledger period buckets pruned, over every tenant
 
 
-def _s(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode()
-    return "" if value is None else str(value)
-
-
-def _now_ms(client: redis.Redis) -> int:
-    seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
 def run_due(client: redis.Redis, config: Settings, ledger: Ledger) -> Retained | None:
     """A retention pass, unless another worker did one less than an interval ago."""
     interval_ms = max(100, int(config.retention_interval_s * 1000))
@@ -67,11 +57,11 @@ def run_due(client: redis.Redis, config: Settings, ledger: Ledger) -> Retained |
 def retain(client: redis.Redis, config: Settings, ledger: Ledger) -> Retained:
     """One pass over every tenant: remove the runs that ended before the cutoff, prune the
     ledger's old period buckets."""
-    cutoff_ms = _now_ms(client) - int(config.retain_finished_s * 1000)
+    cutoff_ms = server_ms(client) - int(config.retain_finished_s * 1000)
     expire = client.register_script(SCRIPT())
     runs = buckets = 0
     for raw in client.sscan_iter(keys.TENANTS, count=BATCH):
-        tenant = _s(raw)
+        tenant = text(raw)
         runs += expire_runs(client, expire, tenant, cutoff_ms)
         buckets += len(ledger.prune_periods(tenant))
     return Retained(runs, buckets)
@@ -83,7 +73,7 @@ def expire_runs(client: redis.Redis, expire: Any, tenant: str, cutoff_ms: int) -
     while removed < MAX_PER_TENANT:
         # Runs created before the cutoff, oldest first, past the ones kept on this pass.
         ids = [
-            _s(r)
+            text(r)
             for r in client.zrangebyscore(
                 keys.runs(tenant), "-inf", cutoff_ms, start=skipped, num=BATCH
             )
@@ -104,9 +94,9 @@ def _due(client: redis.Redis, tenant: str, ids: list[str], cutoff_ms: int) -> li
         pipe.hmget(keys.run(tenant, run_id), "status", "updated_ms", "outcome")
     due = []
     for run_id, (status, updated, outcome) in zip(ids, pipe.execute(), strict=True):
-        ended = _s(status) == "stopped" and int(_s(updated) or 0) <= cutoff_ms
+        ended = text(status) == "stopped" and int(text(updated) or 0) <= cutoff_ms
         if status is None or ended:
-            due.append((run_id, _s(outcome)))
+            due.append((run_id, text(outcome)))
     return due
 
 
@@ -135,7 +125,7 @@ def _remove(
         for run_id in gone:
             pipe.hget(keys.RUN_TENANTS, run_id)
         owners = pipe.execute()
-        mine = [r for r, owner in zip(gone, owners, strict=True) if _s(owner) == tenant]
+        mine = [r for r, owner in zip(gone, owners, strict=True) if text(owner) == tenant]
         if mine:
             client.hdel(keys.RUN_TENANTS, *mine)
     return len(gone)

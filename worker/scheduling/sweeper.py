@@ -34,6 +34,7 @@ from turnstile.worker.runtime.limits import time_limits
 from turnstile.worker.scheduling import retention
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
+from turnstile.worker.store.values import server_ms
 
 log = structlog.get_logger("turnstile.sweeper")
 
@@ -51,10 +52,6 @@ class Sweeper:
         self.client, self.config, self.send = client, config, send
         self.ledger = ledger or Ledger(client, grace_s=config.ledger_grace_s)
 
-    def _now_ms(self) -> int:
-        seconds, micros = self.client.time()
-        return int(seconds) * 1000 + int(micros) // 1000
-
     def sweep(self) -> int:
         """One pass over every tenant; returns how many steps were re-sent. One worker sweeps
         at a time: the others find the lock taken and skip the pass."""
@@ -62,7 +59,7 @@ class Sweeper:
         if not self.client.set(keys.SWEEP_LOCK, "1", nx=True, px=max(100, interval_ms - 50)):
             return 0
         self.ledger.reap_all()
-        now = self._now_ms()
+        now = server_ms(self.client)
         sent = 0
         tenants = sorted(str(t) for t in self.client.smembers(keys.TENANTS))
         for tenant in tenants:

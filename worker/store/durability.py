@@ -39,6 +39,7 @@ from typing import Any
 import redis
 
 from turnstile.errors import TurnstileError
+from turnstile.worker.store.values import text
 
 # The one fsync policy under which a WAITAOF's answer means the write is on the disk.
 FSYNC_POLICY = "always"
@@ -55,15 +56,11 @@ class DurabilityRefusedError(TurnstileError):
     setting to change. Raised at a worker's or a client's start, before anything is written."""
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def config_reply(reply: Any) -> dict[str, str]:
     """CONFIG GET's reply (a flat list of names and values, or a mapping) as a dict."""
     if isinstance(reply, Mapping):
-        return {_text(k): _text(v) for k, v in reply.items()}
-    items = [_text(v) for v in reply or []]
+        return {text(k): text(v) for k, v in reply.items()}
+    items = [text(v) for v in reply or []]
     return dict(zip(items[::2], items[1::2], strict=True))
 
 
@@ -157,7 +154,7 @@ def _check_aof(client: redis.Redis) -> None:
     except redis.ResponseError as exc:  # renamed, disabled or denied to this user
         raise DurabilityRefusedError(
             f"TURNSTILE_DURABILITY=aof cannot check the server's appendfsync: CONFIG GET is "
-            f"refused ({_text(exc)}); allow it for this user (ACL +config|get) or set "
+            f"refused ({text(exc)}); allow it for this user (ACL +config|get) or set "
             "TURNSTILE_DURABILITY=none"
         ) from exc
     appendonly, policy = config.get("appendonly", "no"), config.get("appendfsync", "unknown")
@@ -173,7 +170,7 @@ def _check_replica(client: redis.Redis, replicas: int) -> None:
     except redis.ResponseError as exc:  # denied to this user
         raise DurabilityRefusedError(
             f"TURNSTILE_DURABILITY=replica cannot count the server's replicas: INFO is refused "
-            f"({_text(exc)}); allow it for this user (ACL +info) or set TURNSTILE_DURABILITY=none"
+            f"({text(exc)}); allow it for this user (ACL +info) or set TURNSTILE_DURABILITY=none"
         ) from exc
     if info.get("role") != "master":
         raise DurabilityRefusedError(

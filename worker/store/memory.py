@@ -24,6 +24,7 @@ import redis
 from turnstile.jobs.errors import KernelError
 from turnstile.jobs.memory import Note
 from turnstile.worker.store import keys
+from turnstile.worker.store.values import text
 
 FORGET_BATCH = 200  # users per round trip when forgetting a source or listing across users
 
@@ -35,10 +36,6 @@ class _Record(msgspec.Struct):
 
 def _records(raw: Iterable[bytes | str]) -> list[_Record]:
     return [msgspec.json.decode(member, type=_Record) for member in raw]
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 class RedisMemory:
@@ -105,7 +102,7 @@ class RedisMemory:
             return
         batch: list[str] = []
         for user in self.client.sscan_iter(users_key, count=FORGET_BATCH):
-            batch.append(_text(user))
+            batch.append(text(user))
             if len(batch) == FORGET_BATCH:
                 yield batch
                 batch = []

@@ -35,6 +35,7 @@ from turnstile.ledger.scripts import library_source
 from turnstile.worker.registry import Jobs
 from turnstile.worker.store import keys
 from turnstile.worker.store.durability import WaitFor
+from turnstile.worker.store.values import text
 
 LUA = Path(__file__).parent / "lua"
 HOST = socket.gethostname()
@@ -144,12 +145,6 @@ class Committed:
     queued: bool = False  # the commit queued the run's next step (`Change.next_step`)
 
 
-def _s(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode()
-    return "" if value is None else str(value)
-
-
 def with_scripts(
     client: redis.Redis, scripts: Sequence[Any], build: Callable[[Any], None]
 ) -> list[Any]:
@@ -240,8 +235,8 @@ class RunStore:
         reply = self._durable(
             build, f"the submission of run {run_id} was written but", self._create
         )[-1]
-        created = _s(reply[0]) == "created"
-        stored = fingerprint if created else _s(reply[1])
+        created = text(reply[0]) == "created"
+        stored = fingerprint if created else text(reply[1])
         if stored == fingerprint:
             # The queue joins the index only once the run is there: a submission refused by
             # the script (another one of the same id won a race with it) adds no queue. A
@@ -282,25 +277,25 @@ class RunStore:
             pipe.hmget(keys.queue_control(queue), "paused", "draining")
 
         reply, flags = self._pipeline(build)
-        kind = _s(reply[0])
+        kind = text(reply[0])
         if kind == "missing":
             return Loaded("missing")
         if kind in ("stale", "idle", "busy"):
-            return Loaded(kind, version=int(reply[1]), status=_s(reply[2]))  # type: ignore[arg-type]
+            return Loaded(kind, version=int(reply[1]), status=text(reply[2]))  # type: ignore[arg-type]
         return Loaded(
             "go",
             version=version,
-            status=_s(reply[6]),
-            state=_s(reply[1]),
+            status=text(reply[6]),
+            state=text(reply[1]),
             attempts=int(reply[2]),
-            tenant_paused=bool(_s(reply[3])),
-            cancel_by=_s(reply[4]),
-            cancel_reason=_s(reply[5]),
-            queue_paused=bool(_s(flags[0])),
-            queue_draining=bool(_s(flags[1])),
-            hold=_s(reply[7]),
+            tenant_paused=bool(text(reply[3])),
+            cancel_by=text(reply[4]),
+            cancel_reason=text(reply[5]),
+            queue_paused=bool(text(flags[0])),
+            queue_draining=bool(text(flags[1])),
+            hold=text(reply[7]),
             hold_reply=reply[8],
-            hold_id=_s(reply[9]),
+            hold_id=text(reply[9]),
         )
 
     def renew(self, *, tenant: str, run_id: str, queue: str, lease_ms: int) -> bool:
@@ -319,7 +314,7 @@ class RunStore:
             reply = self._hold(keys=script_keys, args=[version, *argv])
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             return ReserveResult(status="unavailable", admitted=False, detail=str(exc))
-        if _s(reply[0]) == "stale":
+        if text(reply[0]) == "stale":
             return None
         if ledger_replies.needs_index(reply):
             self.ledger.index_tenant(tenant)
@@ -345,11 +340,11 @@ class RunStore:
                                args=args)  # fmt: skip
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailable(f"store unavailable: {exc}") from exc
-        kind = _s(reply[0])
+        kind = text(reply[0])
         if kind == "ok":
             return Committed("ok", version=int(reply[1]))
         if kind == "stale":
-            return Committed("stale", version=int(reply[1]), detail=_s(reply[2]))
+            return Committed("stale", version=int(reply[1]), detail=text(reply[2]))
         return Committed("missing")
 
     def commit(self, change: Change) -> Committed:
@@ -399,13 +394,13 @@ class RunStore:
             )
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailable(f"store unavailable: {exc}") from exc
-        kind = _s(reply[0])
+        kind = text(reply[0])
         if kind == "ok":
             return Committed("ok", version=int(reply[1]), queued=change.next_step is not None)
         if kind == "stale":
             return Committed("stale", version=int(reply[1]))
         if kind == "ledger":
-            return Committed("ledger", detail=f"{_s(reply[1])} {_s(reply[2])}".strip())
+            return Committed("ledger", detail=f"{text(reply[1])} {text(reply[2])}".strip())
         if kind == "busy":
             return Committed("busy", version=int(reply[1]))
         return Committed("missing")
@@ -578,7 +573,7 @@ class RunStore:
             raw = self.client.hgetall(keys.run(tenant, run_id))
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailable(f"store unavailable: {exc}") from exc
-        return {_s(k): _s(v) for k, v in raw.items()}
+        return {text(k): text(v) for k, v in raw.items()}
 
     def events(
         self, tenant: str, run_id: str, *, after: str = "-", count: int | None = None
@@ -587,4 +582,4 @@ class RunStore:
         entries: list[Any] = self.client.xrange(  # type: ignore[assignment]
             keys.events(tenant, run_id), min=start, count=count
         )
-        return [(_s(eid), msgspec.json.decode(_s(fields["event"]))) for eid, fields in entries]
+        return [(text(eid), msgspec.json.decode(text(fields["event"]))) for eid, fields in entries]

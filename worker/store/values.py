@@ -1,0 +1,21 @@
+"""What every reader of the store does alike: a reply's bytes as text, and the store's clock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+
+def text(value: Any) -> str:
+    """A reply as text: bytes decoded, None as "" (a missing field), anything else as str."""
+    if isinstance(value, bytes):
+        return value.decode()
+    return "" if value is None else str(value)
+
+
+def server_ms(client: redis.Redis) -> int:
+    """The store's own clock, in ms: the one every worker, sweeper and dispatcher agrees on,
+    whatever their machines' clocks say."""
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
