@@ -5,7 +5,8 @@
 Defining a job imports no Celery, connects to nothing and registers nothing: a job is found
 by the worker through the `turnstile.jobs` entry-point group or `TURNSTILE_JOBS`. The client
 (`connect_client`, `Client`, `Settings`) is imported on first use and builds no Celery app of
-the caller's: it sends through a private producer.
+the caller's: it sends through a private producer. Model strings, named endpoints and
+adapters (`make`, `parse`) are in `turnstile.models`.
 """
 
 from __future__ import annotations
@@ -21,16 +22,26 @@ from turnstile.jobs.job import (
     Example,
     Guard,
     Job,
+    ModelChoice,
     Permit,
     Severity,
     Verdict,
     render_view,
 )
-from turnstile.jobs.model import Model, ModelRequest, ModelResponse, Scripted
+from turnstile.jobs.model import (
+    Model,
+    ModelRequest,
+    ModelResponse,
+    ModelStop,
+    ModelTimeout,
+    ModelUnavailable,
+    Scripted,
+)
 from turnstile.jobs.state import Call, RunState
 from turnstile.jobs.tools import Tool, ToolContext, ToolOutput
 
 if TYPE_CHECKING:
+    from turnstile.providers.errors import ProviderConfigError
     from turnstile.worker.client._client import (
         Client,
         DecisionRefusedError,
@@ -52,10 +63,15 @@ __all__ = [
     "JobDefinitionError",
     "KernelError",
     "Model",
+    "ModelChoice",
     "ModelRequest",
     "ModelResponse",
+    "ModelStop",
+    "ModelTimeout",
+    "ModelUnavailable",
     "ParamsError",
     "Permit",
+    "ProviderConfigError",
     "Registry",
     "RunState",
     "Scripted",
@@ -78,6 +94,7 @@ _LAZY = {
     "DecisionRefusedError": "turnstile.worker.client._client",
     "SubmissionError": "turnstile.worker.client._client",
     "connect_client": "turnstile.worker.client._client",
+    "ProviderConfigError": "turnstile.providers.errors",
     "Registry": "turnstile.worker.registry",
     "Settings": "turnstile.worker.settings",
 }

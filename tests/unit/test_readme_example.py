@@ -43,7 +43,7 @@ def test_the_readme_job_runs_asks_approval_and_charges_its_dimension() -> None:
     state = new_run(run_id="r1", tenant="t", user_id="u", job=job, goal="credit acct_1",
                     params={"account": "acct_1"})  # fmt: skip
     clock = SimClock()
-    rt = Runtime(job=job, model=job.model(state.params), clock=clock, trace=Trace(clock))
+    rt = Runtime(job=job, model=job.own_model(state.params), clock=clock, trace=Trace(clock))
     assert isinstance(run(state, rt), Suspended)
     approve(state, by="alice", at="now")
     move = run(state, rt)
