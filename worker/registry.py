@@ -161,7 +161,11 @@ class Registry:
         why = next((p.error for p in self.broken() if p.name == name), None)
         if why is not None:
             raise UnknownJobError(f"job {name!r} is broken ({why}); known jobs: {known}")
-        raise UnknownJobError(f"unknown job {name!r}; known jobs: {known}")
+        # A plugin named only by TURNSTILE_JOBS gives its job's name when it is built: one that
+        # broke may be the job asked for, and its reason is the one a person needs.
+        nameless = "; ".join(f"{p.source}: {p.error}" for p in self.broken() if p.name is None)
+        maybe = f"; broken, and it may be one of them: {nameless}" if nameless else ""
+        raise UnknownJobError(f"unknown job {name!r}; known jobs: {known}{maybe}")
 
     def fresh(self, name: str) -> Job:
         """The job built anew for a run in this process alone (replay): a world of its own."""
