@@ -113,9 +113,6 @@ def wire_server(
         yield wire
 
 
-AGENT: dict[str, Any] = {"agent": {}}  # replies for any job, every tool called once
-
-
 def down(status: int = 503) -> dict[str, Any]:
     """A provider answering every request with `status`, asking for no wait before a retry."""
     body = {"error": {"message": "the service is unavailable", "type": "server_error"}}
