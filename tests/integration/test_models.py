@@ -16,12 +16,14 @@ from functools import partial
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 from tests.integration.workers import client_for, running_workers, settled, wait_until
 from tests.model_jobs import SPEC
 from tests.wire.agent import USAGE
 from tests.wire.wire import Wire, down, wire_server
 from turnstile.jobs.outcomes import Outcome
+from turnstile.worker.cli.main import app
 from turnstile.worker.client._client import Client, SubmissionError
 from turnstile.worker.store import keys
 
@@ -172,6 +174,11 @@ def test_a_fallback_model_answers_for_a_provider_answering_503(
     assert all("gave up after 4 attempts" in e["fallback"] for e in events)
     spans = [s for e in events for s in e["spans"] if s["kind"] == "model"]
     assert {s["attrs"]["model"] for s in spans} == {"beta:m-b"}
+    shown = CliRunner().invoke(app, ["trace", run_id, "--redis-url", redis_url])
+    assert shown.exit_code == 0, shown.output
+    model_lines = [line for line in shown.output.splitlines() if ".model model " in line]
+    assert len(model_lines) >= TURNS
+    assert all('"model": "beta:m-b"' in line and "503" in line for line in model_lines)
 
 
 def test_a_model_that_cannot_be_used_is_refused_at_submit_with_nothing_written(

@@ -536,8 +536,8 @@ def trace(
         return
     console = Console()
     for depth, span in span_tree(spans):
-        extra = {k: span.attrs[k] for k in ("args", "input_tokens", "output_tokens")
-                 if k in span.attrs}  # fmt: skip
+        extra = {k: span.attrs[k] for k in ("args", "input_tokens", "output_tokens", "model",
+                                            "fallback") if k in span.attrs}  # fmt: skip
         line = f"{'  ' * depth}{span.id} {span.kind} {span.name} {span.status} "
         line += f"{span.duration_s:.3f}s {json.dumps(extra) if extra else ''}"
         console.print(escape(line.rstrip()), highlight=False, soft_wrap=True)
