@@ -195,6 +195,10 @@ def describe_plugin(plugin: Plugin) -> dict[str, Any]:
         "params_schema": msgspec.to_builtins(job.params_schema),
         "dimensions": list(job.dimensions),
         "budget": msgspec.to_builtins(job.budget),
+        # The default model when the job names it as a string (None: a Model or a factory);
+        # a run's `model` and `fallback_model` params override them.
+        "model": job.model if isinstance(job.model, str) else None,
+        "fallback_model": job.fallback_model,
         "tools": [
             {
                 "name": t.name,

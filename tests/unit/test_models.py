@@ -30,6 +30,7 @@ from turnstile.models import (
 from turnstile.providers import budget_for, unpriced
 from turnstile.providers.anthropic_messages import AnthropicMessages
 from turnstile.providers.openai_chat import OpenAIChat
+from turnstile.worker.registry import Registry
 
 TWO = {
     "local": {"base_url": "http://127.0.0.1:9/v1", "key_env": None,
@@ -156,6 +157,15 @@ def test_every_job_takes_the_model_and_fallback_params_in_form_only() -> None:
         assert _one_line(refused).startswith(key)
     with pytest.raises(ParamsError, match="unknown key"):
         job.validate_params({"modle": "openai:gpt-4.1-mini"})
+
+
+def test_the_registry_lists_a_jobs_default_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`turnstile jobs --json` shows the model string a job runs on by default, and none for
+    a job that builds its own."""
+    monkeypatch.setenv("TURNSTILE_JOBS", "tests.model_jobs:desk,tests.model_jobs:raising_model")
+    rows = {r["name"]: r for r in Registry(None).describe()}
+    assert rows["desk"]["model"] == "openai:gpt-4.1-mini" and rows["desk"]["fallback_model"] is None
+    assert rows["raising_model"]["model"] is None
 
 
 def test_the_run_model_is_the_params_then_the_jobs_own() -> None:
