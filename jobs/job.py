@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from jsonschema import Draft202012Validator
@@ -16,7 +16,7 @@ from jsonschema.exceptions import SchemaError
 
 from turnstile.jobs.budget import LEDGER_FIELDS, Budget
 from turnstile.jobs.errors import JobDefinitionError, ParamsError
-from turnstile.jobs.model import Model
+from turnstile.jobs.model import Model, is_model, is_provider_model, spec_problem
 from turnstile.jobs.state import Call, RunState
 from turnstile.jobs.tools import Tool
 
@@ -123,6 +123,15 @@ class Example:
     budget: Budget | None = None
 
 
+ModelFactory = Callable[[Mapping[str, Any]], Model]
+# A job's default model: a model string (`openai:gpt-4.1-mini`, `local:llama3`), a Model used
+# by every run (a scripted one), or a factory building one from the run's params.
+ModelChoice = str | Model | ModelFactory
+# Run parameters every job takes, whatever its params schema: a model string for the run's
+# model and for its fallback, overriding the job's own.
+RUN_MODEL_PARAMS = ("model", "fallback_model")
+
+
 @dataclass(frozen=True, eq=False)
 class Job:
     """One kind of run: its name, tools, model factory (`model(params)`), default budget,
@@ -130,11 +139,15 @@ class Job:
     Guard | None`), the view the model is shown (`render`), its params' JSON Schema, its own
     ledger dimensions and the example runs its demo submits. Checked when made: a mistake
     is a JobDefinitionError. Registered as a plugin (entry point `turnstile.jobs`, or
-    TURNSTILE_JOBS), never edited into Turnstile."""
+    TURNSTILE_JOBS), never edited into Turnstile.
+
+    `model` is the run's model unless the run's `model` parameter names another
+    (`provider:model`); `fallback_model` is asked when the first keeps failing (rate limits,
+    5xx) past its retries, unless the run's `fallback_model` parameter names another."""
 
     name: str
     tools: Mapping[str, Tool]
-    model: Callable[[Mapping[str, Any]], Model]  # the run's model, built from its params
+    model: ModelChoice
     budget: Budget = field(default_factory=Budget)
     render: Callable[[RunState], str] = render_view
     policy: PolicyFn = allow_all
@@ -151,6 +164,7 @@ class Job:
     drill_params: tuple[str, ...] = ()  # act on the worker process only; replay drops them
     shared_params: tuple[str, ...] = ()  # make runs share a world; replay refuses them
     examples: tuple[Example, ...] = ()
+    fallback_model: str | None = None
     _params_validator: Draft202012Validator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -158,6 +172,7 @@ class Job:
             raise JobDefinitionError(
                 f"job name {self.name!r}: lower-case letters, digits, '.', '_', '-', at most 64"
             )
+        self._check_models()
         for key, tool in self.tools.items():
             if not isinstance(tool, Tool) or tool.name != key:
                 raise JobDefinitionError(f"job {self.name!r}: {key!r} is not a Tool of that name")
@@ -184,10 +199,86 @@ class Job:
             self, "_params_validator", Draft202012Validator(msgspec.to_builtins(self.params_schema))
         )
 
+    def _check_models(self) -> None:
+        model = self.model
+        if isinstance(model, str):
+            problem = spec_problem(model)
+            if problem:
+                raise JobDefinitionError(f"job {self.name!r}: model {problem}")
+        elif not (is_model(model) or callable(model)):
+            raise JobDefinitionError(
+                f"job {self.name!r}: model must be a model string (provider:model), a Model "
+                f"(an object with next(request)) or a factory of one, not {type(model).__name__}"
+            )
+        if self.fallback_model is not None:
+            problem = spec_problem(self.fallback_model)
+            if problem:
+                raise JobDefinitionError(f"job {self.name!r}: fallback_model {problem}")
+
+    @property
+    def _model_factory(self) -> bool:
+        return not isinstance(self.model, str) and not is_model(self.model)
+
+    def _own_params(self) -> Mapping[str, Any]:
+        properties = self.params_schema.get("properties")
+        return properties if isinstance(properties, Mapping) else {}
+
+    def _run_model_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The run-model params (`model`, `fallback_model`) this job leaves to Turnstile:
+        checked for their form here; the rest of the params go to the job's schema. A `model`
+        that is not a model string is the job's own (a stand-in's name for its factory), and
+        only a job that builds its model from the params and declares `model` can take one."""
+        own = self._own_params()
+        taken: dict[str, Any] = {}
+        for name in RUN_MODEL_PARAMS:
+            if name not in params:
+                continue
+            value = params[name]
+            if name in own and self._model_factory and not is_provider_model(value):
+                continue  # the job's own stand-in: its schema and its check say
+            problem = spec_problem(value)
+            if problem:
+                raise ParamsError(f"params.{name}: {problem}")
+            taken[name] = value
+        return taken
+
+    def model_spec(self, params: Mapping[str, Any]) -> str | None:
+        """The model string the run's model is built from: its `model` parameter when that
+        names one, else the job's own when it is a string; None for a job's stand-in."""
+        chosen = params.get("model")
+        if is_provider_model(chosen):
+            return str(chosen)
+        return self.model if isinstance(self.model, str) else None
+
+    def fallback_spec(self, params: Mapping[str, Any]) -> str | None:
+        """The model string of the run's fallback model, if it has one."""
+        chosen = params.get("fallback_model")
+        return str(chosen) if is_provider_model(chosen) else self.fallback_model
+
+    def own_model(self, params: Mapping[str, Any]) -> Model:
+        """The run's model when it names no model string: the job's Model, or the one its
+        factory builds from the params (a factory may read a `model` string itself). A factory
+        returning something else is a TypeError saying so."""
+        if isinstance(self.model, str):
+            raise ParamsError(f"job {self.name!r} runs on {self.model}: a provider builds it")
+        if is_model(self.model):
+            return cast(Model, self.model)
+        factory = cast(ModelFactory, self.model)
+        built = factory(params)
+        if not is_model(built):
+            raise TypeError(
+                f"the model factory of job {self.name!r} returned {type(built).__name__}, "
+                "not a Model (an object with next(request))"
+            )
+        return built
+
     def validate_params(self, params: Mapping[str, Any]) -> None:
         """Raise ParamsError naming the first bad key: unknown, mistyped or out of range."""
+        taken = self._run_model_params(params)
         errors = sorted(  # an unknown key first: a typo also makes its right name missing
-            self._params_validator.iter_errors(dict(params)),
+            self._params_validator.iter_errors(
+                {k: v for k, v in params.items() if k not in taken}
+            ),
             key=lambda e: (e.validator != "additionalProperties", list(map(str, e.absolute_path)),
                            e.message),
         )  # fmt: skip

@@ -35,7 +35,6 @@ from turnstile.jobs.model import (
     ModelStop,
     ModelTimeout,
     ToolSpec,
-    is_provider_model,
     provider_overhead_tokens,
 )
 from turnstile.jobs.outcomes import Detector, Outcome, Resource, Status
@@ -384,6 +383,7 @@ def _model_stopped(
     rt.trace.end(
         span, "stop", latency_s=latency_ms / 1000, outcome=stop.outcome.value,
         reason=stop.reason, detail=stop.detail, provider_usage=spent.usage_attrs(),
+        **_answered(spent),
     )  # fmt: skip
     state.last_calls = []
     return finish(state, stop.outcome, stop.reason, stop.detail)
@@ -442,8 +442,15 @@ def _call_model(
         reply=raw,
         latency_s=latency_ms / 1000,
         provider_usage=response.usage_attrs(),
+        **_answered(response),
     )
     return _Replied(raw, oversize)
+
+
+def _answered(response: ModelResponse) -> dict[str, Any]:
+    """Which model answered the turn, and why a fallback did, when the model says."""
+    said = {"model": response.answered_by, "fallback": response.fallback}
+    return {k: v for k, v in said.items() if v is not None}
 
 
 # -- the turn -----------------------------------------------------------------------------
@@ -518,7 +525,7 @@ def est_input_tokens(state: RunState, job: Job, view: str) -> int:
     """The model call's input, estimated: the view, and for a provider model what its request
     carries besides (the tool definitions, the previous exchange, the contract's own text)."""
     tokens = est_tokens(view)
-    if is_provider_model(state.params.get("model")):
+    if job.model_spec(state.params) is not None:
         tokens += provider_overhead_tokens(job.tools.values(), state.last_result)
     return tokens
 

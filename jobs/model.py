@@ -11,6 +11,7 @@ provider's answer leaves nothing for the model to do (a refusal, a rejected key)
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -66,6 +67,10 @@ class ModelResponse:
     provider: str | None = None  # e.g. "openai", for the trace
     model: str | None = None  # the model as the provider named it in its answer
     finish_reason: str | None = None
+    # The model string that answered (`openai:gpt-4.1-mini`, `local:llama3`), and, when a
+    # fallback answered, why the run's first model did not: what the turn's span records.
+    answered_by: str | None = None
+    fallback: str | None = None
 
     def usage_attrs(self) -> dict[str, Any] | None:
         """What the provider reported, as span attributes; None when it reported nothing."""
@@ -92,6 +97,22 @@ def is_provider_model(kind: object) -> bool:
     """Whether a `model` parameter names a real model, `provider:model` (`openai:gpt-4.1-mini`),
     rather than one of a job's stand-ins."""
     return isinstance(kind, str) and ":" in kind
+
+
+MAX_MODEL_CHARS = 200
+_SPEC = re.compile(r"[a-z][a-z0-9_\-]{0,31}:\S{1,200}")
+SPEC_HINT = "provider:model (openai:gpt-4.1-mini, anthropic:claude-sonnet-4-6, or endpoint:model)"
+
+
+def spec_problem(spec: object) -> str | None:
+    """What is wrong with the form of a model string, or None: `provider:model`, where the
+    provider is `openai`, `anthropic` or a named endpoint. Whether that provider exists here
+    is the providers package's question, asked at submit and when the run's model is built."""
+    if not isinstance(spec, str):
+        return f"a model string must be text, not {type(spec).__name__}"
+    if len(spec) > MAX_MODEL_CHARS or not _SPEC.fullmatch(spec):
+        return f"{spec[:80]!r} is not a model string {SPEC_HINT}"
+    return None
 
 
 CONTRACT_TOKENS = 600  # a provider request's own text: system prompt, plan and final functions
@@ -132,13 +153,26 @@ class ModelStop(ModelError):  # noqa: N818 - the model's side stopped the run
         self.spent = spent or ModelResponse(None)
 
 
+class ModelUnavailable(ModelStop):
+    """Raised by a model adapter whose provider kept failing in a way a retry could fix (a rate
+    limit, a 5xx, no connection) until its attempts or the time before the deadline ran out.
+    It ends the run like any `ModelStop`, unless the run names a fallback model, which is then
+    asked with the time that is left."""
+
+
 class Model(Protocol):
-    """A model as a job uses it: one reply per turn. Anything with this `next` method is one:
-    a scripted stand-in, a provider's adapter, a recording."""
+    """What a run's model is: one reply per turn. `next` is given the rendered view and the
+    remaining time, and returns the reply with what it cost; it raises `ModelTimeout` when it
+    outlived `request.timeout_s`, and `ModelStop` when the provider's answer ends the run."""
 
     def next(self, request: ModelRequest) -> ModelResponse:
         """The reply to one turn's request."""
         ...
+
+
+def is_model(obj: object) -> bool:
+    """Whether an object can be a run's model: an instance with a callable `next`."""
+    return not isinstance(obj, type) and callable(getattr(obj, "next", None))
 
 
 class Scripted:
@@ -216,5 +250,8 @@ def responses_from_spans(spans: Sequence[Any]) -> list[ModelResponse | Exception
         elif span.status == "deadline":
             out.append(ModelResponse(None, attrs["latency_s"]))
         else:
-            out.append(ModelResponse(attrs.get("reply"), attrs["latency_s"], **_reported(attrs)))
+            said = {"answered_by": attrs.get("model"), "fallback": attrs.get("fallback")}
+            out.append(
+                ModelResponse(attrs.get("reply"), attrs["latency_s"], **_reported(attrs), **said)
+            )
     return out

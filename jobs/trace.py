@@ -124,7 +124,10 @@ def semconv(span: Span, request_model: str | None = None) -> dict[str, Any]:
     if span.kind != "model":
         return {}
     usage = attrs.get("provider_usage") or {}
-    provider, _, model = (request_model or "").rpartition(":")
+    request_model = attrs.get("model") or request_model  # a fallback's, when it answered
+    provider, colon, model = (request_model or "").partition(":")
+    if not colon:  # a stand-in's name, not provider:model
+        provider, model = "", request_model or ""
     out: dict[str, Any] = {
         "gen_ai.operation.name": "chat",
         "gen_ai.provider.name": usage.get("provider") or provider or "turnstile",

@@ -1,47 +1,86 @@
 """Model adapters for real providers: network I/O, so the pure kernel never imports this.
 
 A model is named by a string `provider:model`, e.g. `openai:gpt-4.1-mini` (OpenAI or any
-OpenAI-compatible server) or `anthropic:claude-sonnet-4-5`. Importing this package loads no
-SDK; `make` does, for the provider it is asked for.
+OpenAI-compatible server), `anthropic:claude-sonnet-4-5`, or `local:llama3.1:8b` for a named
+endpoint (see endpoints.py). Importing this package loads no SDK; `make` does, for the wire
+format it is asked for.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from turnstile.jobs.budget import Budget
-from turnstile.jobs.model import Model, is_provider_model
+from turnstile.jobs.model import Model, is_provider_model, spec_problem
+from turnstile.providers import endpoints
+from turnstile.providers.endpoints import ENDPOINTS_ENV, Route
 from turnstile.providers.errors import ProviderConfigError
-from turnstile.providers.prices import price_of, priced_budget
+from turnstile.providers.prices import Price, price_of, priced_budget
 
-PROVIDERS = ("openai", "anthropic")
+if TYPE_CHECKING:
+    from turnstile.jobs.job import Job
+
+PROVIDERS = endpoints.BUILT_IN
+
+
+def _route(spec: str) -> tuple[Route, str]:
+    problem = spec_problem(spec)
+    if problem is not None:
+        raise ProviderConfigError(f"model {problem}")
+    provider, _, model = spec.partition(":")
+    found = endpoints.route(provider)
+    if found is None:
+        configured = "" if os.environ.get(ENDPOINTS_ENV) else f" (none set in {ENDPOINTS_ENV})"
+        raise ProviderConfigError(
+            f"unknown provider {provider!r} in model {spec!r}; one of "
+            f"{', '.join(endpoints.names())}: named endpoints come from {ENDPOINTS_ENV}"
+            f"{configured}"
+        )
+    return found, model
 
 
 def parse(spec: str) -> tuple[str, str]:
-    """(provider, model) of a model string, or a clear error."""
-    provider, _, model = spec.partition(":")
-    if provider not in PROVIDERS:
+    """(provider, model) of a model string, or a clear error: the provider is `openai`,
+    `anthropic` or a named endpoint of this process's configuration."""
+    found, model = _route(spec)
+    return found.name, model
+
+
+def check(spec: str) -> str:
+    """A model string a run may be submitted with, or the one-line reason it may not: its
+    provider is known here, and a named endpoint's key variable is set. (A built-in provider's
+    key is the workers' concern: a run without it ends `error` naming the variable.)"""
+    found, _ = _route(spec)
+    if found.base_env is None and found.key_env and not os.environ.get(found.key_env):
         raise ProviderConfigError(
-            f"unknown provider {provider!r} in model {spec!r}; one of {', '.join(PROVIDERS)}"
+            f"model {spec!r}: endpoint {found.name!r} takes its key from {found.key_env}, "
+            "which is not set"
         )
-    if not model.strip() or len(model) > 200:
-        raise ProviderConfigError(f"model {spec!r} names no model after {provider}:")
-    return provider, model
+    return spec
+
+
+def model_price(spec: str) -> Price | None:
+    """The model's price: its endpoint's, else the price table's (which may name
+    `endpoint:model` too); None when neither has one."""
+    found, model = _route(spec)
+    return found.prices.get(model) or price_of(spec)
 
 
 def make(spec: str) -> Model:
     """The adapter for a model string."""
-    provider, model = parse(spec)
-    if provider == "openai":
+    found, model = _route(spec)
+    price = found.prices.get(model) or price_of(spec)
+    if found.format == "openai":
         from turnstile.providers.openai_chat import OpenAIChat  # noqa: PLC0415 - only the SDK asked for
 
-        return OpenAIChat(model, price_of(spec))
+        return OpenAIChat(model, price, route=found, spec=spec)
     from turnstile.providers.anthropic_messages import AnthropicMessages  # noqa: PLC0415
 
-    return AnthropicMessages(model, price_of(spec))
+    return AnthropicMessages(model, price, route=found, spec=spec)
 
 
 # A real model's request carries the tool definitions and the contract's text besides the view,
@@ -50,22 +89,45 @@ def make(spec: str) -> Model:
 PROVIDER_DEFAULT_MAX_TOKENS = 40_000
 
 
-def budget_for(params: Mapping[str, Any], budget: Budget, *, default: bool = False) -> Budget:
-    """The run's budget at its model's prices, when its `model` parameter names a provider
-    model: each turn's reservation is then its worst case at those prices. `default` says the
-    budget is the job's own, not one the caller chose."""
-    spec = params.get("model")
-    if not is_provider_model(spec):
+def _specs(params: Mapping[str, Any], job: Job | None) -> list[str]:
+    """The model strings a run may call: its model's and its fallback's."""
+    if job is not None:
+        found = [job.model_spec(params), job.fallback_spec(params)]
+    else:
+        found = [params.get("model"), params.get("fallback_model")]
+    return [str(s) for s in found if is_provider_model(s)]
+
+
+def _dearest(prices: list[Price | None]) -> Price | None:
+    """A price at least as high as each of them, rate by rate: what a turn that may be
+    answered by either model must reserve."""
+    known = [p for p in prices if p is not None]
+    if not known:
+        return None
+    return Price(
+        input=max(p.input for p in known),
+        output=max(p.output for p in known),
+        cached_input=max(p.input if p.cached_input is None else p.cached_input for p in known),
+        cache_write=max(p.input if p.cache_write is None else p.cache_write for p in known),
+    )
+
+
+def budget_for(
+    params: Mapping[str, Any], budget: Budget, *, default: bool = False, job: Job | None = None
+) -> Budget:
+    """The run's budget at its models' prices, when it runs on a provider model (its `model`
+    parameter's, else the job's own): each turn's reservation is then its worst case at those
+    prices, the dearer of its model's and its fallback's. `default` says the budget is the
+    job's own, not one the caller chose. A model string that cannot be used here, or a named
+    endpoint whose key is not set, is a ProviderConfigError."""
+    specs = [check(spec) for spec in _specs(params, job)]
+    if not specs:
         return budget
-    parse(str(spec))
     if default and budget.max_tokens < PROVIDER_DEFAULT_MAX_TOKENS:
         budget = msgspec.structs.replace(budget, max_tokens=PROVIDER_DEFAULT_MAX_TOKENS)
-    return priced_budget(budget, price_of(str(spec)))
+    return priced_budget(budget, _dearest([model_price(spec) for spec in specs]))
 
 
-def unpriced(params: Mapping[str, Any]) -> str | None:
-    """The provider model the run names when the price table has no price for it."""
-    spec = params.get("model")
-    if is_provider_model(spec) and price_of(str(spec)) is None:
-        return str(spec)
-    return None
+def unpriced(params: Mapping[str, Any], job: Job | None = None) -> str | None:
+    """The first provider model the run may call that has no price."""
+    return next((spec for spec in _specs(params, job) if model_price(spec) is None), None)

@@ -1,5 +1,5 @@
-"""Anthropic Messages with `tool_use`. The base URL and key come from the SDK's own variables,
-ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY.
+"""Anthropic Messages with `tool_use`. For `anthropic:` the base URL and key come from the
+SDK's own variables, ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY; a named endpoint has its own.
 
 Usage is normalised: Anthropic's `input_tokens` leaves out the tokens read from the cache
 (`cache_read_input_tokens`) and written to it (`cache_creation_input_tokens`), so all input is
@@ -8,6 +8,7 @@ their sum; `output_tokens` includes thinking, which `output_tokens_details` brea
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from typing import Any
 
@@ -16,6 +17,7 @@ import anthropic
 from turnstile.jobs.model import ModelRequest, ModelResponse, ModelStop
 from turnstile.jobs.outcomes import Outcome
 from turnstile.providers import contract, sdk
+from turnstile.providers.endpoints import BUILT_IN_ROUTES, Route
 from turnstile.providers.prices import Price, Tokens
 from turnstile.providers.retry import Failure, retry_after_s, with_retries
 from turnstile.providers.sdk import sdk_client
@@ -32,31 +34,31 @@ def _body_error(exc: anthropic.APIStatusError) -> tuple[str, str]:
     return str(inner.get("type") or ""), str(inner.get("message") or exc.message)[:200]
 
 
-def classify(exc: Exception) -> Failure | None:
-    """What a failed attempt means for the run."""
+def classify(exc: Exception, route: Route = BUILT_IN_ROUTES[PROVIDER]) -> Failure | None:
+    """What a failed attempt means for the run; `route` names the server in the reason."""
     if isinstance(exc, anthropic.APITimeoutError):
         return Failure("timeout", "the call timed out")
     if isinstance(exc, anthropic.APIConnectionError):
-        return Failure("retry", f"anthropic unreachable: {exc}")
+        return Failure("retry", f"{route.name} unreachable: {exc}")
     if not isinstance(exc, anthropic.APIStatusError):
         return None
-    return _status_failure(exc)
+    return _status_failure(exc, route)
 
 
-def _status_failure(exc: anthropic.APIStatusError) -> Failure:
+def _status_failure(exc: anthropic.APIStatusError, route: Route) -> Failure:
     kind, message = _body_error(exc)
-    status = exc.status_code
+    status, name = exc.status_code, route.name
+    wait = retry_after_s(exc.response.headers)
     if status == 429:
-        wait = retry_after_s(exc.response.headers)
         asked = f" (asked to wait {wait:g} s)" if wait is not None else ""
-        return Failure("retry", f"rate limited by anthropic{asked}: {message}", wait_s=wait)
+        return Failure("retry", f"rate limited by {name}{asked}: {message}", wait_s=wait)
     failure = Failure(
-        "stop", f"anthropic rejected the request ({status} {kind}): {message}",
+        "stop", f"{name} rejected the request ({status} {kind}): {message}",
         detail="provider.rejected",
     )  # fmt: skip
     if status in (401, 403):
         failure = Failure(
-            "stop", f"anthropic refused the key ({status}): {message}; check ANTHROPIC_API_KEY",
+            "stop", f"{name} refused the key ({status}): {message}; check {route.key_env}",
             detail="provider.authentication",
         )  # fmt: skip
     elif status == 400 and any(w in message.lower() for w in _CONTEXT_WORDS):
@@ -64,8 +66,8 @@ def _status_failure(exc: anthropic.APIStatusError) -> Failure:
             "stop", f"the request is longer than the model's context window: {message}",
             detail="provider.context_length",
         )  # fmt: skip
-    elif status in (408, 409) or status >= 500:  # 529: overloaded
-        failure = Failure("retry", f"anthropic failed ({status} {kind}): {message}")
+    elif status in (408, 409) or status >= 500:  # 529: overloaded; it may say when to return
+        failure = Failure("retry", f"{name} failed ({status} {kind}): {message}", wait_s=wait)
     return failure
 
 
@@ -123,14 +125,15 @@ def usage_of(message: Any) -> Tokens:
 class AnthropicMessages:
     """One Anthropic model behind the kernel's `Model` interface."""
 
-    def __init__(self, model: str, price: Price | None) -> None:
-        self.model, self.price = model, price
+    def __init__(
+        self, model: str, price: Price | None, *, route: Route = BUILT_IN_ROUTES[PROVIDER],
+        spec: str | None = None,
+    ) -> None:  # fmt: skip
+        self.model, self.price, self.route = model, price, route
+        self.spec = spec or f"{route.name}:{model}"
 
     def next(self, request: ModelRequest) -> ModelResponse:
-        client = sdk_client(
-            anthropic.Anthropic, PROVIDER, key_env="ANTHROPIC_API_KEY",
-            base_env="ANTHROPIC_BASE_URL",
-        )  # fmt: skip
+        client = sdk_client(anthropic.Anthropic, self.route)
         messages, tools = request_messages(request), request_tools(request)
 
         def attempt(timeout_s: float) -> Any:
@@ -144,13 +147,17 @@ class AnthropicMessages:
                 timeout=timeout_s,
             )
 
-        message = with_retries(attempt, classify, timeout_s=request.timeout_s)
+        classified = functools.partial(classify, route=self.route)
+        message = with_retries(attempt, classified, timeout_s=request.timeout_s)
         return self.response(message)
 
     def response(self, message: Any) -> ModelResponse:
         tokens = usage_of(message)
         stop = message.stop_reason
-        spent = sdk.spent(tokens, self.price, provider=PROVIDER, model=message.model, finish=stop)
+        spent = sdk.spent(
+            tokens, self.price, provider=self.route.name, model=message.model, finish=stop,
+            spec=self.spec,
+        )  # fmt: skip
         if stop == "refusal":
             raise ModelStop(
                 Outcome.GUARDRAIL_STOP, "the model refused to continue (stop_reason refusal)",

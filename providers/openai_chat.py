@@ -1,6 +1,6 @@
 """OpenAI Chat Completions with tool calling: OpenAI itself and every server that speaks its
-wire format (vLLM, Ollama, llama.cpp, LiteLLM). The base URL and key come from the SDK's own
-variables, OPENAI_BASE_URL and OPENAI_API_KEY.
+wire format (vLLM, Ollama, llama.cpp, LiteLLM). For `openai:` the base URL and key come from
+the SDK's own variables, OPENAI_BASE_URL and OPENAI_API_KEY; a named endpoint has its own.
 
 Usage is the provider's: `prompt_tokens` counts all input, `cached_tokens` is part of it;
 `completion_tokens` counts all output, `reasoning_tokens` is part of it.
@@ -8,6 +8,7 @@ Usage is the provider's: `prompt_tokens` counts all input, `cached_tokens` is pa
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import replace
 from typing import Any
@@ -17,6 +18,7 @@ import openai
 from turnstile.jobs.model import ModelRequest, ModelResponse, ModelStop
 from turnstile.jobs.outcomes import Outcome
 from turnstile.providers import contract, sdk
+from turnstile.providers.endpoints import BUILT_IN_ROUTES, Route
 from turnstile.providers.prices import Price, Tokens
 from turnstile.providers.retry import Failure, retry_after_s, with_retries
 from turnstile.providers.sdk import sdk_client
@@ -33,35 +35,35 @@ def _body_error(exc: openai.APIStatusError) -> tuple[str, str]:
     return code, message[:200]
 
 
-def classify(exc: Exception) -> Failure | None:
-    """What a failed attempt means for the run."""
+def classify(exc: Exception, route: Route = BUILT_IN_ROUTES[PROVIDER]) -> Failure | None:
+    """What a failed attempt means for the run; `route` names the server in the reason."""
     if isinstance(exc, openai.APITimeoutError):
         return Failure("timeout", "the call timed out")
     if isinstance(exc, openai.APIConnectionError):
-        return Failure("retry", f"openai unreachable: {exc}")
+        return Failure("retry", f"{route.name} unreachable: {exc}")
     if not isinstance(exc, openai.APIStatusError):
         return None
-    return _status_failure(exc)
+    return _status_failure(exc, route)
 
 
-def _status_failure(exc: openai.APIStatusError) -> Failure:
+def _status_failure(exc: openai.APIStatusError, route: Route) -> Failure:
     code, message = _body_error(exc)
-    status = exc.status_code
+    status, name = exc.status_code, route.name
+    wait = retry_after_s(exc.response.headers)
     if status == 429 and code != "insufficient_quota":
-        wait = retry_after_s(exc.response.headers)
         asked = f" (asked to wait {wait:g} s)" if wait is not None else ""
-        return Failure("retry", f"rate limited by openai{asked}: {message}", wait_s=wait)
+        return Failure("retry", f"rate limited by {name}{asked}: {message}", wait_s=wait)
     failure = Failure(
-        "stop", f"openai rejected the request ({status}): {message}", detail="provider.rejected"
+        "stop", f"{name} rejected the request ({status}): {message}", detail="provider.rejected"
     )
     if status in (401, 403):
         failure = Failure(
-            "stop", f"openai refused the key ({status}): {message}; check OPENAI_API_KEY",
+            "stop", f"{name} refused the key ({status}): {message}; check {route.key_env}",
             detail="provider.authentication",
         )  # fmt: skip
     elif status == 429:
         failure = Failure(
-            "stop", f"openai quota exhausted: {message}; check the plan and billing",
+            "stop", f"{name} quota exhausted: {message}; check the plan and billing",
             detail="provider.quota",
         )  # fmt: skip
     elif status == 400 and code == "context_length_exceeded":
@@ -69,8 +71,8 @@ def _status_failure(exc: openai.APIStatusError) -> Failure:
             "stop", f"the request is longer than the model's context window: {message}",
             detail="provider.context_length",
         )  # fmt: skip
-    elif status in (408, 409) or status >= 500:
-        failure = Failure("retry", f"openai failed ({status}): {message}")
+    elif status in (408, 409) or status >= 500:  # a 503 may say when to come back
+        failure = Failure("retry", f"{name} failed ({status}): {message}", wait_s=wait)
     return failure
 
 
@@ -133,14 +135,16 @@ def usage_of(completion: Any) -> Tokens | None:
 class OpenAIChat:
     """One model of an OpenAI-compatible server, behind the kernel's `Model` interface."""
 
-    def __init__(self, model: str, price: Price | None) -> None:
-        self.model, self.price = model, price
+    def __init__(
+        self, model: str, price: Price | None, *, route: Route = BUILT_IN_ROUTES[PROVIDER],
+        spec: str | None = None,
+    ) -> None:  # fmt: skip
+        self.model, self.price, self.route = model, price, route
+        self.spec = spec or f"{route.name}:{model}"
 
     def next(self, request: ModelRequest) -> ModelResponse:
-        client = sdk_client(
-            openai.OpenAI, PROVIDER, key_env="OPENAI_API_KEY", base_env="OPENAI_BASE_URL",
-            hint=" (any value for a local server)",
-        )  # fmt: skip
+        hint = " (any value for a local server)" if self.route.base_env else ""
+        client = sdk_client(openai.OpenAI, self.route, hint=hint)
         messages, tools = request_messages(request), request_tools(request)
 
         def attempt(timeout_s: float) -> Any:
@@ -153,7 +157,8 @@ class OpenAIChat:
                 timeout=timeout_s,
             )
 
-        completion = with_retries(attempt, classify, timeout_s=request.timeout_s)
+        classified = functools.partial(classify, route=self.route)
+        completion = with_retries(attempt, classified, timeout_s=request.timeout_s)
         return self.response(completion)
 
     def response(self, completion: Any) -> ModelResponse:
@@ -161,8 +166,9 @@ class OpenAIChat:
         choice = completion.choices[0] if completion.choices else None
         finish = choice.finish_reason if choice else None
         spent = sdk.spent(
-            tokens, self.price, provider=PROVIDER, model=completion.model, finish=finish
-        )
+            tokens, self.price, provider=self.route.name, model=completion.model, finish=finish,
+            spec=self.spec,
+        )  # fmt: skip
         if choice is None:
             return replace(spent, reply=contract.malformed("the reply had no choices"))
         message = choice.message

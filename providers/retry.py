@@ -4,7 +4,8 @@ Each attempt gets what is left of the call's timeout as its own timeout. A failu
 may get over (a rate limit, a 5xx, an overloaded server, a dropped connection) is retried after
 the wait the provider asked for (`retry-after`) or a backoff, only if that wait still leaves
 time before the deadline; one it will not get over (a bad key, a rejected request, an exhausted
-quota) ends the run at once with a reason a person can act on.
+quota) ends the run at once with a reason a person can act on. Retries that run out, or a wait
+that would pass the deadline, raise `ModelUnavailable`: a run's fallback model may answer.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from turnstile.backoff import backoff_s
-from turnstile.jobs.model import ModelStop, ModelTimeout
+from turnstile.jobs.model import ModelStop, ModelTimeout, ModelUnavailable
 from turnstile.jobs.outcomes import Outcome, Resource
 
 T = TypeVar("T")
@@ -91,7 +92,7 @@ def with_retries(
         )
         left = timeout_s - (now() - start)
         if wait >= left:
-            raise ModelStop(
+            raise ModelUnavailable(
                 Outcome.BUDGET_EXHAUSTED,
                 f"{failure.reason}; the wait of {wait:.1f} s before a retry is more than the"
                 f" {max(0.0, left):.1f} s left before the deadline",
@@ -99,6 +100,6 @@ def with_retries(
             )
         sleep(wait)
     assert failure is not None
-    raise ModelStop(
+    raise ModelUnavailable(
         Outcome.TOOL_FAILURE, f"{failure.reason}; gave up after {max_attempts} attempts", "model"
     )

@@ -10,38 +10,45 @@ from typing import Any, TypeVar
 
 from turnstile.jobs.model import ModelResponse, ModelStop
 from turnstile.jobs.outcomes import Outcome
+from turnstile.providers.endpoints import Route
 from turnstile.providers.prices import Price, Tokens, cost_microusd
 
 Sdk = TypeVar("Sdk")
 
 
-@functools.lru_cache(maxsize=8)
+# A server that takes no key still gets one: both SDKs refuse to start without.
+NO_KEY = "no-key"
+
+
+@functools.lru_cache(maxsize=16)
 def _cached(make: Callable[..., Any], base_url: str | None, key: str, pid: int) -> Any:
     return make(api_key=key, base_url=base_url, max_retries=0)
 
 
-def sdk_client(
-    make: Callable[..., Sdk], provider: str, *, key_env: str, base_env: str, hint: str = ""
-) -> Sdk:
+def sdk_client(make: Callable[..., Sdk], route: Route, *, hint: str = "") -> Sdk:
     """One SDK client per endpoint and key in a process (the pid keeps a forked child from
     sharing its parent's connections), so turns reuse its connections. The deadline governs
     retries, so the SDK's own are off. No key is a named stop, not a traceback."""
-    key = os.environ.get(key_env)
+    key = os.environ.get(route.key_env) if route.key_env else NO_KEY
     if not key:
+        where = route.name if route.base_env else f"endpoint {route.name}"
         raise ModelStop(
-            Outcome.ERROR, f"no key for {provider}: set {key_env}{hint}", "provider.authentication"
-        )
-    client: Sdk = _cached(make, os.environ.get(base_env), key, os.getpid())
+            Outcome.ERROR, f"no key for {where}: set {route.key_env}{hint}",
+            "provider.authentication",
+        )  # fmt: skip
+    client: Sdk = _cached(make, route.url, key, os.getpid())
     return client
 
 
 def spent(
     tokens: Tokens | None, price: Price | None, *, provider: str, model: str | None,
-    finish: str | None,
+    finish: str | None, spec: str | None = None,
 ) -> ModelResponse:  # fmt: skip
     """A reply's usage and cost, with no reply yet: the adapter adds the reply it parsed."""
     if tokens is None:
-        return ModelResponse(None, provider=provider, model=model, finish_reason=finish)
+        return ModelResponse(
+            None, provider=provider, model=model, finish_reason=finish, answered_by=spec
+        )
     return ModelResponse(
         None,
         input_tokens=tokens.input,
@@ -53,4 +60,5 @@ def spent(
         provider=provider,
         model=model,
         finish_reason=finish,
+        answered_by=spec,
     )

@@ -9,7 +9,8 @@ the caller's: it sends through a private producer.
 
 Every error Turnstile raises on purpose is a `TurnstileError` (turnstile/errors.py); each
 public kind is exported here: kernel, model, ledger, provider, store, submission, decision
-and control errors.
+and control errors. Model strings, named endpoints and adapters (`make`, `parse`) are in
+`turnstile.models`.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from turnstile.jobs.job import (
     Example,
     Guard,
     Job,
+    ModelChoice,
     Permit,
     Severity,
     Verdict,
@@ -56,6 +58,7 @@ from turnstile.jobs.model import (
     ModelResponse,
     ModelStop,
     ModelTimeout,
+    ModelUnavailable,
     RecordedFailure,
     Scripted,
 )
@@ -101,11 +104,13 @@ __all__ = [
     "LedgerUnavailable",
     "LedgerUnknownReservation",
     "Model",
+    "ModelChoice",
     "ModelError",
     "ModelRequest",
     "ModelResponse",
     "ModelStop",
     "ModelTimeout",
+    "ModelUnavailable",
     "NotDurableError",
     "ParamsError",
     "Permit",

@@ -164,7 +164,11 @@ class Registry:
         why = next((p.error for p in self.broken() if p.name == name), None)
         if why is not None:
             raise UnknownJobError(f"job {name!r} is broken ({why}); known jobs: {known}")
-        raise UnknownJobError(f"unknown job {name!r}; known jobs: {known}")
+        # A plugin named only by TURNSTILE_JOBS gives its job's name when it is built: one that
+        # broke may be the job asked for, and its reason is the one a person needs.
+        nameless = "; ".join(f"{p.source}: {p.error}" for p in self.broken() if p.name is None)
+        maybe = f"; broken, and it may be one of them: {nameless}" if nameless else ""
+        raise UnknownJobError(f"unknown job {name!r}; known jobs: {known}{maybe}")
 
     def fresh(self, name: str) -> Job:
         """The job built anew for a run in this process alone (replay): a world of its own."""
@@ -194,6 +198,10 @@ def describe_plugin(plugin: Plugin) -> dict[str, Any]:
         "params_schema": msgspec.to_builtins(job.params_schema),
         "dimensions": list(job.dimensions),
         "budget": msgspec.to_builtins(job.budget),
+        # The default model when the job names it as a string (None: a Model or a factory);
+        # a run's `model` and `fallback_model` params override them.
+        "model": job.model if isinstance(job.model, str) else None,
+        "fallback_model": job.fallback_model,
         "tools": [
             {
                 "name": t.name,

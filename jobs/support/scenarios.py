@@ -90,7 +90,7 @@ def start(
     )
     clock = SimClock()
     trace = Trace(clock)
-    runtime = Runtime(job=job, model=model or job.model(state.params), clock=clock, trace=trace)
+    runtime = Runtime(job=job, model=model or job.own_model(state.params), clock=clock, trace=trace)
     return InProcess(state, trace, shop, runtime)
 
 

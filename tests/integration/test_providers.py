@@ -64,7 +64,7 @@ class Run:
         ledger.set_ceiling(self.tenant, "cost_microusd", 10_000_000)
         clock = ActiveClock()
         self.runtime = Runtime(
-            job=self.job, model=self.job.model(params), clock=clock, trace=Trace(clock)
+            job=self.job, model=self.job.own_model(params), clock=clock, trace=Trace(clock)
         )
 
     def turn(self) -> Move:

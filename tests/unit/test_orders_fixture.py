@@ -30,7 +30,7 @@ def test_the_orders_package_registers_by_entry_point_and_its_run_completes(
     state = new_run(run_id="r1", tenant="t", user_id="u", job=job, goal="where is it?",
                     params={"order_id": "A-1"})  # fmt: skip
     clock = SimClock()
-    rt = Runtime(job=job, model=job.model(state.params), clock=clock, trace=Trace(clock))
+    rt = Runtime(job=job, model=job.own_model(state.params), clock=clock, trace=Trace(clock))
     move = run(state, rt)
     rt.close()
     assert isinstance(move, Finished) and move.outcome.value == "completed"

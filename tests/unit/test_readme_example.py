@@ -51,7 +51,7 @@ def test_the_readme_job_runs_asks_approval_and_charges_its_dimension() -> None:
     state = new_run(run_id="r1", tenant="t", user_id="u", job=job, goal="credit acct_1",
                     params={"account": "acct_1"})  # fmt: skip
     clock = SimClock()
-    rt = Runtime(job=job, model=job.model(state.params), clock=clock, trace=Trace(clock))
+    rt = Runtime(job=job, model=job.own_model(state.params), clock=clock, trace=Trace(clock))
     assert isinstance(run(state, rt), Suspended)
     approve(state, by="alice", at="now")
     move = run(state, rt)
@@ -67,7 +67,7 @@ def test_the_readme_tools_return_plain_values_and_raise_tool_error() -> None:
     state = new_run(run_id="r1", tenant="t", user_id="u", job=job, goal="g",
                     params={"account": "acct_1"})  # fmt: skip
     clock = SimClock()
-    rt = Runtime(job=job, model=job.model(state.params), clock=clock, trace=Trace(clock))
+    rt = Runtime(job=job, model=job.own_model(state.params), clock=clock, trace=Trace(clock))
     turn(state, rt)  # the first turn reads the balance
     rt.close()
     assert state.facts == {"balance_cents": 1250}
@@ -75,7 +75,7 @@ def test_the_readme_tools_return_plain_values_and_raise_tool_error() -> None:
     assert balance == {"status": "ok", "result": {"account": "acct_1", "balance_cents": 1250}}
     nobody = new_run(run_id="r2", tenant="t", user_id="u", job=job, goal="g",
                      params={"account": "nobody"})  # fmt: skip
-    rt = Runtime(job=job, model=job.model(nobody.params), clock=clock, trace=Trace(clock))
+    rt = Runtime(job=job, model=job.own_model(nobody.params), clock=clock, trace=Trace(clock))
     turn(nobody, rt)
     rt.close()
     assert nobody.last_result == {

@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+import tempfile
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +37,12 @@ class Wire:
     provider: str
     scenario: str
     port: int
+
+    @property
+    def base_url(self) -> str:
+        """The server's URL as its format's SDK takes it (OpenAI's ends in /v1)."""
+        root = f"http://127.0.0.1:{self.port}"
+        return f"{root}/v1" if self.provider == "openai" else root
 
     @property
     def env(self) -> dict[str, str]:
@@ -87,11 +94,35 @@ class Wire:
 
 @contextmanager
 def wire_server(
-    provider: str, scenario: str, *, delay_s: float = 0.0, by_turn: bool = False
-) -> Iterator[Wire]:
+    provider: str, scenario: str = "", *, delay_s: float = 0.0, by_turn: bool = False,
+    script: dict[str, Any] | None = None,
+) -> Iterator[Wire]:  # fmt: skip
     """The provider's endpoint answering the scenario's exchanges, each after `delay_s`; with
-    `by_turn`, each request gets its run's turn's exchange (many runs at once)."""
-    script = FIXTURES / provider / f"{scenario}.json"
+    `by_turn`, each request gets its run's turn's exchange (many runs at once). A `script`
+    object instead of a scenario: `{"agent": {...}}` (any job's tools, see agent.py) or
+    `{"always": exchange}`."""
+    if script is not None:
+        with tempfile.TemporaryDirectory(prefix="turnstile-wire-") as folder:
+            path = Path(folder) / "script.json"
+            path.write_text(json.dumps(script))
+            with _serving(provider, scenario, path, delay_s, by_turn) as wire:
+                yield wire
+        return
+    with _serving(provider, scenario, FIXTURES / provider / f"{scenario}.json", delay_s,
+                  by_turn) as wire:  # fmt: skip
+        yield wire
+
+
+def down(status: int = 503) -> dict[str, Any]:
+    """A provider answering every request with `status`, asking for no wait before a retry."""
+    body = {"error": {"message": "the service is unavailable", "type": "server_error"}}
+    return {"always": {"status": status, "headers": {"retry-after-ms": "0"}, "body": body}}
+
+
+@contextmanager
+def _serving(
+    provider: str, scenario: str, script: Path, delay_s: float, by_turn: bool
+) -> Iterator[Wire]:
     mode = ["by-turn"] if by_turn else []
     process = subprocess.Popen(
         [sys.executable, "-m", "tests.wire.wire_server", str(script), str(delay_s), *mode],

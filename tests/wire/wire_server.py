@@ -6,7 +6,9 @@ It serves `POST /v1/chat/completions` (OpenAI) and `POST /v1/messages` (Anthropi
 takes the next exchange of the script, a JSON list of {"status", "headers", "body", "delay_s",
 "cut"},
 and is answered with exactly that status, those headers and that body, after the delay (the
-exchange's own, else DELAY_S); a `cut` exchange sends half its body and closes. The
+exchange's own, else DELAY_S); a `cut` exchange sends half its body and closes. A script that
+is an object instead is `{"always": EXCHANGE}`, that exchange for every request (a provider
+that is down), or `{"agent": {...}}`, replies made from each request for any job (agent.py). The
 requests it received are served back at `GET /_requests`, with the time each arrived, so a test
 can check what the SDK sent and how long it waited between attempts. It prints its port on the
 first line of its output.
@@ -21,6 +23,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from tests.wire.agent import Agent
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/messages")
 
@@ -40,15 +44,29 @@ class Script:
     """The exchanges in order; or, `by_turn`, each request answered by the exchange of its
     run's turn, so that many runs can share one server at once (the benchmarks)."""
 
-    def __init__(
-        self, exchanges: list[dict[str, Any]], delay_s: float = 0.0, *, by_turn: bool = False
-    ) -> None:
-        self.exchanges, self.delay_s, self.by_turn = exchanges, delay_s, by_turn
+    def __init__(self, exchanges: Any, delay_s: float = 0.0, *, by_turn: bool = False) -> None:
+        self.exchanges: list[dict[str, Any]] = exchanges if isinstance(exchanges, list) else []
+        self.always: dict[str, Any] | None = None
+        self.agent: Agent | None = None
+        if isinstance(exchanges, dict) and "always" in exchanges:
+            self.always = exchanges["always"]
+        elif isinstance(exchanges, dict):
+            self.agent = Agent.of(exchanges["agent"])
+        self.delay_s, self.by_turn = delay_s, by_turn
         self.received: list[dict[str, Any]] = []
         self.lock = threading.Lock()
 
     def take(self, path: str, body: Any, headers: dict[str, str]) -> dict[str, Any] | None:
         with self.lock:
+            if self.always is not None or self.agent is not None:
+                number = len(self.received) + 1
+                self.received.append(
+                    {"path": path, "body": body, "headers": headers, "t": time.monotonic()}
+                )
+                if self.always is not None:
+                    return self.always
+                assert self.agent is not None
+                return {"status": 200, "body": self.agent.reply(path, body, number)}
             index = turn_of(body) if self.by_turn else len(self.received)
             if self.by_turn:  # thousands of requests: their count, not their bodies
                 self.received.append({"path": path, "t": time.monotonic()})

@@ -599,8 +599,8 @@ def trace(
         return
     console = Console()
     for depth, span in span_tree(spans):
-        extra = {k: span.attrs[k] for k in ("args", "input_tokens", "output_tokens")
-                 if k in span.attrs}  # fmt: skip
+        extra = {k: span.attrs[k] for k in ("args", "input_tokens", "output_tokens", "model",
+                                            "fallback") if k in span.attrs}  # fmt: skip
         status = _span_status(msgspec.to_builtins(span))
         line = f"{'  ' * depth}{span.id} {span.kind} {span.name} {status} "
         line += f"{span.duration_s:.3f}s {json.dumps(extra) if extra else ''}"

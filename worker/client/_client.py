@@ -37,6 +37,7 @@ from turnstile.jobs.decisions import approve as kernel_approve
 from turnstile.jobs.decisions import cancel as kernel_cancel
 from turnstile.jobs.decisions import deny as kernel_deny
 from turnstile.jobs.errors import KernelError
+from turnstile.jobs.job import Job
 from turnstile.jobs.memory import Note, recall, remember
 from turnstile.jobs.outcomes import Status
 from turnstile.jobs.runs import new_run
@@ -232,7 +233,7 @@ class Client:
         except InvalidNameError as exc:  # a bad name refuses the submission: it is both
             raise SubmissionNameError(str(exc)) from exc
         self._check_tenant_allows(tenant, state.budget)
-        self._check_model_priced(tenant, state.params)
+        self._check_model_priced(tenant, state.params, self.jobs.get(job))
         digest = fingerprint([tenant, user, job, goal, state.params, state.budget, queue])
         # Every refusal is found by reading before anything is written: a refused submission
         # adds no queue, no tenant and no run id to any index.
@@ -289,8 +290,9 @@ class Client:
         try:
             definition = self.jobs.get(job)
             chosen = budget_for(
-                params or {}, _budget(budget, definition.budget), default=budget is None
-            )
+                params or {}, _budget(budget, definition.budget), default=budget is None,
+                job=definition,
+            )  # fmt: skip
             if chosen.deadline_ms > self.config.max_deadline_s * 1000:
                 raise SubmissionError(
                     f"deadline above the {self.config.max_deadline_s:.0f} s a run may have"
@@ -313,9 +315,10 @@ class Client:
                     f"tenant {tenant!r} allows {state.ceiling}"
                 )
 
-    def _check_model_priced(self, tenant: str, params: Mapping[str, Any]) -> None:
-        """A tenant with a cost ceiling only runs models whose spend can be priced."""
-        spec = unpriced(params)
+    def _check_model_priced(self, tenant: str, params: Mapping[str, Any], job: Job) -> None:
+        """A tenant with a cost ceiling only runs models whose spend can be priced: the run's
+        model and its fallback."""
+        spec = unpriced(params, job)
         cost = self.ledger.read(tenant).get("cost_microusd") if spec else None
         if spec and cost is not None and cost.ceiling is not None:
             raise SubmissionError(

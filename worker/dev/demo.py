@@ -27,7 +27,8 @@ from turnstile.errors import TurnstileError
 from turnstile.jobs.budget import Budget
 from turnstile.jobs.errors import KernelError
 from turnstile.jobs.support.scenarios import GOAL, SCENARIOS, USER
-from turnstile.providers import parse, unpriced
+from turnstile.providers import PROVIDERS, check, parse, unpriced
+from turnstile.providers.endpoints import ENDPOINTS_ENV
 from turnstile.providers.prices import PRICES_FILE_ENV
 from turnstile.worker.client._client import Client, connect_client
 from turnstile.worker.dev.embedded import EmbeddedServer
@@ -45,7 +46,7 @@ COST_PER_RUN_MICROUSD = 4_060
 
 
 # Settings of the demo's own that its workers need as well.
-PASSED_ON = (PRICES_FILE_ENV, ENDPOINT_ENV)
+PASSED_ON = (PRICES_FILE_ENV, ENDPOINT_ENV, ENDPOINTS_ENV)
 
 
 class DemoError(TurnstileError):
@@ -261,10 +262,11 @@ def check_model(model: str) -> None:
     """A real model the demo can run: a known provider, and its key set for the workers."""
     try:
         provider, _ = parse(model)
+        check(model)  # a named endpoint's key
     except KernelError as exc:
         raise DemoError(str(exc)) from exc
     key = f"{provider.upper()}_API_KEY"
-    if not os.environ.get(key):
+    if provider in PROVIDERS and not os.environ.get(key):
         raise DemoError(f"--model {model} needs {key} (any value for a local server)")
 
 

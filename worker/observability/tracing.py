@@ -140,10 +140,16 @@ def _export(
     provider.force_flush(int(EXPORT_TIMEOUT_S * 1000))
 
 
+def _model_name(spec: str | None) -> str:
+    """The model of `provider:model` (which may hold a colon itself), or a stand-in's name."""
+    provider, colon, model = (spec or "").partition(":")
+    return model if colon else provider
+
+
 def _name(span: Span, model: str | None) -> str:
     """GenAI span names: `chat <model>`, `execute_tool <tool>`; others keep theirs."""
     if span.kind == "model":
-        return f"chat {(model or 'model').rpartition(':')[2]}"
+        return f"chat {_model_name(span.attrs.get('model') or model) or 'model'}"
     if span.kind == "tool":
         return f"execute_tool {span.name}"
     return span.name
@@ -171,7 +177,7 @@ def _export_run_end(endpoint: str, traceparent: str, state: RunState, model: str
     attrs = {
         "gen_ai.operation.name": "invoke_agent",
         "gen_ai.agent.name": state.job,
-        "gen_ai.request.model": (model or "").rpartition(":")[2] or "unknown",
+        "gen_ai.request.model": _model_name(model) or "unknown",
         "turnstile.run_id": state.run_id,
         "turnstile.kind": "run",
         "turnstile.outcome": state.outcome.value if state.outcome else "",

@@ -36,12 +36,15 @@ from turnstile.jobs.kernel import (
     finish,
     turn,
 )
+from turnstile.jobs.model import Model
 from turnstile.jobs.outcomes import Outcome, Resource, Status
 from turnstile.jobs.state import RunState
 from turnstile.jobs.trace import Trace
 from turnstile.ledger import replies as ledger_replies
 from turnstile.ledger.client import Ledger
 from turnstile.ledger.results import ReserveResult
+from turnstile.providers.errors import ProviderConfigError
+from turnstile.providers.runs import model_for_run
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.observability import metrics, tracing
 from turnstile.worker.registry import Jobs
@@ -129,6 +132,13 @@ def split_actual(actual: Usage, holds: list[tuple[str, Usage]]) -> list[tuple[st
         left = {d: left[d] - share[d] for d in left}
         out.append((reservation_id, Usage.from_ledger_amounts(share)))
     return out
+
+
+def answered_by(trace: Trace) -> dict[str, str]:
+    """Which model answered the turn (and why a fallback did), for its event, when known."""
+    span = next((s for s in trace.spans if s.kind == "model"), None)
+    attrs = span.attrs if span is not None else {}
+    return {k: str(attrs[k]) for k in ("model", "fallback") if attrs.get(k)}
 
 
 class Heartbeat:
@@ -353,9 +363,29 @@ class Step:
         if loaded.tenant_paused or loaded.queue_paused or loaded.queue_draining:
             self.park(loaded, state)
             return "parked"
-        return self._admit_and_turn(loaded, state, job)
+        try:
+            model = model_for_run(job, state.params)
+        except Exception as exc:  # the job's code, or a model string this worker cannot use
+            return self._unbuildable(loaded, state, job, exc)
+        return self._admit_and_turn(loaded, state, job, model)
 
-    def _admit_and_turn(self, loaded: Loaded, state: RunState, job: Job) -> str:
+    def _unbuildable(self, loaded: Loaded, state: RunState, job: Job, exc: Exception) -> str:
+        """The run's model cannot be built here: the run ends `error` now, with the exception's
+        type and message. Trying again on another delivery would only fail the same way."""
+        text = " ".join(str(exc).split())
+        reason = excerpt(
+            f"the run's model could not be built: {type(exc).__name__}"
+            + (f": {text}" if text else ""),
+            300,
+        )
+        log.error(
+            "model_unbuildable", reason=reason, exc_info=not isinstance(exc, ProviderConfigError)
+        )
+        finish(state, Outcome.ERROR, reason, "model.build")
+        self.finish_now(loaded, state, job, [])
+        return "broken"
+
+    def _admit_and_turn(self, loaded: Loaded, state: RunState, job: Job, model: Model) -> str:
         step_no = state.usage.steps + 1
         _, hard_s = time_limits(state, self.settings)
         view = job.render(state)  # rendered once: it sizes the hold and is the model's input
@@ -375,7 +405,7 @@ class Step:
                 self.finish_now(loaded, state, job, [])
                 return "refused"
             holds.append((reservation_id, worst))
-        return self._turn(loaded, state, job, holds, hard_s, view=view)
+        return self._turn(loaded, state, job, holds, hard_s, view=view, model=model)
 
     def _hold(
         self, loaded: Loaded, reservation_id: str, worst: Usage, hard_s: float
@@ -404,6 +434,7 @@ class Step:
         hard_s: float,
         *,
         view: str,
+        model: Model,
     ) -> str:
         before = msgspec.structs.replace(state.usage)
         soft_s, _ = time_limits(state, self.settings)
@@ -416,7 +447,7 @@ class Step:
             hard_s,
         )
         runtime = Runtime(
-            job=job, model=job.model(state.params), clock=clock, trace=trace, gate=gate,
+            job=job, model=model, clock=clock, trace=trace, gate=gate,
             pool=self.services.pool,
         )  # fmt: skip
         try:
@@ -444,12 +475,13 @@ class Step:
             "totals": msgspec.to_builtins(state.usage), "last_result": state.last_result,
             "spans": msgspec.to_builtins(trace.spans), "at": now_iso(),
         }  # fmt: skip
+        event.update(answered_by(trace))
         committed = self.finish_now(loaded, state, job, [event], settlements=settlements)
         done = self._next(committed, state, move)
-        model = str(state.params.get("model") or "") or None
-        tracing.export_turn(self._traceparent, trace.spans, clock, run_id=state.run_id, model=model)
+        spec = job.model_spec(state.params) or str(state.params.get("model") or "") or None
+        tracing.export_turn(self._traceparent, trace.spans, clock, run_id=state.run_id, model=spec)
         if isinstance(move, Finished):
-            tracing.export_run_end(self._traceparent, state, model)
+            tracing.export_run_end(self._traceparent, state, spec)
         return done
 
     @property
