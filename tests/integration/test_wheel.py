@@ -89,3 +89,23 @@ def test_the_wheel_leaves_a_services_worker_module_and_celery_app_alone(
         assert state.outcome is not None and state.outcome.value == "completed"
     finally:
         worker.stop()
+
+
+def test_the_wheel_ships_the_code_that_was_tested_byte_for_byte(venv: Path) -> None:
+    """Every file of the wheel's `turnstile` package is the checkout's file at the same path
+    under turnstile/ (jobs/, ledger/, providers/ and worker/ reached through its links),
+    unchanged: nothing is rewritten at build time; and every module of the checkout's code is
+    in the wheel."""
+    (wheel,) = (venv.parent / "dist").glob("turnstile-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = {n: archive.read(n) for n in archive.namelist() if n.startswith("turnstile/")}
+    assert shipped
+    changed = [n for n, data in shipped.items() if (ROOT / n).read_bytes() != data]
+    assert changed == []
+    modules = {
+        str(p.relative_to(ROOT))
+        for top in ("jobs", "ledger", "providers", "worker")
+        for p in (ROOT / "turnstile" / top).rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
+    assert modules - set(shipped) == set()
