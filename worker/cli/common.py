@@ -112,7 +112,8 @@ def client(redis_url: str | None, broker_url: str | None = None) -> Iterator[Cli
         raise
     except ValueError as exc:  # redis-py's word for a malformed URL
         fail(f"bad store URL {redis_url!r}: {exc}", code=2)
-    yield made
+    with made:  # a command run in process (the tests, a script) leaves no socket open
+        yield made
 
 
 class OneLineGroup(TyperGroup):

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import msgspec
 import redis
@@ -181,6 +181,16 @@ class Client:
         self.deferred: list[str] = []  # runs whose step the broker did not take (sweeper sends)
         # A blocking read of a run's events ends before the socket's timeout would.
         self.block_ms = max(10, min(FOLLOW_BLOCK_MS, int(config.redis_timeout_s * 1000) - 200))
+
+    def close(self) -> None:
+        """Close the client's connections to the store (the ledger and memory share them)."""
+        self.client.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- submitting ------------------------------------------------------------------------
 
