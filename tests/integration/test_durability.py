@@ -255,3 +255,19 @@ def test_an_observer_is_shown_only_what_is_durable(aof_server: EmbeddedServer, u
         assert result.stderr.count("\n") == 1
     with pytest.raises(NotDurableError, match=r"not confirmed on the server.s disk within 0\.3 s"):
         client.store.fence("the runs read are")  # a reader started before the change
+
+
+def test_durable_writes_load_the_scripts_a_server_lost(
+    aof_server: EmbeddedServer, unique: str
+) -> None:
+    """With durability `aof`, a submission and a decision's commit made after SCRIPT FLUSH (as
+    after a restart or a failover) load their scripts again and are confirmed: the durable
+    writes take the one NOSCRIPT path every pipeline of scripts takes."""
+    tenant = f"t-{unique}"
+    client = client_for(aof_server.url, durability="aof", durability_timeout_s=2.0)
+    client.client.script_flush()
+    submitted = client.submit_run(tenant, USER, "support", GOAL, {}, queue=f"idle-{unique}")
+    assert submitted.created
+    client.client.script_flush()
+    assert client.cancel(submitted.run_id, by="op") == "cancelled"
+    assert _outcome(client, submitted.run_id) == ("stopped", "cancelled")

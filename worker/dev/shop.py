@@ -14,7 +14,6 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import msgspec
@@ -22,6 +21,7 @@ import redis
 
 from turnstile.errors import TurnstileError
 from turnstile.jobs.support.shop import Applied, Order, demo_orders
+from turnstile.worker.store.scripts import register
 from turnstile.worker.store.values import text
 
 PREFIX = "turnstile:shop"
@@ -39,8 +39,6 @@ class ShopKeys(NamedTuple):
 def shop_keys(shop: str) -> ShopKeys:
     return ShopKeys(*(f"{PREFIX}:{{{shop}}}:{name}" for name in ShopKeys._fields))
 
-
-LUA = Path(__file__).parents[1] / "store" / "lua"
 
 MAX_WRITE_ATTEMPTS = 20
 """Reads and compare-and-sets before a write gives up. A failed compare means another write to
@@ -96,8 +94,8 @@ class RedisShop:
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
-        self._read = client.register_script((LUA / "shop_read.lua").read_text())
-        self._write = client.register_script((LUA / "shop_write.lua").read_text())
+        self._read = register(client, "shop_read")
+        self._write = register(client, "shop_write")
 
     def _snapshot(
         self, shop: str, *, done_field: str, order_id: str, every: bool = False

@@ -4,20 +4,18 @@ one script on the shared store, so several servers behind a load balancer share 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import redis
 
 from turnstile.worker.http import keys
 from turnstile.worker.http.problems import Problem
-
-SCRIPT = (Path(__file__).parent / "lua" / "rate.lua").read_text
+from turnstile.worker.store.scripts import register
 
 
 class RateLimiter:
     def __init__(self, client: redis.Redis, *, limit: int, window_s: int) -> None:
         self.limit, self.window_s = limit, window_s
-        self._script = client.register_script(SCRIPT())
+        self._script = register(client, "rate")
 
     def take(self, key_id: str, kind: str = "") -> None:
         """Count one submission (or one write of another `kind`, counted apart: memory writes

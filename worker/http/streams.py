@@ -12,7 +12,6 @@ import contextlib
 import math
 import secrets
 import time
-from pathlib import Path
 
 import anyio
 import redis
@@ -20,8 +19,8 @@ import redis.asyncio as aioredis
 
 from turnstile.worker.http import keys
 from turnstile.worker.http.problems import Problem
+from turnstile.worker.store.scripts import register
 
-SCRIPT = (Path(__file__).parent / "lua" / "streams.lua").read_text
 RENEW_EVERY_S = 1.0  # a busy stream renews at most this often
 
 
@@ -58,8 +57,8 @@ class StreamSlots:
         self.block_ms = block_ms
         # A stream is renewed at least once a block; three blocks without it and it lapses.
         self.lease_ms = 3 * block_ms + 2000
-        self._script = client.register_script(SCRIPT())
-        self._async_script = streams.register_script(SCRIPT())
+        self._script = register(client, "streams")
+        self._async_script = register(streams, "streams")
 
     def open(self, key_id: str) -> StreamSlot:
         """A place for one more stream of the key; 429 with Retry-After at the cap."""

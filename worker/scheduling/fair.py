@@ -28,7 +28,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import redis
@@ -40,7 +39,7 @@ from turnstile.worker.observability import metrics
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 from turnstile.worker.store.durability import Durability
-from turnstile.worker.store.runs import with_scripts
+from turnstile.worker.store.scripts import FAIR, register, with_scripts
 from turnstile.worker.store.values import server_ms
 
 log = structlog.get_logger("turnstile.fair")
@@ -49,7 +48,6 @@ Publish = Callable[[StepMessage, float, float], None]
 # The dispatcher's sender: a batch of steps, each with its soft and hard time limits, published
 # in one round trip where the broker allows it (kombu's publish batch on Redis).
 PublishMany = Callable[[list[tuple[StepMessage, float, float]]], None]
-LUA = Path(__file__).parents[1] / "store" / "lua"
 LOCK_MS = 3000  # a dispatcher that stops renewing is replaced this long after
 CAPACITY_EVERY_S = 2.0  # how often each worker announces the turns it can hold in flight
 CAPACITY_TTL_MS = 10_000  # an announcement not renewed this long is a worker gone
@@ -77,10 +75,6 @@ class CapError(TurnstileError):
     """A tenant setting that is not a setting (a negative cap, a weight of zero, ...)."""
 
 
-def _script(client: redis.Redis, name: str) -> Any:
-    return client.register_script((LUA / f"{name}.lua").read_text())
-
-
 # -- routing: the one function that says where a step message goes ---------------------------
 
 
@@ -94,7 +88,7 @@ def route(
         return publish
     # Registering computes the script's sha here: building a sender does no I/O (a server
     # that does not have the script yet says NOSCRIPT, and it is loaded then).
-    push = client.register_script(queue_source("fair_push"))
+    push = register(client, "fair_push", FAIR)
 
     def send(msg: StepMessage, soft_s: float, hard_s: float) -> None:
         queued = pending_entry(msg, soft_s, hard_s)
@@ -106,11 +100,6 @@ def route(
         with_scripts(client, (push,), build)
 
     return send
-
-
-def queue_source(name: str) -> str:
-    """A script that queues steps: fair_lib.lua's `fair_queue`, then the script's body."""
-    return (LUA / "fair_lib.lua").read_text() + "\n" + (LUA / f"{name}.lua").read_text()
 
 
 @dataclass(frozen=True)
@@ -286,7 +275,7 @@ class Dispatcher:
         publish: PublishMany,
     ) -> None:
         self.client, self.broker, self.config, self.publish = client, broker, config, publish
-        self.take = _script(client, "fair_take")
+        self.take = register(client, "fair_take")
         self.rr: dict[str, RoundRobin] = {}
         self.token = secrets.token_hex(8)
         self.renewed = 0.0

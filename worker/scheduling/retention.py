@@ -17,7 +17,6 @@ tenant, so it stays short; the next pass goes on where this one stopped.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import redis
@@ -26,13 +25,13 @@ import structlog
 from turnstile.ledger.client import Ledger
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
+from turnstile.worker.store.scripts import register
 from turnstile.worker.store.values import server_ms, text
 
 log = structlog.get_logger("turnstile.retention")
 
 BATCH = 200  # runs read and removed per round trip
 MAX_PER_TENANT = 2000  # runs removed per tenant per pass: bounds how long a pass takes
-SCRIPT = (Path(__file__).parents[1] / "store" / "lua" / "run_expire.lua").read_text
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,7 @@ def retain(client: redis.Redis, config: Settings, ledger: Ledger) -> Retained:
     """One pass over every tenant: remove the runs that ended before the cutoff, prune the
     ledger's old period buckets."""
     cutoff_ms = server_ms(client) - int(config.retain_finished_s * 1000)
-    expire = client.register_script(SCRIPT())
+    expire = register(client, "run_expire")
     runs = buckets = 0
     for raw in client.sscan_iter(keys.TENANTS, count=BATCH):
         tenant = text(raw)

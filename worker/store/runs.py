@@ -16,7 +16,6 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import msgspec
@@ -31,13 +30,12 @@ from turnstile.jobs.state import RunState
 from turnstile.ledger import replies as ledger_replies
 from turnstile.ledger.client import Ledger
 from turnstile.ledger.results import ReserveResult
-from turnstile.ledger.scripts import library_source
 from turnstile.worker.registry import Jobs
 from turnstile.worker.store import keys
 from turnstile.worker.store.durability import WaitFor
+from turnstile.worker.store.scripts import FAIR, LEDGER, register, with_scripts
 from turnstile.worker.store.values import text
 
-LUA = Path(__file__).parent / "lua"
 HOST = socket.gethostname()
 EVENTS_MAXLEN = 10_000  # per run; a run of this many events has long hit its step limit
 REASON_MAX_CHARS = 500  # a stored reason is an excerpt: a message's arguments can be megabytes
@@ -57,10 +55,6 @@ class NotDurableError(StoreUnavailable):
 def inflight_tag(queue: str) -> str:
     """Where a turn runs, as its in-flight entry says: "<queue>|<pid>|<host>"."""
     return f"{queue}|{os.getpid()}|{HOST}"
-
-
-def _script(name: str) -> str:
-    return (LUA / f"{name}.lua").read_text()
 
 
 def fingerprint(payload: Any) -> str:
@@ -145,26 +139,6 @@ class Committed:
     queued: bool = False  # the commit queued the run's next step (`Change.next_step`)
 
 
-def with_scripts(
-    client: redis.Redis, scripts: Sequence[Any], build: Callable[[Any], None]
-) -> list[Any]:
-    """Run the pipeline `build` fills, which calls `scripts` (redis-py Scripts) by their sha:
-    EVALSHA as is, for redis-py's own script support in a pipeline asks SCRIPT EXISTS first,
-    a round trip more each time. A script the server lost (a restart, a failover) is loaded
-    and the pipeline built and run once more, so its other commands must bear running twice."""
-    for attempt in range(2):
-        pipe = client.pipeline(transaction=False)
-        build(pipe)
-        try:
-            return list(pipe.execute())
-        except redis.exceptions.NoScriptError:
-            if attempt:
-                raise
-            for script in scripts:
-                script.sha = str(client.script_load(script.script))
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
 class RunStore:
     def __init__(
         self,
@@ -177,14 +151,12 @@ class RunStore:
         self.client = client
         self.ledger = ledger
         self.wait_for = wait_for or WaitFor()  # what a create or a commit reaches first
-        self._create = client.register_script(_script("run_create"))
-        self._load = client.register_script(library_source() + "\n" + _script("run_load"))
-        self._renew = client.register_script(_script("run_renew"))
-        self._commit = client.register_script(
-            "\n".join((library_source(), _script("fair_lib"), _script("run_commit")))
-        )
-        self._hold = client.register_script(library_source() + "\n" + _script("run_hold"))
-        self._mark = client.register_script(_script("run_mark"))
+        self._create = register(client, "run_create")
+        self._load = register(client, "run_load", LEDGER)
+        self._renew = register(client, "run_renew")
+        self._commit = register(client, "run_commit", LEDGER, FAIR)
+        self._hold = register(client, "run_hold", LEDGER)
+        self._mark = register(client, "run_mark")
         # For closing messages: the process's registry, passed in; built here only for a store
         # made on its own (a test, a tool).
         self.jobs = jobs if jobs is not None else Jobs(client)
@@ -534,31 +506,29 @@ class RunStore:
         if not self.wait_for.waits:
             return self._pipeline(build)
         waits = self.wait_for.commands()
-        for attempt in range(2):
-            pipe: Any = self.client.pipeline(transaction=False)
+
+        def build_and_wait(pipe: Any) -> None:
             build(pipe)
             for command in waits:
                 pipe.execute_command(*command)
-            try:
-                replies = list(pipe.execute(raise_on_error=False))
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                raise StoreUnavailable(f"store unavailable: {exc}") from exc
-            written, waited = replies[: -len(waits)], replies[-len(waits) :]
-            lost = any(isinstance(r, redis.exceptions.NoScriptError) for r in written)
-            if lost and script and not attempt:
-                script.sha = str(self.client.script_load(script.script))
-                continue
-            for reply in written:
-                if isinstance(reply, Exception):
-                    raise reply
-            for reply in waited:
-                if isinstance(reply, Exception):
-                    raise NotDurableError(f"{what} cannot be confirmed: {reply}")
-            shortfall = self.wait_for.shortfall(waited, what)
-            if shortfall:
-                raise NotDurableError(shortfall)
-            return written
-        raise AssertionError("unreachable")  # pragma: no cover
+
+        try:
+            replies = with_scripts(
+                self.client, (script,) if script else (), build_and_wait, raise_on_error=False
+            )
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailable(f"store unavailable: {exc}") from exc
+        written, waited = replies[: -len(waits)], replies[-len(waits) :]
+        for reply in written:
+            if isinstance(reply, Exception):
+                raise reply
+        for reply in waited:
+            if isinstance(reply, Exception):
+                raise NotDurableError(f"{what} cannot be confirmed: {reply}")
+        shortfall = self.wait_for.shortfall(waited, what)
+        if shortfall:
+            raise NotDurableError(shortfall)
+        return written
 
     def _execute(self, pipe: Any) -> list[Any]:
         try:
