@@ -13,6 +13,8 @@ MAX_AMOUNT = 2**53
 """Largest amount, ceiling or total: Lua numbers are doubles, exact up to 2^53."""
 
 MAX_ID_CHARS = 256
+# The worker's limit for every name too; its tenants (worker/names.py: letters, digits and
+# '.', '_', ':', '@', '-') are a subset of those checked here, so it never hands over one refused.
 MAX_TENANT_CHARS = 128
 MAX_TIMEOUT_S = 30 * 24 * 3600  # a month: anything longer is a mistake in units, not a step
 

@@ -1,8 +1,8 @@
 """The Python API for services that enqueue work: submit a run, read it, decide on it.
 
 Every input is checked before anything is written: an unknown job, a budget above what the
-tenant allows, an oversized goal or params, an empty tenant or user, a name that starts with
-`-` are clear errors.
+tenant allows, an oversized goal or params, a tenant, user, queue or run id outside the one
+rule for names (worker/names.py) are clear errors.
 
 A submission or a decision is stored first and its step sent after. A broker that does not
 take the step does not undo it: the run's pickup lease lapses and the sweeper sends the step
@@ -46,8 +46,10 @@ from turnstile.ledger.client import Ledger
 from turnstile.ledger.inputs import DEFAULT_DIMENSIONS
 from turnstile.providers import budget_for, unpriced
 from turnstile.providers.prices import PRICES_FILE_ENV
+from turnstile.worker import names
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.broker.producer import sender
+from turnstile.worker.names import check_run_id
 from turnstile.worker.registry import Registry
 from turnstile.worker.runtime.limits import next_hold, time_limits
 from turnstile.worker.scheduling.fair import route
@@ -65,18 +67,6 @@ from turnstile.worker.store.runs import (
 )
 from turnstile.worker.store.values import text
 
-QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.\-]{0,63}$")
-# The one rule for a run id, wherever one comes in (this client, the CLI, the HTTP API's paths
-# and bodies): 1-128 letters, digits, '.', '_', ':' or '-', not starting with '-' (a command
-# line would read it as an option), and not "." or ".." (a URL path segment of its own, which
-# clients rewrite, so the run's URLs could not be reached). Written without look-arounds, so
-# that pydantic's regex engine and JSON Schema read it as Python does.
-RUN_ID_PATTERN = (
-    r"^(?:[A-Za-z0-9_:][A-Za-z0-9_.:\-]{0,127}"
-    r"|\.[A-Za-z0-9_:\-][A-Za-z0-9_.:\-]{0,126}"
-    r"|\.\.[A-Za-z0-9_.:\-]{1,126})$"
-)
-RUN_ID = re.compile(RUN_ID_PATTERN)
 MAX_IDEMPOTENCY_KEY_CHARS = 255
 EVENT_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")  # a stream entry id, as `RunEvent.id` gives
 FINAL = frozenset({Status.STOPPED.value, Status.SUSPENDED.value})  # what `wait` returns on
@@ -85,25 +75,9 @@ CANCEL_TRIES = 5  # a run that moves on under a cancel this often is refused; tr
 RUN_TENANTS = keys.RUN_TENANTS
 
 
-def check_name(what: str, value: object) -> str:
-    """A tenant, user or queue name as every command and call accepts it: not empty, and not
-    starting with `-`, which a command line would read as an option (so the name could be
-    written but never named again)."""
-    if not isinstance(value, str) or not value.strip():
-        raise InvalidNameError(f"{what} must be a non-empty name")
-    if value.startswith("-"):
-        raise InvalidNameError(f"bad {what} {value!r}: a name may not start with '-'")
-    return value
-
-
-def check_run_id(run_id: object) -> str:
-    # fullmatch: `$` alone would let a trailing newline through.
-    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
-        raise InvalidNameError(
-            f"bad run id {run_id!r}: 1-128 letters, digits, '.', '_', ':' or '-', "
-            "not starting with '-', and not '.' or '..'"
-        )
-    return run_id
+# The operator library and the CLI name these here; the rule is worker/names.py's.
+check_name = names.check_name
+QUEUE_NAME = names.QUEUE
 
 
 def idempotent_run_id(tenant: str, key: str) -> str:
@@ -279,10 +253,6 @@ class Client:
         check_name("tenant", tenant)
         check_name("user", user)
         check_name("queue", queue)
-        if not QUEUE_NAME.match(queue):
-            raise InvalidNameError(
-                "queue must be 1-64 letters, digits, '.', '_' or '-', not starting with '-'"
-            )
         if not isinstance(goal, str) or len(goal) > self.config.max_goal_chars:
             raise SubmissionError(
                 f"goal must be text of at most {self.config.max_goal_chars} characters"

@@ -17,11 +17,11 @@ from enum import StrEnum
 import msgspec
 import redis
 
-from turnstile.errors import TurnstileError
+from turnstile.errors import InvalidNameError, TurnstileError
 from turnstile.worker.http import keys
+from turnstile.worker.names import check_name
 
 KEY_PREFIX = "tsk_"
-TENANT = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.\-]{0,127}$")
 NAME = re.compile(r"^[A-Za-z0-9_.@:\-]{1,64}$")
 
 
@@ -63,11 +63,11 @@ def _now() -> str:
 
 
 def check_tenant(tenant: str) -> str:
-    if not TENANT.match(tenant):
-        raise ApiKeyError(
-            "tenant must be 1-128 letters, digits, '.', '_' or '-', not starting with '-'"
-        )
-    return tenant
+    """A key's tenant, by the one rule for names (worker/names.py)."""
+    try:
+        return check_name("tenant", tenant)
+    except InvalidNameError as exc:
+        raise ApiKeyError(str(exc)) from None
 
 
 def create(

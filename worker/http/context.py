@@ -14,19 +14,20 @@ from fastapi import Depends, Path, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from turnstile.worker.client._client import RUN_ID_PATTERN, Client
+from turnstile.worker.client._client import Client
 from turnstile.worker.http import apikeys
 from turnstile.worker.http.apikeys import ApiKey
 from turnstile.worker.http.problems import Problem
 from turnstile.worker.http.ratelimit import RateLimiter
 from turnstile.worker.http.settings import ApiSettings
 from turnstile.worker.http.streams import StreamSlots
+from turnstile.worker.names import NAME_PATTERN, QUEUE_PATTERN, RUN_ID_PATTERN
 from turnstile.worker.store import keys
 
-# The client's own rule for run ids (one validator for the client, the CLI and HTTP).
+# The one rule for names (worker/names.py), as the client and the CLI apply it.
 RUN_ID = RUN_ID_PATTERN
-NAME = r"^[A-Za-z0-9_.][A-Za-z0-9_.\-]{0,127}$"  # tenants and queues
-RUN_ID_RE = re.compile(RUN_ID)
+NAME = NAME_PATTERN  # tenants and users
+QUEUE = QUEUE_PATTERN
 # How long an operator key this server has seen may ask /readyz for the store's own error
 # while the store cannot be reached to check the key (see `operator_seen`).
 OPERATOR_MEMO_S = 600.0

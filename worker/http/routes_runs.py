@@ -21,7 +21,6 @@ from turnstile.worker.http.context import (
 )
 from turnstile.worker.http.problems import Problem
 from turnstile.worker.http.schemas import (
-    USER,
     ApproveBody,
     CancelBody,
     Decided,
@@ -222,7 +221,7 @@ def cancel_run(run_id: RunIdPath, key: Caller, ctx: Ctx, body: CancelBody | None
 
 # -- memory ---------------------------------------------------------------------------------
 
-UserQuery = Annotated[str, Query(pattern=USER, description="The end user whose notes.")]
+UserQuery = Annotated[str, Query(pattern=NAME, description="The end user whose notes.")]
 
 
 @router.post("/v1/memory", status_code=201, tags=["memory"])

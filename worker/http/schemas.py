@@ -9,9 +9,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from turnstile.ledger.inputs import Period
-from turnstile.worker.http.context import NAME, RUN_ID
+from turnstile.worker.http.context import NAME, QUEUE, RUN_ID
 
-USER = r"^[A-Za-z0-9_.@:][A-Za-z0-9_.@:\-]{0,127}$"
+# A job's or a note source's name: not a name of worker/names.py's kinds, and an unknown one is
+# refused by name (an unknown job is `unknown_job`).
+WORD = r"^[A-Za-z0-9_.][A-Za-z0-9_.\-]{0,127}$"
 Count = Field(default=None, ge=0, le=2**53)
 
 
@@ -40,12 +42,12 @@ class BudgetBody(Strict):
 
 
 class SubmitBody(Strict):
-    user: str = Field(pattern=USER, description="The end user the run acts for.")
+    user: str = Field(pattern=NAME, description="The end user the run acts for.")
     goal: str = Field(min_length=1, max_length=4000)
-    job: str = Field(default="support", pattern=NAME)
+    job: str = Field(default="support", pattern=WORD)
     params: dict[str, Any] = Field(default_factory=dict, description="The job's parameters.")
     budget: BudgetBody | None = None
-    queue: str = Field(default="default", pattern=NAME)
+    queue: str = Field(default="default", pattern=QUEUE)
     run_id: str | None = Field(
         default=None,
         pattern=RUN_ID,
@@ -134,9 +136,9 @@ class ControlBody(Strict):
 
 
 class MemoryBody(Strict):
-    user: str = Field(pattern=USER)
+    user: str = Field(pattern=NAME)
     text: str = Field(min_length=1, max_length=2000)
-    source: str = Field(default="user_message", pattern=NAME)
+    source: str = Field(default="user_message", pattern=WORD)
     ttl_s: StrictFloat = Field(default=90 * 86400, gt=0, le=10 * 365 * 86400)
 
 

@@ -1,0 +1,79 @@
+"""The one rule for the names Turnstile is given, wherever one comes in: the client, the CLI
+and the HTTP API (whose paths and bodies carry these patterns, so /openapi.json states them).
+
+- a tenant or a user: 1-128 letters, digits, '.', '_', ':', '@' or '-';
+- a queue: 1-128 letters, digits, '.', '_' or '-' (a queue is a list on the broker, and a
+  worker's `--queues` lists queues between commas);
+- a run id: 1-128 letters, digits, '.', '_', ':' or '-'.
+
+None starts with '-' (a command line would read it as an option, so the name could be written
+but never named again), and none is "." or ".." (a URL path segment of its own, which clients
+rewrite, so the name could not be reached over HTTP). The patterns are written without
+look-arounds, so that pydantic's regex engine and JSON Schema read them as Python does; there
+`$` ends the text, and here the compiled rules end with `\\Z`, so a trailing newline is no
+part of a name either way.
+
+The ledger checks its own tenants (it imports nothing of the worker), more loosely: every
+tenant valid here is valid there, under the same limit of 128 characters.
+"""
+
+from __future__ import annotations
+
+import re
+
+from turnstile.errors import InvalidNameError
+
+MAX_NAME_CHARS = 128
+
+
+def _pattern(first: str) -> str:
+    """A name of up to MAX_NAME_CHARS of `first` (a character class without '.' and '-'),
+    '.' and '-': starting with neither '-' nor "." followed by nothing or by another '.'
+    ending the name ("." and ".."), spelt out as three alternatives."""
+    rest = f"{first}.\\-"
+    most = MAX_NAME_CHARS
+    return (
+        f"^(?:[{first}][{rest}]{{0,{most - 1}}}"
+        f"|\\.[{first}\\-][{rest}]{{0,{most - 2}}}"
+        f"|\\.\\.[{rest}]{{1,{most - 2}}})$"
+    )
+
+
+NAME_PATTERN = _pattern("A-Za-z0-9_:@")  # a tenant or a user
+QUEUE_PATTERN = _pattern("A-Za-z0-9_")
+RUN_ID_PATTERN = _pattern("A-Za-z0-9_:")
+
+
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern.removesuffix("$") + r"\Z")
+
+
+NAME = _compiled(NAME_PATTERN)
+QUEUE = _compiled(QUEUE_PATTERN)
+RUN_ID = _compiled(RUN_ID_PATTERN)
+
+_MOST = f"1-{MAX_NAME_CHARS}"
+_NOT = "not starting with '-', and not '.' or '..'"
+NAME_RULE = f"{_MOST} letters, digits, '.', '_', ':', '@' or '-', {_NOT}"
+QUEUE_RULE = f"{_MOST} letters, digits, '.', '_' or '-', {_NOT}"
+RUN_ID_RULE = f"{_MOST} letters, digits, '.', '_', ':' or '-', {_NOT}"
+RULES = {"tenant": (NAME, NAME_RULE), "user": (NAME, NAME_RULE), "queue": (QUEUE, QUEUE_RULE)}
+
+
+def check_name(what: str, value: object) -> str:
+    """`value` as a name of kind `what` ("tenant", "user" or "queue"), or InvalidNameError
+    in one line saying the rule."""
+    rule, said = RULES[what]
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidNameError(f"{what} must be a non-empty name")
+    if value.startswith("-"):
+        raise InvalidNameError(f"bad {what} {value!r}: a name may not start with '-'")
+    if not rule.match(value):
+        raise InvalidNameError(f"bad {what} {value!r}: {said}")
+    return value
+
+
+def check_run_id(run_id: object) -> str:
+    if not isinstance(run_id, str) or not RUN_ID.match(run_id):
+        raise InvalidNameError(f"bad run id {run_id!r}: {RUN_ID_RULE}")
+    return run_id
