@@ -81,7 +81,7 @@ def call_key(
 
 
 @dataclass
-class Outcome:
+class BatchEnd:
     """How a batch ended, beyond its observations: a halt, a held call, an unknown write."""
 
     halt: Guard | None = None
@@ -104,7 +104,7 @@ class Batch:
     step: int
     observations: list[dict[str, Any] | None] = field(default_factory=list)
     approved: list[Planned] = field(default_factory=list)
-    outcome: Outcome = field(default_factory=Outcome)
+    ended: BatchEnd = field(default_factory=BatchEnd)
 
     def __post_init__(self) -> None:
         self.observations = [None] * len(self.calls)
@@ -141,7 +141,7 @@ def _vet_one(state: RunState, job: Job, batch: Batch, index: int) -> None:
         return
     guard = job.guardrail(call, state)
     if guard is not None and guard.severity is Severity.HALT:
-        batch.outcome.halt = guard
+        batch.ended.halt = guard
         return
     if guard is not None:
         batch.observations[index] = error("blocked", guard.detail)
@@ -150,8 +150,8 @@ def _vet_one(state: RunState, job: Job, batch: Batch, index: int) -> None:
     key = call_key(state, call, step=batch.step, index=index, tool=tool)
     if verdict.decision is Permit.DENY:
         batch.observations[index] = error("denied", verdict.reason)
-    elif verdict.decision is Permit.ASK and batch.outcome.held is None:
-        batch.outcome.held = HeldCall(
+    elif verdict.decision is Permit.ASK and batch.ended.held is None:
+        batch.ended.held = HeldCall(
             call=call, key=key, digest=call_digest(call), reason=verdict.reason
         )
         batch.observations[index] = {"status": "needs_approval", "reason": verdict.reason}
@@ -165,7 +165,7 @@ def vet(state: RunState, job: Job, batch: Batch) -> None:
     """Vet every call before any runs. A halting guardrail stops the whole batch."""
     for index in range(len(batch.calls)):
         _vet_one(state, job, batch, index)
-        if batch.outcome.halt is not None:
+        if batch.ended.halt is not None:
             batch.approved.clear()
             return
 
@@ -203,7 +203,7 @@ def _extend(batch: Batch, kept: list[Planned], allowance: int, gate: Gate) -> li
         return kept
     rejected = getattr(gate, "rejected", None)
     if asked.extra and (rejected in asked.extra or rejected is None):
-        batch.outcome.exhausted = rejected or min(asked.extra)
+        batch.ended.exhausted = rejected or min(asked.extra)
     dropped = [p for p in kept if p in extra or p.tool.charges]
     for planned in dropped:
         batch.observations[planned.index] = error("over_budget", "tenant")

@@ -204,20 +204,20 @@ def _run_writes(state: RunState, rt: Runtime, batch: Batch, writes: list[Planned
     """Writes run one at a time in proposal order. After a write that needs approval or whose
     outcome is unknown, the later writes are not run: they may depend on it."""
     for planned in writes:
-        if batch.outcome.held is not None or batch.outcome.unknown is not None:
+        if batch.ended.held is not None or batch.ended.unknown is not None:
             batch.observations[planned.index] = error("not_executed", "an earlier write stopped")
             continue
         result = _run_write(state, rt, planned, batch.step, f"t{batch.step}.c{planned.index + 1}")
         batch.observations[planned.index] = result
         if result["status"] == "needs_approval":
-            batch.outcome.held = HeldCall(
+            batch.ended.held = HeldCall(
                 call=planned.call,
                 key=planned.key,
                 digest=call_digest(planned.call),
                 reason="the tool asked for approval",
             )
         elif result["status"] == "unknown":
-            batch.outcome.unknown = planned.call
+            batch.ended.unknown = planned.call
 
 
 def _loop_stop(state: RunState, batch_sigs: list[str]) -> Move | None:
@@ -243,11 +243,11 @@ def _calls_turn(
         return stop
     batch = Batch(calls=calls, step=step)
     vet(state, rt.job, batch)
-    if batch.outcome.halt is not None:
-        return finish(state, Outcome.GUARDRAIL_STOP, batch.outcome.halt.detail, "guardrail")
+    if batch.ended.halt is not None:
+        return finish(state, Outcome.GUARDRAIL_STOP, batch.ended.halt.detail, "guardrail")
     fit(state, rt.job, batch, rt.gate)
-    if batch.outcome.exhausted is not None:
-        dimension = batch.outcome.exhausted
+    if batch.ended.exhausted is not None:
+        dimension = batch.ended.exhausted
         state.last_result = error("over_budget", f"tenant.{dimension}")
         reason = f"the tenant's {dimension} ceiling has no room for this turn's calls"
         return finish(state, Outcome.BUDGET_EXHAUSTED, reason, f"tenant.{dimension}")
@@ -264,16 +264,16 @@ def _calls_turn(
             for i, (c, o) in enumerate(zip(calls, observations, strict=True))
         ]
     )
-    if batch.outcome.unknown is not None:
-        state.unconfirmed = batch.outcome.unknown.plan_step or batch.outcome.unknown.name
-        reason = f"{batch.outcome.unknown.name} timed out: it may or may not have taken effect"
+    if batch.ended.unknown is not None:
+        state.unconfirmed = batch.ended.unknown.plan_step or batch.ended.unknown.name
+        reason = f"{batch.ended.unknown.name} timed out: it may or may not have taken effect"
         return finish(state, Outcome.UNKNOWN_OUTCOME, reason)
-    if batch.outcome.held is not None:
-        state.pending = batch.outcome.held
+    if batch.ended.held is not None:
+        state.pending = batch.ended.held
         return finish(
             state,
             Outcome.NEEDS_APPROVAL,
-            f"{batch.outcome.held.call.name}: {batch.outcome.held.reason}",
+            f"{batch.ended.held.call.name}: {batch.ended.held.reason}",
         )
     return None
 

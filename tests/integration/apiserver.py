@@ -38,7 +38,7 @@ class ApiServer:
             "TURNSTILE_API_PORT": str(self.port),
             "TURNSTILE_LOG_FORMAT": "json",
             "TURNSTILE_ALLOW_DRILLS": "1",  # slow tools, as the test workers allow
-            "TURNSTILE_API_WEBHOOKS": "false",  # one dispatcher at a time: the webhook tests'
+            "TURNSTILE_API_WEBHOOKS": "false",  # one deliverer at a time: the webhook tests'
             **(env or {}),
         }
         self.process: subprocess.Popen[bytes] | None = None

@@ -1,5 +1,5 @@
 """Webhook receivers for the tests: real HTTP servers on free ports, on threads of the test
-process, that answer as told and keep what they got; and the dispatcher's fast timers."""
+process, that answer as told and keep what they got; and the deliverer's fast timers."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The webhook dispatcher behind a load balancer, against real `turnstile api` processes and
+"""The webhook deliverer behind a load balancer, against real `turnstile api` processes and
 real Celery workers: two servers deliver each event once, and a delivery that keeps failing
 is given up after its retry time, recorded as such."""
 

@@ -45,7 +45,7 @@ def pool(redis_url: str, queue: str) -> Iterator[list[WorkerProcess]]:
 
 @pytest.fixture(scope="module")
 def plain(redis_url: str) -> Iterator[ApiServer]:
-    """A server as shipped: no allow-list, no dispatcher."""
+    """A server as shipped: no allow-list, no deliverer."""
     with running_api(redis_url) as server:
         yield server
 
@@ -61,7 +61,7 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def guarded(redis_url: str, hosts: Path) -> Iterator[ApiServer]:
-    """A server with its dispatcher on, admitting 127.0.0.2 only, giving up after 2 s."""
+    """A server with its deliverer on, admitting 127.0.0.2 only, giving up after 2 s."""
     env = {**FAST, "TURNSTILE_API_WEBHOOK_ALLOW": ALLOWED,
            "TURNSTILE_API_WEBHOOK_HOSTS_FILE": str(hosts),
            "TURNSTILE_API_WEBHOOK_RETRY_FOR_S": "2"}  # fmt: skip

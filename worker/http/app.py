@@ -1,7 +1,7 @@
 """The FastAPI application: built by `create_app`, never on import.
 
 Stateless: every request reads the shared store, so several servers can stand behind one load
-balancer; only the webhook dispatcher coordinates, through a lease in the store.
+balancer; only the webhook deliverer coordinates, through a lease in the store.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from fastapi import Depends, FastAPI
 
 from turnstile.worker.broker.producer import sender
 from turnstile.worker.client._client import Client
-from turnstile.worker.http import context, problems, routes_ops, routes_runs
+from turnstile.worker.http import context, problems, routes_ops, routes_runs, webhook_delivery
 from turnstile.worker.http import routes_webhooks as webhooks
-from turnstile.worker.http import webhook_delivery as dispatch
 from turnstile.worker.http.context import Api
 from turnstile.worker.http.problems import response
 from turnstile.worker.http.ratelimit import RateLimiter
@@ -111,7 +110,7 @@ def create_app(config: Settings, api_settings: ApiSettings | None = None) -> Fas
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        with dispatch.background(store, api_settings):
+        with webhook_delivery.background(store, api_settings):
             yield
         await streams.aclose()
 

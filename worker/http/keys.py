@@ -1,7 +1,7 @@
 """Every Redis key of the HTTP API, built in one place.
 
-API keys and webhook endpoints are few and read on every request or dispatch tick, so they live
-in small hashes outside the tenants' hash tags; the webhook dispatcher's per-tenant positions
+API keys and webhook endpoints are few and read on every request or delivery tick, so they live
+in small hashes outside the tenants' hash tags; the webhook deliverer's per-tenant positions
 carry the tenant's tag like the run keys they follow.
 """
 
@@ -31,7 +31,9 @@ WEBHOOK_TENANTS = f"{API}:webhook-tenants"  # set: tenants with at least one end
 WEBHOOK_STATUS = f"{API}:webhook-status"  # hash: endpoint id -> last delivery JSON
 OUTBOX = f"{API}:outbox"  # sorted set: delivery id -> when it is next due (ms)
 DELIVERIES = f"{API}:deliveries"  # hash: delivery id -> delivery JSON (payload, attempts)
-DISPATCH_LOCK = f"{API}:dispatch:lock"  # one dispatcher scans at a time
+# One webhook deliverer scans at a time. The key keeps the name it had when the deliverer was
+# called a dispatcher, so servers of both versions behind one balancer share the lease.
+DELIVERY_LOCK = f"{API}:dispatch:lock"
 
 
 def tenant_webhooks(tenant: str) -> str:
@@ -40,16 +42,16 @@ def tenant_webhooks(tenant: str) -> str:
 
 
 def watch(tenant: str) -> str:
-    """Hash: run id -> the last event id the dispatcher read from its stream."""
+    """Hash: run id -> the last event id the deliverer read from its stream."""
     return f"{API}:{{{tenant}}}:watch"
 
 
 def cursor(tenant: str) -> str:
-    """String: creation ms of the newest run the dispatcher has taken into its watch."""
+    """String: creation ms of the newest run the deliverer has taken into its watch."""
     return f"{API}:{{{tenant}}}:cursor"
 
 
 def done(tenant: str) -> str:
-    """Sorted set: runs the dispatcher finished with, by creation ms (kept only near the cursor,
+    """Sorted set: runs the deliverer finished with, by creation ms (kept only near the cursor,
     so a run created in the cursor's own millisecond is not taken twice)."""
     return f"{API}:{{{tenant}}}:done"

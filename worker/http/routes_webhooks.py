@@ -1,9 +1,9 @@
 """Webhook endpoints: a tenant registers an HTTP(S) URL for `run.needs_approval` and
 `run.finished`; the secret that signs its deliveries is shown once, at registration.
 
-Deliveries are made by `worker.http.dispatch`, outside the step: it learns of events by reading
-what every commit already writes (the runs index and each run's event stream), so a slow or
-failing endpoint can never hold a turn back.
+Deliveries are made by the webhook deliverer (`worker.http.webhook_delivery`), outside the
+step: it learns of events by reading what every commit already writes (the runs index and each
+run's event stream), so a slow or failing endpoint can never hold a turn back.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def create_webhook(body: WebhookBody, key: Caller, ctx: Ctx) -> WebhookCreated:
     )  # fmt: skip
     seconds, micros = r.time()
     pipe = r.pipeline(transaction=False)
-    # The dispatcher starts from now: runs created before the first endpoint are not announced.
+    # The deliverer starts from now: runs created before the first endpoint are not announced.
     pipe.set(keys.cursor(key.tenant), int(seconds) * 1000 + int(micros) // 1000, nx=True)
     pipe.hset(keys.WEBHOOKS, made.id, msgspec.json.encode(made))
     pipe.sadd(keys.tenant_webhooks(key.tenant), made.id)
@@ -160,7 +160,7 @@ def delete_webhook(endpoint_id: EndpointId, key: Caller, ctx: Ctx) -> Response:
     pipe.hdel(keys.WEBHOOK_STATUS, endpoint_id)
     pipe.execute()
     if not r.scard(keys.tenant_webhooks(key.tenant)):
-        # No endpoint left: the dispatcher forgets the tenant, and a later endpoint starts
+        # No endpoint left: the deliverer forgets the tenant, and a later endpoint starts
         # from its own registration instead of announcing every run made in between.
         pipe = r.pipeline(transaction=False)
         pipe.srem(keys.WEBHOOK_TENANTS, key.tenant)

@@ -30,9 +30,9 @@ class ApiSettings(BaseSettings):
     # connection while it lasts. Beyond it a new stream is a 429 with Retry-After.
     sse_streams_per_key: int = Field(default=20, ge=1)
     page_limit: int = Field(default=100, ge=1, le=1000)  # runs per page unless asked
-    # Webhooks: the dispatcher's tick, one delivery's timeout, how long a delivery is retried,
+    # Webhooks: the deliverer's tick, one delivery's timeout, how long a delivery is retried,
     # and how many are in flight at once (so a slow endpoint holds one slot, not the loop).
-    webhooks: bool = True  # `turnstile api` runs the dispatcher as a background task
+    webhooks: bool = True  # `turnstile api` runs the deliverer as a background task
     webhook_tick_s: float = Field(default=0.5, gt=0)
     webhook_timeout_s: float = Field(default=5.0, gt=0)
     webhook_retry_for_s: float = Field(default=3600.0, gt=0)

@@ -1,4 +1,4 @@
-"""The webhook dispatcher: learns of run events by reading what every commit already writes,
+"""The webhook deliverer: learns of run events by reading what every commit already writes,
 and delivers them signed, with retries, never in a turn's way.
 
 How it learns (per tenant with endpoints, each tick):
@@ -14,7 +14,7 @@ backoff until `webhook_retry_for_s` has passed since the event, then dropped, an
 endpoint's last status records each attempt. Each attempt checks the target again
 (`worker.http.targets`) and connects to the address it checked; a refused target, a redirect
 or any error in sending is a failed attempt like a 500. Delivery is at least once: a receiver
-dedupes by the `Turnstile-Delivery` id. One dispatcher runs at a time, holding a lease in the
+dedupes by the `Turnstile-Delivery` id. One deliverer runs at a time, holding a lease in the
 store, so several API servers behind a load balancer do not each deliver.
 """
 
@@ -196,7 +196,7 @@ class Sender:
                     continue
                 self.inflight.add(did)
             # Pushed back for the attempt's length: if this process dies mid-attempt, the
-            # next dispatcher tries again after that.
+            # next deliverer tries again after that.
             self.r.zadd(keys.OUTBOX, {did: now + lease_ms}, xx=True)
             self.pool.submit(self._attempt, did)
 
@@ -301,11 +301,11 @@ class Sender:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-class Dispatcher(threading.Thread):
+class WebhookDeliverer(threading.Thread):
     """One thread: hold the lease, scan, send what is due, every tick."""
 
     def __init__(self, r: redis.Redis, settings: ApiSettings) -> None:
-        super().__init__(name="webhook-dispatcher", daemon=True)
+        super().__init__(name="webhook-deliverer", daemon=True)
         self.r, self.settings = r, settings
         self.owner = uuid.uuid4().hex
         self.stopping = threading.Event()
@@ -314,10 +314,10 @@ class Dispatcher(threading.Thread):
 
     def _lead(self) -> bool:
         lease_ms = int(max(self.settings.webhook_tick_s * 6, 3) * 1000)
-        if self.r.set(keys.DISPATCH_LOCK, self.owner, nx=True, px=lease_ms):
+        if self.r.set(keys.DELIVERY_LOCK, self.owner, nx=True, px=lease_ms):
             return True
-        if self.r.get(keys.DISPATCH_LOCK) == self.owner:
-            self.r.pexpire(keys.DISPATCH_LOCK, lease_ms)
+        if self.r.get(keys.DELIVERY_LOCK) == self.owner:
+            self.r.pexpire(keys.DELIVERY_LOCK, lease_ms)
             return True
         return False
 
@@ -341,20 +341,20 @@ class Dispatcher(threading.Thread):
         self.stopping.set()
         self.join(timeout=self.settings.webhook_tick_s + 5)
         self.sender.close()
-        if self.r.get(keys.DISPATCH_LOCK) == self.owner:
-            self.r.delete(keys.DISPATCH_LOCK)
+        if self.r.get(keys.DELIVERY_LOCK) == self.owner:
+            self.r.delete(keys.DELIVERY_LOCK)
 
 
 @contextmanager
-def background(r: redis.Redis, settings: ApiSettings) -> Iterator[Dispatcher | None]:
-    """The dispatcher, running for as long as the server does (when webhooks are on)."""
+def background(r: redis.Redis, settings: ApiSettings) -> Iterator[WebhookDeliverer | None]:
+    """The deliverer, running for as long as the server does (when webhooks are on)."""
     if not settings.webhooks:
         yield None
         return
-    dispatcher = Dispatcher(r, settings)
-    dispatcher.start()
+    deliverer = WebhookDeliverer(r, settings)
+    deliverer.start()
     try:
-        yield dispatcher
+        yield deliverer
     finally:
         with contextlib.suppress(redis.RedisError):  # the store is gone: the lease lapses
-            dispatcher.stop()
+            deliverer.stop()
