@@ -19,6 +19,7 @@ from turnstile.jobs.support.scenarios import GOAL, USER
 from turnstile.worker.cli.main import app
 from turnstile.worker.client._client import Client
 from turnstile.worker.scheduling import fair
+from turnstile.worker.scheduling.dispatcher import DEPTH_SHARE, Dispatcher
 from turnstile.worker.scheduling.sweeper import Sweeper
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
@@ -183,7 +184,7 @@ def test_a_step_lost_by_the_dispatcher_is_sent_again(redis_url: str, unique: str
     queue, tenant = f"lost-{unique}", f"l-{unique}"
     client = client_for(redis_url, pickup_lease_s=2)
     run_id = client.submit(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue)
-    taker = fair.Dispatcher(client.client, None, Settings(redis_url=redis_url), lambda b: None)
+    taker = Dispatcher(client.client, None, Settings(redis_url=redis_url), lambda b: None)
     assert taker._take(tenant, queue) is not None  # taken and never published
     assert fair.tenant_view(client.client, tenant, [queue]).waiting == 0
     with running_workers(redis_url, [queue], 1, stop_timeout_s=20):
@@ -344,10 +345,10 @@ def test_each_worker_announces_the_turns_it_can_hold_and_the_depth_follows(
         announced = client.client.zrange(keys.fair_capacity(queue), 0, -1)
         assert all(str(entry).endswith("|3") for entry in announced)
         config = Settings(redis_url=redis_url, dispatch_depth=1)
-        dispatcher = fair.Dispatcher(client.client, None, config, lambda b: None)
-        assert dispatcher.wanted_depth(queue) == 6 // fair.DEPTH_SHARE
+        dispatcher = Dispatcher(client.client, None, config, lambda b: None)
+        assert dispatcher.wanted_depth(queue) == 6 // DEPTH_SHARE
         assert (
-            fair.Dispatcher(
+            Dispatcher(
                 client.client, None, Settings(redis_url=redis_url), lambda b: None
             ).wanted_depth(queue)
             == Settings().dispatch_depth

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from turnstile.worker.scheduling.fair import CapError, RoundRobin, parse_caps
+from turnstile.worker.scheduling.dispatcher import RoundRobin
+from turnstile.worker.scheduling.fair import CapError, parse_caps
 
 
 def _picks(rr: RoundRobin, tenants: list[str], weights: dict[str, int], n: int) -> list[str]:

@@ -18,6 +18,7 @@ from turnstile.worker.observability.logs import configure as configure_logging
 from turnstile.worker.registry import Registry
 from turnstile.worker.runtime import pools
 from turnstile.worker.runtime.services import WorkerServices
+from turnstile.worker.scheduling import dispatcher as fair_dispatcher
 from turnstile.worker.scheduling import fair
 from turnstile.worker.scheduling.sweeper import Sweeper
 from turnstile.worker.settings import Settings
@@ -129,9 +130,9 @@ class SweeperHook(Hook):
 
 class DispatcherHook(Hook):
     """With fair share, the dispatcher: a thread in each worker's main process that moves
-    steps from the tenants' pending lists to the broker (worker/scheduling/fair.py)."""
+    steps from the tenants' pending lists to the broker (worker/scheduling/dispatcher.py)."""
 
-    def __init__(self, config: Settings, send_many: fair.PublishMany) -> None:
+    def __init__(self, config: Settings, send_many: fair_dispatcher.PublishMany) -> None:
         self.config, self.send_many = config, send_many
         self.stop = threading.Event()
 
@@ -139,7 +140,7 @@ class DispatcherHook(Hook):
         config = self.config
         if config.redis_url is None or not config.fair_share:
             return
-        dispatcher = fair.Dispatcher(
+        dispatcher = fair_dispatcher.Dispatcher(
             connect(config.redis_url, config), _broker_client(config), config, self.send_many
         )
         dispatcher.capacity = _capacity(sender)

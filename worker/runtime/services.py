@@ -26,6 +26,7 @@ from turnstile.worker.runtime.limits import time_limits
 from turnstile.worker.runtime.pools import Pool
 from turnstile.worker.runtime.step import Heartbeat, Services
 from turnstile.worker.scheduling import fair
+from turnstile.worker.scheduling.dispatcher import PublishMany
 from turnstile.worker.settings import Settings
 from turnstile.worker.store.connect import connect
 from turnstile.worker.store.runs import RunStore, StoreUnavailable
@@ -122,7 +123,7 @@ class WorkerServices:
     def __init__(self, config: Settings, app: Celery) -> None:
         self.settings = config
         self.send: Send = functools.partial(producer.send_step, app)
-        self.send_many: fair.PublishMany = functools.partial(producer.send_steps, app)
+        self.send_many: PublishMany = functools.partial(producer.send_steps, app)
         self._lock = threading.Lock()
         self._process: _Process | None = None
 

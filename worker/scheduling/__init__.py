@@ -1,1 +1,2 @@
-"""Who runs next: fair share and its dispatcher, the sweeper, retention."""
+"""Who runs next: fair share (fair.py) and its dispatcher (dispatcher.py), the sweeper,
+retention."""

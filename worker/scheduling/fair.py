@@ -3,72 +3,40 @@
 A Celery queue is first come, first served: a tenant that enqueues thousands of runs makes
 every other tenant wait behind all of them. So a step message does not go straight to the
 broker: `route` (the one place that decides where a step goes) puts it in its tenant's pending
-list on its queue (continuations and first steps apart, in the tenant's hash slot), and one
-dispatcher at a time (a thread in each worker's main process; a lock elects it) keeps each
-queue's broker list about `dispatch_depth` long (or a DEPTH_SHARE of the turns its live
-workers announce they can hold, if more), taking steps from the tenants round robin
-(`weight` consecutive steps each, a weighted round robin) and skipping a tenant at its cap on
-turns in flight. A step takes a slot when dispatched and gives it back when its delivery is
-done (`release`), which nudges the dispatcher: a capped tenant's next step waits in Redis,
-holding no worker and re-publishing nothing, and goes as soon as one of its turns ends.
+list on its queue (continuations and first steps apart, in the tenant's hash slot), and the
+dispatcher (dispatcher.py) moves steps from the tenants' lists to the broker, round robin,
+skipping a tenant at its cap on turns in flight. A step takes a slot when dispatched and gives
+it back when its delivery is done (`release`), which nudges the dispatcher: a capped tenant's
+next step waits in Redis, holding no worker and re-publishing nothing, and goes as soon as one
+of its turns ends.
 
 A turn's commit queues its run's next step itself (run_commit.lua, through fair_lib.lua), so
-the step exists if and only if the commit does. Crash safety: a take (pop + slot) is one
-script; a dispatcher that dies between it and the publish loses that message, and the run's
-pickup lease lapses and the sweeper re-sends it, as for any lost message. A slot whose step
-was lost lapses by itself (the step's hard limit plus the pickup lease). With
-`TURNSTILE_FAIR_SHARE=0` every step is published at once, as before.
+the step exists if and only if the commit does. A slot whose step was lost lapses by itself
+(the step's hard limit plus the pickup lease). With `TURNSTILE_FAIR_SHARE=0` every step is
+published at once, as before.
 """
 
 from __future__ import annotations
 
 import json
-import secrets
-import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import redis
-import structlog
 
 from turnstile.errors import TurnstileError
 from turnstile.worker.broker.message import StepMessage
-from turnstile.worker.observability import metrics
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
-from turnstile.worker.store.durability import Durability
 from turnstile.worker.store.scripts import FAIR, register, with_scripts
 from turnstile.worker.store.values import server_ms
 
-log = structlog.get_logger("turnstile.fair")
-
 Publish = Callable[[StepMessage, float, float], None]
-# The dispatcher's sender: a batch of steps, each with its soft and hard time limits, published
-# in one round trip where the broker allows it (kombu's publish batch on Redis).
-PublishMany = Callable[[list[tuple[StepMessage, float, float]]], None]
-LOCK_MS = 3000  # a dispatcher that stops renewing is replaced this long after
-CAPACITY_EVERY_S = 2.0  # how often each worker announces the turns it can hold in flight
-CAPACITY_TTL_MS = 10_000  # an announcement not renewed this long is a worker gone
-# A queue's broker list is kept at least this share of its workers' capacity deep: a pass
-# then refills it in batches as large as the turns that end meanwhile, so a green worker's
-# hundreds of slots do not wait on passes of a few steps each.
-DEPTH_SHARE = 4
-# After a pass, the dispatcher lets the nudges of this long gather before the next: at
-# hundreds of commits a second, a pass per nudge would send a step or two for a pass's five
-# round trips; this way a pass sends what ended meanwhile, and a step waits at most this more.
-# Not with a durability wait: commits are then bound by their fsync, not by CPU, and a server
-# answers a finished fsync's WAITAOF when its loop next turns, which traffic hastens (at 2 x 1
-# zero-latency turns, aof ran at 0.53x of none's turns/s with the linger, 0.81x without).
-LINGER_S = 0.005
-WEIGHTS_EVERY_S = 1.0  # a weight changed by hand applies within this long
-GAUGES_EVERY_S = 1.0  # how often the dispatcher publishes each tenant's share as metrics
 PRIORITY_STEPS = (0, 3, 6, 9)  # kombu's Redis transport: one list per priority step
 PRIORITY_SEP = "\x06\x16"
 CAPS = ("turns_in_flight", "active_runs", "weight")  # what `turnstile tenants set` accepts
 REMOVABLE = ("turns_in_flight", "active_runs")  # NAME=none removes it; a weight is 1 by default
-LIVE = ("running", "suspended", "parked")  # a run in one of these is active
 
 
 class CapError(TurnstileError):
@@ -122,7 +90,7 @@ class Pending:
 
     def announce(self, pipe: Any) -> None:
         """After the entry: a dispatcher that found the tenant empty and dropped it from the
-        set looks at its lists again after the drop (see Dispatcher._drop)."""
+        set looks at its lists again after the drop (see dispatcher.Dispatcher._drop)."""
         pipe.sadd(keys.fair_active(self.queue), self.tenant)
         pipe.sadd(keys.FAIR_QUEUES, self.queue)
         _nudge(pipe)
@@ -235,275 +203,3 @@ def tenant_view(client: redis.Redis, tenant: str, queues: Iterable[str]) -> Tena
         int(active),
         int(runs_cap) if runs_cap else None,
     )
-
-
-# -- the dispatcher --------------------------------------------------------------------------
-
-
-class RoundRobin:
-    """Weighted round robin over the tenants with work: each gets `weight` steps in a row
-    (a deficit round robin whose steps all cost one), in name order, then the next one."""
-
-    def __init__(self) -> None:
-        self.last: str | None = None
-        self.credit = 0
-
-    def pick(self, tenants: list[str], weights: Mapping[str, int]) -> str | None:
-        if not tenants:
-            return None
-        if self.last in tenants and self.credit > 0:
-            self.credit -= 1
-            return self.last
-        after = [t for t in tenants if self.last is None or t > self.last]
-        self.last = (after or tenants)[0]
-        self.credit = max(1, weights.get(self.last, 1)) - 1
-        return self.last
-
-    def skip(self) -> None:
-        """The tenant picked could not send (capped, empty): the next pick moves on."""
-        self.credit = 0
-
-
-class Dispatcher:
-    """Feeds each queue's broker list from the tenants' pending lists, fairly."""
-
-    def __init__(
-        self,
-        client: redis.Redis,
-        broker: redis.Redis | None,
-        config: Settings,
-        publish: PublishMany,
-    ) -> None:
-        self.client, self.broker, self.config, self.publish = client, broker, config, publish
-        self.take = register(client, "fair_take")
-        self.rr: dict[str, RoundRobin] = {}
-        self.token = secrets.token_hex(8)
-        self.renewed = 0.0
-        self.gauged = 0.0
-        self.weights: dict[str, int] = {}
-        self.gauge_tenants: set[str] = set()
-        self.weights_at = 0.0
-        # This worker, as it announces itself: its name, its queues, its turns in flight.
-        self.capacity: tuple[str, list[str], int] | None = None
-        self.announced = 0.0
-        self.depths: dict[str, tuple[float, int]] = {}  # queue -> (when read, depth wanted)
-        self.linger_s = LINGER_S if config.durability == Durability.NONE else 0.0
-        # A slot outlives its step's hard limit by the pickup lease: time to wait on the queue.
-        self.slot_extra_ms = int(config.pickup_lease_s * 1000)
-
-    def depth(self, queue: str) -> int:
-        if self.broker is None:
-            return 0
-        pipe = self.broker.pipeline(transaction=False)
-        for pri in PRIORITY_STEPS:
-            pipe.llen(f"{queue}{PRIORITY_SEP}{pri}" if pri else queue)
-        return sum(int(n) for n in pipe.execute())
-
-    def leader(self) -> bool:
-        """Whether this dispatcher holds the lock (taken or renewed here)."""
-        now = time.monotonic()
-        if now - self.renewed < LOCK_MS / 3000:
-            return True
-        held = self.client.set(keys.FAIR_LOCK, self.token, nx=True, px=LOCK_MS)
-        if not held and self.client.get(keys.FAIR_LOCK) == self.token:
-            held = bool(self.client.pexpire(keys.FAIR_LOCK, LOCK_MS))
-        self.renewed = now if held else 0.0
-        return bool(held)
-
-    def announce(self) -> None:
-        """Say how many turns this worker can hold in flight on each of its queues, every
-        CAPACITY_EVERY_S; an announcement lapses CAPACITY_TTL_MS after it was made."""
-        now = time.monotonic()
-        if self.capacity is None or now - self.announced < CAPACITY_EVERY_S:
-            return
-        name, queues, slots = self.capacity
-        lapses = server_ms(self.client) + CAPACITY_TTL_MS
-        pipe = self.client.pipeline(transaction=False)
-        for queue in queues:
-            pipe.zadd(keys.fair_capacity(queue), {f"{name}|{slots}": lapses})
-        pipe.execute()
-        self.announced = now
-
-    def wanted_depth(self, queue: str) -> int:
-        """How many steps to keep on the queue's broker list: `dispatch_depth`, or a
-        DEPTH_SHARE of the turns its live workers can hold in flight if that is more (read
-        at most once a second)."""
-        now = time.monotonic()
-        read_at, depth = self.depths.get(queue, (0.0, 0))
-        if now - read_at < 1.0:
-            return depth
-        key = keys.fair_capacity(queue)
-        pipe = self.client.pipeline(transaction=False)
-        pipe.zremrangebyscore(key, "-inf", server_ms(self.client))
-        pipe.zrange(key, 0, -1)
-        _, live = pipe.execute()
-        slots = sum(int(str(entry).rpartition("|")[2] or 0) for entry in live)
-        depth = max(self.config.dispatch_depth, slots // DEPTH_SHARE)
-        self.depths[queue] = (now, depth)
-        return depth
-
-    def dispatch(self) -> int:
-        """One pass over every queue; returns how many steps were sent to the broker."""
-        sent = 0
-        for queue in sorted(str(q) for q in self.client.smembers(keys.FAIR_QUEUES)):
-            room = self.wanted_depth(queue) - self.depth(queue)
-            if room > 0:
-                sent += self._fill(queue, room)
-        return sent
-
-    def _fill(self, queue: str, room: int) -> int:
-        tenants = sorted(str(t) for t in self.client.smembers(keys.fair_active(queue)))
-        if not tenants:
-            # As for a tenant (see _drop): a push adds its queue after its tenant.
-            self.client.srem(keys.FAIR_QUEUES, queue)
-            if self.client.scard(keys.fair_active(queue)):
-                self.client.sadd(keys.FAIR_QUEUES, queue)
-            return 0
-        weights = self._weights(tenants)
-        rr = self.rr.setdefault(queue, RoundRobin())
-        sent = 0
-        while sent < room and tenants:
-            # The round robin's next picks for the room left, taken in one round trip; a
-            # tenant that could not give one (empty, capped) leaves the pass.
-            picks = [rr.pick(tenants, weights) or "" for _ in range(room - sent)]
-            batch = []
-            for tenant, entry in zip(picks, self._take_many(picks, queue), strict=True):
-                if entry is not None:
-                    batch.append(entry)
-                elif tenant in tenants:
-                    tenants.remove(tenant)
-                    if rr.last == tenant:
-                        rr.skip()
-            self._send(batch)
-            sent += len(batch)
-        return sent
-
-    def _weights(self, tenants: list[str]) -> dict[str, int]:
-        """The tenants' weights, read at most once a second (they change by hand)."""
-        now = time.monotonic()
-        if now - self.weights_at > WEIGHTS_EVERY_S or any(t not in self.weights for t in tenants):
-            pipe = self.client.pipeline(transaction=False)
-            for name in tenants:
-                pipe.hget(keys.caps(name), "weight")
-            self.weights = {t: int(w or 1) for t, w in zip(tenants, pipe.execute(), strict=True)}
-            self.weights_at = now
-        return self.weights
-
-    def _take_keys(self, tenant: str, queue: str) -> list[str]:
-        return [
-            keys.pending(tenant, queue, "cont"), keys.pending(tenant, queue, "start"),
-            keys.pending_index(tenant), keys.slots(tenant), keys.caps(tenant),
-            keys.active(tenant),
-        ]  # fmt: skip
-
-    def _take(self, tenant: str, queue: str) -> dict[str, Any] | None:
-        reply = self.take(keys=self._take_keys(tenant, queue), args=[self.slot_extra_ms])
-        return self._taken(tenant, queue, reply)
-
-    def _take_many(self, tenants: list[str], queue: str) -> list[dict[str, Any] | None]:
-        """One take per tenant named (a tenant named twice gives two steps), in one round
-        trip (see `with_scripts`: a take that NOSCRIPT refused took nothing)."""
-
-        def build(pipe: Any) -> None:
-            for tenant in tenants:
-                pipe.evalsha(self.take.sha, 6, *self._take_keys(tenant, queue), self.slot_extra_ms)
-
-        replies = with_scripts(self.client, (self.take,), build)
-        taken: dict[str, dict[str, Any] | None] = {}
-        out: list[dict[str, Any] | None] = []
-        for tenant, reply in zip(tenants, replies, strict=True):
-            if reply[0] != "ok" and tenant in taken:  # said once per tenant is enough
-                out.append(None)
-                continue
-            taken[tenant] = entry = self._taken(tenant, queue, reply)
-            out.append(entry)
-        return out
-
-    def _taken(self, tenant: str, queue: str, reply: list[Any]) -> dict[str, Any] | None:
-        """The entry a take gave, or None: the tenant has nothing pending (dropped from the
-        queue's set) or is at a cap (its active runs are pruned, then it tries again)."""
-        if reply[0] == "ok":
-            entry: dict[str, Any] = json.loads(reply[1])
-            return entry
-        if reply[0] == "empty":
-            self._drop(tenant, queue)
-        elif reply[0] == "capped_runs" and self.prune(tenant):
-            return self._take(tenant, queue)
-        return None
-
-    def prune(self, tenant: str) -> int:
-        """Drop the runs that ended from the tenant's active set; how many were dropped. Run
-        when the set is at its cap, so it reads at most the cap's worth of runs (a run that
-        ended by a path that did not drop it is found here, so no cap fills up for good)."""
-        run_ids = [str(r) for r in self.client.zrange(keys.active(tenant), 0, -1)]
-        pipe = self.client.pipeline(transaction=False)
-        for run_id in run_ids:
-            pipe.hget(keys.run(tenant, run_id), "status")
-        ended = [r for r, status in zip(run_ids, pipe.execute(), strict=True) if status not in LIVE]
-        if ended:
-            self.client.zrem(keys.active(tenant), *ended)
-        return len(ended)
-
-    def _drop(self, tenant: str, queue: str) -> None:
-        """Drop a tenant with nothing pending from the queue's set, then look again: a step
-        pushed meanwhile re-adds it (its push adds after its entry, and we look after)."""
-        self.client.srem(keys.fair_active(queue), tenant)
-        pipe = self.client.pipeline(transaction=False)
-        pipe.llen(keys.pending(tenant, queue, "cont"))
-        pipe.llen(keys.pending(tenant, queue, "start"))
-        if sum(int(n) for n in pipe.execute()):
-            self.client.sadd(keys.fair_active(queue), tenant)
-
-    def _send(self, entries: list[dict[str, Any]]) -> None:
-        if not entries:
-            return
-        batch = [
-            (
-                StepMessage(
-                    str(e["tenant"]), str(e["run_id"]), int(e["version"]), str(e["queue"]),
-                    str(e.get("traceparent") or ""),
-                ),
-                float(e["soft_s"]),
-                float(e["hard_s"]),
-            )
-            for e in entries
-        ]  # fmt: skip
-        try:
-            self.publish(batch)
-        except Exception as exc:  # the runs' pickup leases lapse and the sweeper re-sends them
-            log.warning("dispatch_failed", error=str(exc), steps=len(batch),
-                        run_ids=[m.run_id for m, _, _ in batch[:5]])  # fmt: skip
-
-    def _gauges(self) -> None:
-        """Each tenant's share as metrics, once a second: the tenants with steps waiting, and
-        those shown last time (so a tenant whose backlog emptied is shown at zero once)."""
-        now = time.monotonic()
-        if not metrics.enabled() or now - self.gauged < GAUGES_EVERY_S:
-            return
-        self.gauged = now
-        queues = sorted(str(q) for q in self.client.smembers(keys.FAIR_QUEUES))
-        shown = set(self.gauge_tenants)
-        for queue in queues:
-            shown |= {str(t) for t in self.client.smembers(keys.fair_active(queue))}
-        self.gauge_tenants = set()
-        for tenant in sorted(shown):
-            v = tenant_view(self.client, tenant, queues)
-            metrics.tenant_share(tenant, waiting=v.waiting, in_flight=v.in_flight, cap=v.cap)
-            if v.waiting or v.in_flight:
-                self.gauge_tenants.add(tenant)
-
-    def loop(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            try:
-                self.announce()
-                if not self.leader():
-                    stop.wait(LOCK_MS / 3000)
-                    continue
-                self.dispatch()
-                self._gauges()
-                if self.linger_s:
-                    stop.wait(self.linger_s)
-                self.client.blpop([keys.FAIR_WAKE], timeout=self.config.dispatch_poll_s)
-            except Exception as exc:  # the store may be down: try again shortly
-                log.warning("dispatch_pass_failed", error=str(exc))
-                stop.wait(self.config.dispatch_poll_s)
