@@ -7,13 +7,8 @@ from typing import Any
 
 import pytest
 
-from turnstile.worker.broker.deadletters import (
-    MAX_RAW_BYTES,
-    Reason,
-    envelope_problem,
-    header_problem,
-    make,
-)
+from turnstile.worker.broker.deadletters import MAX_RAW_BYTES, Reason, make
+from turnstile.worker.broker.intake import envelope_problem, header_problem
 
 
 def good_envelope(**props: Any) -> dict[str, Any]:

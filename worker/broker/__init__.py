@@ -1,2 +1,3 @@
 """The broker: the step message and the producer that publishes it, and everything that knows
-kombu's layout (the transport, dead letters)."""
+kombu's layout: what a worker's connection does with an entry it cannot take in (intake.py)
+and the dead letters it keeps (deadletters.py)."""

@@ -21,7 +21,7 @@ from typing import Any
 
 from celery import Celery
 
-from turnstile.worker.broker import deadletters
+from turnstile.worker.broker import intake
 from turnstile.worker.runtime import hooks, pools, task
 from turnstile.worker.runtime.pools import Pool
 from turnstile.worker.runtime.services import WorkerServices
@@ -54,7 +54,7 @@ def make_app(config: Settings, *, main: bool = True) -> Celery:
         # A producer per turn in flight on a green worker (each publishes its next step).
         broker_pool_limit=broker_pool_limit(config),
         # A queue entry the worker cannot take in goes to the dead letters, not the worker down.
-        **deadletters.celery_config(url or ""),
+        **intake.celery_config(url or ""),
     )
     return celery
 
