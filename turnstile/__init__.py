@@ -75,7 +75,8 @@ if TYPE_CHECKING:
         LedgerUnknownReservation,
     )
     from turnstile.providers.errors import ProviderConfigError
-    from turnstile.worker.client._client import Client, RunEvent, connect_client
+    from turnstile.worker.client._client import Client, connect_client
+    from turnstile.worker.client._reading import RunEvent
     from turnstile.worker.ops.control import ControlError, DrainTimeoutError
     from turnstile.worker.registry import Registry
     from turnstile.worker.settings import Settings
@@ -146,7 +147,7 @@ __all__ = [
 _LEDGER_ERRORS = "turnstile.ledger.errors"
 _LAZY = {
     "Client": "turnstile.worker.client._client",
-    "RunEvent": "turnstile.worker.client._client",
+    "RunEvent": "turnstile.worker.client._reading",
     "connect_client": "turnstile.worker.client._client",
     "ControlError": "turnstile.worker.ops.control",
     "DrainTimeoutError": "turnstile.worker.ops.control",

@@ -19,11 +19,11 @@ from turnstile.errors import (
 )
 from turnstile.worker.client._client import (
     Client,
-    RunEvent,
     Submitted,
     connect_client,
     idempotent_run_id,
 )
+from turnstile.worker.client._reading import RunEvent
 from turnstile.worker.settings import Settings
 
 __all__ = [

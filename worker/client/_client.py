@@ -12,10 +12,8 @@ take the step does not undo it: the run's pickup lease lapses and the sweeper se
 from __future__ import annotations
 
 import hashlib
-import re
-import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -24,13 +22,10 @@ import redis
 
 from turnstile.errors import (
     DecisionRefusedError,
-    InvalidEventIdError,
     InvalidNameError,
-    RunNotFoundError,
     SubmissionConflictError,
     SubmissionError,
     SubmissionNameError,
-    WaitTimeoutError,
 )
 from turnstile.jobs.budget import Budget
 from turnstile.jobs.decisions import approve as kernel_approve
@@ -38,7 +33,6 @@ from turnstile.jobs.decisions import cancel as kernel_cancel
 from turnstile.jobs.decisions import deny as kernel_deny
 from turnstile.jobs.errors import KernelError
 from turnstile.jobs.job import Job
-from turnstile.jobs.memory import Note, recall, remember
 from turnstile.jobs.outcomes import Status
 from turnstile.jobs.runs import new_run
 from turnstile.jobs.state import RunState
@@ -49,6 +43,8 @@ from turnstile.providers.prices import PRICES_FILE_ENV
 from turnstile.worker import names
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.broker.producer import sender
+from turnstile.worker.client._memory import Memory
+from turnstile.worker.client._reading import FOLLOW_BLOCK_MS, Reading
 from turnstile.worker.names import check_run_id
 from turnstile.worker.registry import Registry
 from turnstile.worker.runtime.limits import next_hold, time_limits
@@ -65,12 +61,8 @@ from turnstile.worker.store.runs import (
     fingerprint,
     now_iso,
 )
-from turnstile.worker.store.values import text
 
 MAX_IDEMPOTENCY_KEY_CHARS = 255
-EVENT_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")  # a stream entry id, as `RunEvent.id` gives
-FINAL = frozenset({Status.STOPPED.value, Status.SUSPENDED.value})  # what `wait` returns on
-FOLLOW_BLOCK_MS = 1000  # one blocking read of the event stream, between looks at the status
 CANCEL_TRIES = 5  # a run that moves on under a cancel this often is refused; try again
 RUN_TENANTS = keys.RUN_TENANTS
 
@@ -89,18 +81,6 @@ def idempotent_run_id(tenant: str, key: str) -> str:
             f"an idempotency key is 1-{MAX_IDEMPOTENCY_KEY_CHARS} characters of text"
         )
     return "run_" + hashlib.sha256(f"{tenant}\x00{key}".encode()).hexdigest()[:24]
-
-
-@dataclass(frozen=True)
-class RunEvent:
-    """One stored event of a run, as `Client.events` yields it: its stream `id` (pass it as
-    `after` to resume after it), its `type` (`submitted`, `turn`, `suspended`, `decision`,
-    `parked`, `resumed`, `cancel_requested`, `finished`, ...) and the whole stored event as
-    `data`, the same JSON the HTTP API's event stream carries."""
-
-    id: str
-    type: str
-    data: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -128,7 +108,7 @@ def _budget(raw: Budget | Mapping[str, Any] | None, default: Budget) -> Budget:
         raise SubmissionError(f"budget: {exc}") from exc
 
 
-class Client:
+class Client(Reading, Memory):
     """A service's handle on Turnstile: submit runs, read them, wait for them, follow their
     events, decide on held calls, and keep a tenant's users' long-term notes.
 
@@ -339,146 +319,6 @@ class Client:
             self.deferred.append(msg.run_id)
             return False
         return True
-
-    # -- long-term memory: a tenant's user's notes -----------------------------------------
-
-    def remember(self, tenant: str, user: str, text: str, *, source: str, ttl_s: float) -> str:
-        """Store a note for a tenant's user if its source may write memory; says what
-        happened."""
-        check_name("tenant", tenant)
-        check_name("user", user)
-        return remember(
-            self.memory, tenant=tenant, user_id=user, text=text, source=source,
-            now_s=time.time(), ttl_s=ttl_s,
-        )  # fmt: skip
-
-    def recall(self, tenant: str, user: str, query: str) -> list[str]:
-        """The tenant's user's live notes that match the query: shown to the model, labelled
-        as remembered, in the run's first view. Scoped to the tenant and the user before any
-        matching."""
-        if not all(isinstance(v, str) and v.strip() for v in (tenant, user)):
-            return []
-        return recall(self.memory, tenant=tenant, user_id=user, query=query, now_s=time.time())
-
-    def forget(self, tenant: str, *, user: str | None = None, source: str | None = None) -> int:
-        """Delete a tenant's notes by user, by source, or both; how many went."""
-        check_name("tenant", tenant)
-        if user is not None:
-            check_name("user", user)
-        return self.memory.forget(tenant=tenant, user_id=user, source=source)
-
-    def notes(self, tenant: str, *, user: str | None = None) -> list[Note]:
-        """A tenant's live notes, one user's or every user's."""
-        check_name("tenant", tenant)
-        if user is not None:
-            check_name("user", user)
-        return self.memory.notes(tenant, time.time(), user_id=user)
-
-    # -- reading ---------------------------------------------------------------------------
-
-    def tenant_of(self, run_id: str) -> str:
-        """The tenant a run belongs to; RunNotFoundError if there is no such run."""
-        tenant = self.client.hget(RUN_TENANTS, run_id)
-        if not tenant:
-            raise RunNotFoundError(f"no run {run_id!r}")
-        return str(tenant)
-
-    def run_hash(self, run_id: str, tenant: str | None = None) -> tuple[str, dict[str, str]]:
-        """The run's tenant and its stored record (status, outcome, detail, reason, version,
-        the state as JSON, ...); scoped to `tenant` when given."""
-        tenant = tenant or self.tenant_of(run_id)
-        stored = self.store.hash(tenant, run_id)
-        if not stored:
-            raise RunNotFoundError(f"no run {run_id!r} for tenant {tenant!r}")
-        return tenant, stored
-
-    def state(self, run_id: str, tenant: str | None = None) -> RunState:
-        """The run's state as stored now: status, outcome and reason, usage, plan, facts, the
-        held call, the answer."""
-        _, stored = self.run_hash(run_id, tenant)
-        return RunState.from_json(stored["state"])
-
-    def wait(self, run_id: str, timeout_s: float, *, tenant: str | None = None) -> RunState:
-        """The run's state once it can go no further by itself, within `timeout_s` seconds:
-
-        - stopped: it has its outcome (`state.outcome`: completed, error, ..., with
-          `state.reason`), or
-        - suspended: a call waits for a person (`state.pending` is the held call; `approve`
-          or `deny` it, then wait again).
-
-        A running run is waited for, and so is a parked one (its tenant or queue is paused or
-        draining: `resume` brings it back). Past `timeout_s`, WaitTimeoutError. It blocks on
-        the run's event stream, not in a polling loop: it returns as soon as the commit that
-        stops or suspends the run is stored."""
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s < 0:
-            raise ValueError(f"timeout_s must be seconds >= 0, got {timeout_s!r}")
-        deadline = time.monotonic() + timeout_s
-        tenant, _ = self.run_hash(run_id, tenant)
-        key = keys.events(tenant, run_id)
-        while True:
-            # The newest event id before the status: a commit after this read appends an
-            # event past it, so the blocking read below returns at once and nothing is missed.
-            newest: Any = self.client.xrevrange(key, count=1)
-            last = text(newest[0][0]) if newest else "0-0"
-            stored = self.store.hash(tenant, run_id)
-            if not stored:
-                raise RunNotFoundError(f"no run {run_id!r} for tenant {tenant!r}")
-            if stored.get("status") in FINAL:
-                return RunState.from_json(stored["state"])
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0:
-                raise WaitTimeoutError(
-                    f"run {run_id} is still {stored.get('status')} after {timeout_s:g} s"
-                )
-            self.client.xread({key: last}, count=1, block=min(left_ms, self.block_ms))
-
-    def events(
-        self,
-        run_id: str,
-        after: str | None = None,
-        *,
-        tenant: str | None = None,
-        timeout_s: float | None = None,
-    ) -> Iterator[RunEvent]:
-        """The run's stored events in stored order, from the first (or the one after `after`,
-        a `RunEvent.id`), then the new ones as they are committed, until its `finished` event
-        (the iteration ends after it) or `timeout_s` passes. What is yielded was read back
-        from the store, so it has been persisted. A suspended or parked run is followed for
-        as long as it takes (or `timeout_s`). The run is looked up now: an unknown run raises
-        RunNotFoundError here, not at the first event."""
-        if after is not None and not (isinstance(after, str) and EVENT_ID.match(after)):
-            raise InvalidEventIdError(
-                f"bad event id {after!r}: a RunEvent.id, such as 1764547200000-0"
-            )
-        tenant, _ = self.run_hash(run_id, tenant)
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        return self._follow(tenant, run_id, after or "0-0", deadline)
-
-    def _follow(
-        self, tenant: str, run_id: str, last: str, deadline: float | None
-    ) -> Iterator[RunEvent]:
-        key = keys.events(tenant, run_id)
-        stopped = False
-        while True:
-            block: int | None = None if stopped else self.block_ms
-            if deadline is not None and block is not None:
-                block = max(1, min(block, int((deadline - time.monotonic()) * 1000)))
-            reply: Any = self.client.xread({key: last}, count=200, block=block)
-            entries = reply[0][1] if reply else []
-            for eid, fields in entries:
-                last = text(eid)
-                event: dict[str, Any] = msgspec.json.decode(text(fields["event"]))
-                yield RunEvent(last, str(event.get("type")), event)
-                if event.get("type") == "finished":
-                    return
-            if entries:
-                continue
-            if stopped or (deadline is not None and time.monotonic() >= deadline):
-                return
-            # The commit writes the status and the events in one script: a run seen stopped
-            # has its `finished` event in the stream already, so one more read gets it.
-            status = self.client.hget(keys.run(tenant, run_id), "status")
-            stopped = text(status) == Status.STOPPED.value if status else False
 
     # -- deciding --------------------------------------------------------------------------
 

@@ -1,0 +1,149 @@
+"""The Client's reads of a run: its tenant, its stored record and state, waiting for it to
+stop or suspend, and following its events as they are committed (`Reading`, which `Client`
+is made of)."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import redis
+
+from turnstile.errors import InvalidEventIdError, RunNotFoundError, WaitTimeoutError
+from turnstile.jobs.outcomes import Status
+from turnstile.jobs.state import RunState
+from turnstile.worker.store import keys
+from turnstile.worker.store.runs import RunStore
+from turnstile.worker.store.values import text
+
+EVENT_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")  # a stream entry id, as `RunEvent.id` gives
+FINAL = frozenset({Status.STOPPED.value, Status.SUSPENDED.value})  # what `wait` returns on
+FOLLOW_BLOCK_MS = 1000  # one blocking read of the event stream, between looks at the status
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """One stored event of a run, as `Client.events` yields it: its stream `id` (pass it as
+    `after` to resume after it), its `type` (`submitted`, `turn`, `suspended`, `decision`,
+    `parked`, `resumed`, `cancel_requested`, `finished`, ...) and the whole stored event as
+    `data`, the same JSON the HTTP API's event stream carries."""
+
+    id: str
+    type: str
+    data: dict[str, Any]
+
+
+class Reading:
+    """Reading a run, for `Client`, over the store client and the run store it holds."""
+
+    client: redis.Redis
+    store: RunStore
+    block_ms: int  # one blocking read of a run's events, within the store client's timeout
+
+    def tenant_of(self, run_id: str) -> str:
+        """The tenant a run belongs to; RunNotFoundError if there is no such run."""
+        tenant = self.client.hget(keys.RUN_TENANTS, run_id)
+        if not tenant:
+            raise RunNotFoundError(f"no run {run_id!r}")
+        return str(tenant)
+
+    def run_hash(self, run_id: str, tenant: str | None = None) -> tuple[str, dict[str, str]]:
+        """The run's tenant and its stored record (status, outcome, detail, reason, version,
+        the state as JSON, ...); scoped to `tenant` when given."""
+        tenant = tenant or self.tenant_of(run_id)
+        stored = self.store.hash(tenant, run_id)
+        if not stored:
+            raise RunNotFoundError(f"no run {run_id!r} for tenant {tenant!r}")
+        return tenant, stored
+
+    def state(self, run_id: str, tenant: str | None = None) -> RunState:
+        """The run's state as stored now: status, outcome and reason, usage, plan, facts, the
+        held call, the answer."""
+        _, stored = self.run_hash(run_id, tenant)
+        return RunState.from_json(stored["state"])
+
+    def wait(self, run_id: str, timeout_s: float, *, tenant: str | None = None) -> RunState:
+        """The run's state once it can go no further by itself, within `timeout_s` seconds:
+
+        - stopped: it has its outcome (`state.outcome`: completed, error, ..., with
+          `state.reason`), or
+        - suspended: a call waits for a person (`state.pending` is the held call; `approve`
+          or `deny` it, then wait again).
+
+        A running run is waited for, and so is a parked one (its tenant or queue is paused or
+        draining: `resume` brings it back). Past `timeout_s`, WaitTimeoutError. It blocks on
+        the run's event stream, not in a polling loop: it returns as soon as the commit that
+        stops or suspends the run is stored."""
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s < 0:
+            raise ValueError(f"timeout_s must be seconds >= 0, got {timeout_s!r}")
+        deadline = time.monotonic() + timeout_s
+        tenant, _ = self.run_hash(run_id, tenant)
+        key = keys.events(tenant, run_id)
+        while True:
+            # The newest event id before the status: a commit after this read appends an
+            # event past it, so the blocking read below returns at once and nothing is missed.
+            newest: Any = self.client.xrevrange(key, count=1)
+            last = text(newest[0][0]) if newest else "0-0"
+            stored = self.store.hash(tenant, run_id)
+            if not stored:
+                raise RunNotFoundError(f"no run {run_id!r} for tenant {tenant!r}")
+            if stored.get("status") in FINAL:
+                return RunState.from_json(stored["state"])
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                raise WaitTimeoutError(
+                    f"run {run_id} is still {stored.get('status')} after {timeout_s:g} s"
+                )
+            self.client.xread({key: last}, count=1, block=min(left_ms, self.block_ms))
+
+    def events(
+        self,
+        run_id: str,
+        after: str | None = None,
+        *,
+        tenant: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Iterator[RunEvent]:
+        """The run's stored events in stored order, from the first (or the one after `after`,
+        a `RunEvent.id`), then the new ones as they are committed, until its `finished` event
+        (the iteration ends after it) or `timeout_s` passes. What is yielded was read back
+        from the store, so it has been persisted. A suspended or parked run is followed for
+        as long as it takes (or `timeout_s`). The run is looked up now: an unknown run raises
+        RunNotFoundError here, not at the first event."""
+        if after is not None and not (isinstance(after, str) and EVENT_ID.match(after)):
+            raise InvalidEventIdError(
+                f"bad event id {after!r}: a RunEvent.id, such as 1764547200000-0"
+            )
+        tenant, _ = self.run_hash(run_id, tenant)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        return self._follow(tenant, run_id, after or "0-0", deadline)
+
+    def _follow(
+        self, tenant: str, run_id: str, last: str, deadline: float | None
+    ) -> Iterator[RunEvent]:
+        key = keys.events(tenant, run_id)
+        stopped = False
+        while True:
+            block: int | None = None if stopped else self.block_ms
+            if deadline is not None and block is not None:
+                block = max(1, min(block, int((deadline - time.monotonic()) * 1000)))
+            reply: Any = self.client.xread({key: last}, count=200, block=block)
+            entries = reply[0][1] if reply else []
+            for eid, fields in entries:
+                last = text(eid)
+                event: dict[str, Any] = msgspec.json.decode(text(fields["event"]))
+                yield RunEvent(last, str(event.get("type")), event)
+                if event.get("type") == "finished":
+                    return
+            if entries:
+                continue
+            if stopped or (deadline is not None and time.monotonic() >= deadline):
+                return
+            # The commit writes the status and the events in one script: a run seen stopped
+            # has its `finished` event in the stream already, so one more read gets it.
+            status = self.client.hget(keys.run(tenant, run_id), "status")
+            stopped = text(status) == Status.STOPPED.value if status else False
