@@ -1,2 +1,3 @@
-"""Inside a worker process: the Celery app, the step task, its services and hooks, the step and
-its pools; and a step's limits (limits.py), which a client computes too when it queues one."""
+"""Inside a worker process: the Celery app, the step task, its services and hooks, the step,
+the heartbeat and the pools; and a step's limits (limits.py), which a client computes too when
+it queues one."""

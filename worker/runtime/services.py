@@ -7,34 +7,54 @@ from __future__ import annotations
 import functools
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import redis
 import structlog
 
 from turnstile.jobs.kernel import READ_POOL_SIZE
+from turnstile.jobs.state import RunState
 from turnstile.ledger.client import Ledger
 from turnstile.ledger.inputs import DEFAULT_DIMENSIONS
 from turnstile.worker.broker import producer
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.broker.producer import Send
-from turnstile.worker.registry import Registry
+from turnstile.worker.registry import Jobs, Registry
 from turnstile.worker.runtime import pools
+from turnstile.worker.runtime.heartbeat import Heartbeat
 from turnstile.worker.runtime.limits import time_limits
 from turnstile.worker.runtime.pools import Pool
-from turnstile.worker.runtime.step import Heartbeat, Services
 from turnstile.worker.scheduling import fair
 from turnstile.worker.scheduling.dispatcher import PublishMany
 from turnstile.worker.settings import Settings
 from turnstile.worker.store.connect import connect
-from turnstile.worker.store.runs import RunStore, StoreUnavailable
+from turnstile.worker.store.runs import NextStep, RunStore, StoreUnavailable
 
 if TYPE_CHECKING:
     from celery import Celery
 
 log = structlog.get_logger("turnstile.worker")
+
+
+@dataclass
+class Services:
+    """What every step of one worker process shares."""
+
+    settings: Settings
+    store: RunStore
+    ledger: Ledger
+    jobs: Jobs
+    send: Callable[[StepMessage, RunState], None]  # enqueue the next step
+    # The next step as the commit that makes it due queues it itself, or None: then `send`
+    # sends it after the commit (fair share off, the drills).
+    next_step: Callable[[StepMessage, RunState], NextStep | None] = lambda msg, state: None
+    pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(READ_POOL_SIZE, "turnstile-tool")
+    )  # the process's tool-call threads, shared by its turns
+    heartbeat: Heartbeat = field(default_factory=lambda: Heartbeat(5.0))
 
 
 def redis_max_connections(config: Settings) -> int:

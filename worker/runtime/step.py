@@ -7,11 +7,6 @@ Python over the store, the ledger and the kernel, so the order is readable in on
 from __future__ import annotations
 
 import secrets
-import threading
-import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +21,6 @@ from turnstile.jobs.decisions import cancel
 from turnstile.jobs.errors import StateFormatError, UnknownJobError
 from turnstile.jobs.job import Job
 from turnstile.jobs.kernel import (
-    READ_POOL_SIZE,
     Continue,
     Finished,
     Move,
@@ -41,22 +35,20 @@ from turnstile.jobs.outcomes import Outcome, Resource, Status
 from turnstile.jobs.state import RunState
 from turnstile.jobs.trace import Trace
 from turnstile.ledger import replies as ledger_replies
-from turnstile.ledger.client import Ledger
 from turnstile.ledger.results import ReserveResult
 from turnstile.providers.errors import ProviderConfigError
 from turnstile.providers.runs import model_for_run
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.observability import metrics, tracing
-from turnstile.worker.registry import Jobs
 from turnstile.worker.runtime import pools
 from turnstile.worker.runtime.limits import hold_id, ledger_amounts, next_hold, time_limits
+from turnstile.worker.runtime.services import Services
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 from turnstile.worker.store.runs import (
     Change,
     Committed,
     Loaded,
-    NextStep,
     RunStore,
     excerpt,
     now_iso,
@@ -67,24 +59,6 @@ log = structlog.get_logger("turnstile.step")
 
 class LedgerDown(StoreUnavailableError):  # noqa: N818 - the ledger is down, said plainly
     """The ledger did not answer: hard limits fail closed, the step is retried later."""
-
-
-@dataclass
-class Services:
-    """What every step of one worker process shares."""
-
-    settings: Settings
-    store: RunStore
-    ledger: Ledger
-    jobs: Jobs
-    send: Callable[[StepMessage, RunState], None]  # enqueue the next step
-    # The next step as the commit that makes it due queues it itself, or None: then `send`
-    # sends it after the commit (fair share off, the drills).
-    next_step: Callable[[StepMessage, RunState], NextStep | None] = lambda msg, state: None
-    pool: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(READ_POOL_SIZE, "turnstile-tool")
-    )  # the process's tool-call threads, shared by its turns
-    heartbeat: Heartbeat = field(default_factory=lambda: Heartbeat(5.0))
 
 
 class LedgerGate:
@@ -139,50 +113,6 @@ def answered_by(trace: Trace) -> dict[str, str]:
     span = next((s for s in trace.spans if s.kind == "model"), None)
     attrs = span.attrs if span is not None else {}
     return {k: str(attrs[k]) for k in ("model", "fallback") if attrs.get(k)}
-
-
-class Heartbeat:
-    """Renews the in-flight lease of every turn the process is running, so the sweeper leaves
-    them alone: one per turn on a green worker's hundreds, one on a prefork process. One
-    thread (a greenlet on a green worker), started on first use, serves them all."""
-
-    def __init__(self, every_s: float) -> None:
-        self._every_s = every_s
-        self._renewals: dict[int, Callable[[], None]] = {}
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-
-    @contextmanager
-    def beating(self, renew: Callable[[], None]) -> Iterator[None]:
-        with self._lock:
-            token = id(renew)
-            self._renewals[token] = renew
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._loop, name="turnstile-heartbeat", daemon=True
-                )
-                self._thread.start()
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._renewals.pop(token, None)
-
-    @property
-    def beating_now(self) -> int:
-        """How many turns' leases are being renewed."""
-        return len(self._renewals)
-
-    def _loop(self) -> None:
-        while True:
-            time.sleep(self._every_s)
-            with self._lock:
-                renewals = list(self._renewals.values())
-            for renew in renewals:
-                try:
-                    renew()
-                except Exception as exc:  # a missed heartbeat only risks a harmless duplicate
-                    log.warning("heartbeat_failed", error=str(exc))
 
 
 @dataclass
