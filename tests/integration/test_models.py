@@ -224,6 +224,28 @@ def test_a_model_that_cannot_be_used_is_refused_at_submit_with_nothing_written(
     assert nothing_written(client, tenant, f"run-{unique}-cli")
 
 
+def test_a_submission_reads_its_tenants_ledger_once(
+    redis_url: str, unique: str, jobs_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A submission of an unpriced model reads its tenant's ledger once for both its checks
+    (what the budget may ask for, whether the model may run unpriced), and is refused on it."""
+    monkeypatch.setenv(ENDPOINTS, json.dumps({"local": {"base_url": "http://127.0.0.1:9/v1"}}))
+    client = client_for(redis_url)
+    tenant = f"t-{unique}"
+    client.ledger.set_ceiling(tenant, "cost_microusd", 1_000_000)
+    reads: list[str] = []
+    read = client.ledger.read
+
+    def counted(name: str) -> Any:
+        reads.append(name)
+        return read(name)
+
+    monkeypatch.setattr(client.ledger, "read", counted)
+    with pytest.raises(SubmissionError, match="has no price"):
+        client.submit(tenant, USER, "desk", GOAL, {"model": "local:llama3"}, queue=f"q-{unique}")
+    assert reads == [tenant]
+
+
 @pytest.fixture
 def failing_workers(
     redis_url: str, unique: str, jobs_env: dict[str, str], monkeypatch: pytest.MonkeyPatch

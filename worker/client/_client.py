@@ -38,6 +38,7 @@ from turnstile.jobs.runs import new_run
 from turnstile.jobs.state import RunState
 from turnstile.ledger.client import Ledger
 from turnstile.ledger.inputs import DEFAULT_DIMENSIONS
+from turnstile.ledger.results import DimensionState
 from turnstile.providers import budget_for, unpriced
 from turnstile.providers.prices import PRICES_FILE_ENV
 from turnstile.worker import names
@@ -106,6 +107,32 @@ def _budget(raw: Budget | Mapping[str, Any] | None, default: Budget) -> Budget:
         return msgspec.convert({**msgspec.to_builtins(default), **dict(raw)}, Budget)
     except msgspec.ValidationError as exc:
         raise SubmissionError(f"budget: {exc}") from exc
+
+
+def _check_tenant_allows(tenant: str, budget: Budget, ledger: Mapping[str, DimensionState]) -> None:
+    """A run may not ask for more than its tenant's hard ceilings could ever give it."""
+    asked = {"cost_microusd": budget.max_cost_microusd, "tokens": budget.max_tokens,
+             "steps": budget.max_steps, "tool_calls": budget.max_tool_calls}  # fmt: skip
+    for dimension, state in ledger.items():
+        if state.hard and state.ceiling is not None and asked.get(dimension, 0) > state.ceiling:
+            raise SubmissionError(
+                f"budget asks for {asked[dimension]} {dimension}; "
+                f"tenant {tenant!r} allows {state.ceiling}"
+            )
+
+
+def _check_model_priced(
+    tenant: str, params: Mapping[str, Any], job: Job, ledger: Mapping[str, DimensionState]
+) -> None:
+    """A tenant with a cost ceiling only runs models whose spend can be priced: the run's
+    model and its fallback."""
+    spec = unpriced(params, job)
+    cost = ledger.get("cost_microusd")
+    if spec and cost is not None and cost.ceiling is not None:
+        raise SubmissionError(
+            f"model {spec!r} has no price and tenant {tenant!r} has a cost ceiling: add its"
+            f" price to the file named in {PRICES_FILE_ENV}"
+        )
 
 
 class Client(Reading, Memory):
@@ -196,8 +223,10 @@ class Client(Reading, Memory):
             )  # fmt: skip
         except InvalidNameError as exc:  # a bad name refuses the submission: it is both
             raise SubmissionNameError(str(exc)) from exc
-        self._check_tenant_allows(tenant, state.budget)
-        self._check_model_priced(tenant, state.params, self.jobs.get(job))
+        # The tenant's ledger, read once: its hard ceilings and whether it has a cost ceiling.
+        ceilings = self.ledger.read(tenant)
+        _check_tenant_allows(tenant, state.budget, ceilings)
+        _check_model_priced(tenant, state.params, self.jobs.get(job), ceilings)
         digest = fingerprint([tenant, user, job, goal, state.params, state.budget, queue])
         # Every refusal is found by reading before anything is written: a refused submission
         # adds no queue, no tenant and no run id to any index.
@@ -263,28 +292,6 @@ class Client(Reading, Memory):
             )  # fmt: skip
         except KernelError as exc:
             raise SubmissionError(str(exc)) from exc
-
-    def _check_tenant_allows(self, tenant: str, budget: Budget) -> None:
-        """A run may not ask for more than its tenant's hard ceilings could ever give it."""
-        asked = {"cost_microusd": budget.max_cost_microusd, "tokens": budget.max_tokens,
-                 "steps": budget.max_steps, "tool_calls": budget.max_tool_calls}  # fmt: skip
-        for dimension, state in self.ledger.read(tenant).items():
-            if state.hard and state.ceiling is not None and asked.get(dimension, 0) > state.ceiling:
-                raise SubmissionError(
-                    f"budget asks for {asked[dimension]} {dimension}; "
-                    f"tenant {tenant!r} allows {state.ceiling}"
-                )
-
-    def _check_model_priced(self, tenant: str, params: Mapping[str, Any], job: Job) -> None:
-        """A tenant with a cost ceiling only runs models whose spend can be priced: the run's
-        model and its fallback."""
-        spec = unpriced(params, job)
-        cost = self.ledger.read(tenant).get("cost_microusd") if spec else None
-        if spec and cost is not None and cost.ceiling is not None:
-            raise SubmissionError(
-                f"model {spec!r} has no price and tenant {tenant!r} has a cost ceiling: add its"
-                f" price to the file named in {PRICES_FILE_ENV}"
-            )
 
     def _before_writing(
         self, queue: str, tenant: str, run_id: str
