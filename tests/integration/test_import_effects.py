@@ -64,3 +64,27 @@ def test_importing_the_client_loads_neither_celerys_worker_nor_kombus_transports
     loaded = json.loads(out.stdout.strip().splitlines()[-1])
     assert loaded["import"] == [] and loaded["connect"] == []
     assert loaded["publish"] == ["celery.worker", "kombu.transport"]  # the producer, at last
+
+
+CLIENT_RUNTIME = """
+import json, sys
+from turnstile import Budget, Settings, connect_client
+
+client = connect_client(Settings(redis_url=sys.argv[1]))
+client.submit("probe", "cu_ana", "support", "refund the damaged item", {},
+              budget=Budget(), queue=sys.argv[2])
+print(json.dumps(sorted(m for m in sys.modules if m.startswith("turnstile.worker.runtime"))))
+"""
+
+
+def test_a_submission_loads_nothing_of_the_worker_runtime(redis_url: str, unique: str) -> None:
+    """In a fresh interpreter, connecting the client and submitting a run with fair share on
+    (its first step's time limits and ledger hold computed, the step put in its tenant's
+    pending list) imports no module of `turnstile.worker.runtime`, the worker process's side;
+    only a publish to the broker builds the producer's Celery app."""
+    out = subprocess.run(
+        [sys.executable, "-c", CLIENT_RUNTIME, redis_url, f"nobody-{unique}"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []

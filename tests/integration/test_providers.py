@@ -29,7 +29,7 @@ from turnstile.jobs.support.tools import REFUND_DIMENSION
 from turnstile.jobs.trace import Trace
 from turnstile.ledger.client import Ledger
 from turnstile.ledger.inputs import DEFAULT_DIMENSIONS
-from turnstile.worker.runtime.limits import ledger_amounts
+from turnstile.worker.scheduling.limits import ledger_amounts
 
 pytestmark = pytest.mark.integration
 

@@ -48,8 +48,8 @@ from turnstile.worker.client._memory import Memory
 from turnstile.worker.client._reading import FOLLOW_BLOCK_MS, Reading
 from turnstile.worker.names import check_run_id
 from turnstile.worker.registry import Registry
-from turnstile.worker.runtime.limits import next_hold, time_limits
 from turnstile.worker.scheduling.fair import route
+from turnstile.worker.scheduling.limits import next_hold, time_limits
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 from turnstile.worker.store.connect import connect

@@ -33,8 +33,8 @@ from turnstile.jobs.state import RunState
 from turnstile.jobs.trace import Span
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.client._client import Client, check_name
-from turnstile.worker.runtime.limits import next_hold, time_limits
 from turnstile.worker.scheduling import fair
+from turnstile.worker.scheduling.limits import next_hold, time_limits
 from turnstile.worker.scheduling.sweeper import time_limits_default
 from turnstile.worker.store import keys
 from turnstile.worker.store.runs import Change, now_iso

@@ -25,10 +25,10 @@ from turnstile.worker.broker.producer import Send
 from turnstile.worker.registry import Jobs, Registry
 from turnstile.worker.runtime import pools
 from turnstile.worker.runtime.heartbeat import Heartbeat
-from turnstile.worker.runtime.limits import time_limits
 from turnstile.worker.runtime.pools import Pool
 from turnstile.worker.scheduling import fair
 from turnstile.worker.scheduling.dispatcher import PublishMany
+from turnstile.worker.scheduling.limits import time_limits
 from turnstile.worker.settings import Settings
 from turnstile.worker.store.connect import connect
 from turnstile.worker.store.runs import NextStep, RunStore, StoreUnavailable

@@ -41,8 +41,8 @@ from turnstile.providers.runs import model_for_run
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.observability import metrics, tracing
 from turnstile.worker.runtime import pools
-from turnstile.worker.runtime.limits import hold_id, ledger_amounts, next_hold, time_limits
 from turnstile.worker.runtime.services import Services
+from turnstile.worker.scheduling.limits import hold_id, ledger_amounts, next_hold, time_limits
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 from turnstile.worker.store.runs import (

@@ -30,8 +30,8 @@ from turnstile.jobs.errors import StateFormatError
 from turnstile.jobs.state import RunState
 from turnstile.ledger.client import Ledger
 from turnstile.worker.broker.message import StepMessage
-from turnstile.worker.runtime.limits import time_limits
 from turnstile.worker.scheduling import retention
+from turnstile.worker.scheduling.limits import time_limits
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 from turnstile.worker.store.values import server_ms

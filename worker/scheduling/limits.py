@@ -1,7 +1,8 @@
 """What a step may take, as whoever queues it computes it: its soft and hard time limits and
 the ledger hold its turn reserves in its load. The client computes them for a run's first step
-and a decision's, the sweeper for a step it sends again, the step for the next one; none of
-them needs Celery for it.
+and a decision's, the sweeper for a step it sends again, the step for the next one. So they
+live with the rest of queueing a step, not in the worker's runtime: a service that submits
+imports nothing of the worker process's side, and none of them needs Celery for it.
 """
 
 from __future__ import annotations
