@@ -17,15 +17,15 @@ MICRO_PER_MILLION = 1_000_000
 
 
 class Budget(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Ceilings of one run. The defaults suit a three-tool support task (spec 000)."""
+    """Ceilings of one run. The defaults suit a three-tool support task (the demo's)."""
 
     max_steps: int = 8  # model calls
     max_tool_calls: int = 6
     max_tokens: int = 4000  # model input + output, whole run
     max_output_tokens: int = 300  # cap on one model reply
     deadline_ms: int = 30_000  # active time: model and tool latency, not waiting for a person
-    max_cost_microusd: int = 1_000_000  # $1, spec 002's illustrative cap
-    # $3 and $15 per million input and output tokens: spec 002's illustrative model rates.
+    max_cost_microusd: int = 1_000_000  # $1, an illustrative cap
+    # $3 and $15 per million input and output tokens: illustrative model rates.
     input_microusd_per_mtok: int = 3_000_000
     output_microusd_per_mtok: int = 15_000_000
     turn_tool_calls: int = 1  # tool calls reserved with each model call, before any is proposed
@@ -103,7 +103,7 @@ _COUNTED = ("steps", "tool_calls", "tokens", "elapsed_ms", "cost_microusd")
 
 
 def est_tokens(text: str) -> int:
-    """Spec 000's rough estimate, four characters a token, for when no provider usage is given."""
+    """A rough estimate, four characters a token, for when no provider usage is given."""
     return (len(text) + 3) // 4
 
 

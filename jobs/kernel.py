@@ -53,7 +53,7 @@ from turnstile.jobs.state import HeldCall, RunState
 from turnstile.jobs.tools import ToolContext, error
 from turnstile.jobs.trace import ROOT_ID, Span, Trace
 
-READ_POOL_SIZE = 8  # concurrent reads in one turn; spec 002's reference uses the same cap
+READ_POOL_SIZE = 8  # concurrent reads in one turn, and so each process's tool-call threads
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,7 @@ class Settings(BaseSettings):
     max_goal_chars: int = 4000
     max_params_bytes: int = 16 * 1024
 
-    # Chaos drills, for proving the failure matrix in a staging system; both off by default.
+    # Chaos drills, for proving the README's failure table in a staging system; both off by default.
     # Every step message is sent this many times (duplicate deliveries), and every n-th send
     # is dropped as if the worker died between its commit and its enqueue.
     chaos_send_copies: int = Field(default=1, ge=1, le=5)

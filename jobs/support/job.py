@@ -90,7 +90,7 @@ def support_job(shop: ShopBackend, *, drills: bool = False) -> Job:
 
     return Job(
         name=NAME,
-        description="Refund a damaged item and confirm by email (spec 000's support agent).",
+        description="Refund a damaged item and confirm by email (the demo's support agent).",
         tools=support_tools(shop, drills=drills),
         model=functools.partial(make_model, drills=drills),
         check_params=checked,  # a provider's name, and drills only where they are on

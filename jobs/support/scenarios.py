@@ -1,4 +1,4 @@
-"""Spec 000's eight scenarios, A to H, each built to hit one limit, as data.
+"""The support job's eight reference scenarios, A to H, each built to hit one limit, as data.
 
 The same (params, budget) pairs run in process here and through the queue in the worker, and
 must give the same outcome, numbers and effects in both.

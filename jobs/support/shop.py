@@ -26,7 +26,8 @@ class Order(msgspec.Struct, kw_only=True):
 
 
 def demo_orders() -> dict[str, Order]:
-    """Every shop starts with these two orders of customer cu_ana (spec 000's fixtures)."""
+    """Every shop starts with these two orders of customer cu_ana (the reference scenarios'
+    fixtures)."""
     return {
         "ord_1001": Order(customer="cu_ana", total_cents=4200),
         "ord_1004": Order(customer="cu_ana", total_cents=15000),

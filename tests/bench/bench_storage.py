@@ -2,7 +2,7 @@
 
     uv run python -m tests.bench.bench_storage [--runs 200]
 
-Starts its own server and two worker processes, runs `--runs` support runs (spec 000's
+Starts its own server and two worker processes, runs `--runs` support runs (the reference scenarios'
 scenario A: a refund and an e-mail, five turns) to the end with no model or tool latency, and
 sums MEMORY USAGE (SAMPLES 0: every element counted) of each run's keys: its hash and its
 event stream; then the tenant's indexes that name finished runs (runs zset, stopped and

@@ -1,4 +1,4 @@
-"""The chaos drill: everything in DESIGN.md's failure matrix at once, on one server of the
+"""The chaos drill: every row of the README's failure table at once, on one server of the
 test's own (AOF on, so a restart keeps the data), in under two minutes.
 
 150 support runs of three tenants on three worker processes (two pool processes each, one

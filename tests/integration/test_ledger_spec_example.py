@@ -1,4 +1,4 @@
-"""Spec 002, 4.9: two workers race for the last $28 of a $100 allowance; only one gets $20."""
+"""Two workers race for the last $28 of a $100 allowance; only one gets $20."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Redis memory against a real server: the spec's memory block through the policy functions,
+"""The Redis memory against a real server: the reference memory block through the policy functions,
 the same store behaviour as the in-memory one, and forgetting across users."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def note(
 
 
 def test_memory_block_matches_spec(store: MemoryStore, unique: str) -> None:
-    """Spec 000's memory block, as in tests/unit/test_plans_memory.py: untrusted sources are
+    """The reference memory block, as in tests/unit/test_plans_memory.py: untrusted sources are
     rejected; reads are scoped to the user before matching; notes expire; a query that matches
     only a rejected note finds nothing."""
     ana, ben = f"{unique}-cu_ana", f"{unique}-cu_ben"

@@ -1,5 +1,5 @@
-"""The step worker with real Celery worker processes on a real server: spec 000's scenarios
-through the queue, approval, and DESIGN.md's failure matrix, one test per row."""
+"""The step worker with real Celery worker processes on a real server: the reference scenarios
+through the queue, approval, and the README's failure table, one test per row."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def queue() -> str:
 
 @pytest.fixture(scope="module", params=["prefork", "gevent"])
 def worker_pool(request: pytest.FixtureRequest) -> str:
-    """Every test of the failure matrix runs on both pools: a process per turn, and many
+    """Every test of the failure table runs on both pools: a process per turn, and many
     turns as greenlets in one process."""
     return str(request.param)
 

@@ -191,7 +191,7 @@ def wait_until(
 
 
 def expected_rows() -> dict[str, dict[str, Any]]:
-    """Spec 000's scenario table as the kernel gives it in process, by letter."""
+    """The reference scenario table as the kernel gives it in process, by letter."""
     return {r["scenario"]: {k: v for k, v in r.items() if k != "scenario"} for r in table()}
 
 

@@ -1,4 +1,4 @@
-"""Admission arithmetic (spec 002, section 4.9): consumed plus the next turn's worst case must
+"""Admission arithmetic: consumed plus the next turn's worst case must
 fit every ceiling, and the first dimension that does not fit is named."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Whatever the model says, no bound breaks: 2,000 seeded random models (spec 000) and a
+"""Whatever the model says, no bound breaks: 2,000 seeded random models and a
 hypothesis strategy of reply sequences, against steps, tool calls, tokens, deadline and cost,
 and the shop's own invariant that no order is refunded more than its total."""
 

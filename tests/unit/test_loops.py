@@ -1,5 +1,5 @@
 """Loop detection: the repeat limit, period-2 oscillation and no progress, and its precedence
-over budget ceilings (spec 002, sections 4.4 and 4.5)."""
+over budget ceilings."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def test_signature_ignores_call_ids_and_argument_order() -> None:
 
 
 def test_loop_detection_beats_the_turn_ceiling() -> None:
-    """Spec 002's test: the same call ten times under a nine-turn ceiling ends loop_detected."""
+    """The same call ten times under a nine-turn ceiling ends loop_detected."""
     world = World()
     ran = go(make_job([read_tool(world)]), Listed([call("lookup")] * 10), Budget(max_steps=9))
     assert ran.state.outcome is Outcome.LOOP_DETECTED
@@ -59,7 +59,7 @@ def _login_page(ctx: ToolContext) -> dict[str, Any]:
 
 
 class Costly(Listed):
-    """Reports provider usage so each turn costs exactly spec 002's illustrative amount."""
+    """Reports provider usage so each turn costs exactly the illustrative amount."""
 
     def __init__(self, replies: list[Any], costs: list[int]) -> None:
         super().__init__(replies)
@@ -92,7 +92,7 @@ def _incident_run(budget: Budget) -> Any:
 
 
 def test_spec_002_loop_failure_turn_by_turn() -> None:
-    """Spec 002's 4.5 table: the login page differs every time, the canonical signature does
+    """The login page differs every time, the canonical signature does
     not; the third proposal, at turn four, stops the run at $0.195."""
     ran = _incident_run(Budget(max_repeat=2, max_steps=20, max_stalls=100, **FREE_TOKENS))
     assert (ran.state.outcome, ran.state.detail) == (Outcome.LOOP_DETECTED, "repeated_call")

@@ -1,4 +1,4 @@
-"""Spec 000's plan-validation table and memory block, reproduced."""
+"""The reference plan-validation table and memory block, reproduced."""
 
 from __future__ import annotations
 

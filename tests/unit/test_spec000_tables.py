@@ -1,6 +1,6 @@
-"""Spec 000's printed results, reproduced by the kernel: the scenario table, the trace of
-scenario A, the post-mortems, the state view against the transcript, suspend and resume, and
-replay."""
+"""The reference scenarios' printed results, reproduced by the kernel: the scenario table, the
+trace of scenario A, the post-mortems, the state view against the transcript, suspend and
+resume, and replay."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from turnstile.jobs.support.scenarios import BY_LETTER, InProcess, Scenario, run
 from turnstile.jobs.support.shop import InMemoryShop
 from turnstile.jobs.trace import Trace, postmortem
 
-# scenario: (outcome, detail, steps, tool_calls, tokens, elapsed_s, effects) from spec 000
+# scenario: (outcome, detail, steps, tool_calls, tokens, elapsed_s, effects), as first printed
 SCENARIO_TABLE: dict[str, tuple[str, str | None, int, int, int, float, list[list[Any]]]] = {
     "A": (
         "completed",
@@ -52,7 +52,7 @@ SCENARIO_TABLE: dict[str, tuple[str, str | None, int, int, int, float, list[list
 
 @pytest.mark.parametrize("letter", sorted(SCENARIO_TABLE))
 def test_scenario_row_matches_spec(letter: str) -> None:
-    """Each scenario ends with spec 000's stop (mapped to the closed set) and its numbers."""
+    """Each scenario ends with its reference stop (mapped to the closed set) and its numbers."""
     result = run_scenario(BY_LETTER[letter])
     state = result.state
     outcome, detail, steps, tool_calls, tokens, elapsed_s, effects = SCENARIO_TABLE[letter]
@@ -74,7 +74,7 @@ def test_g_suspends_and_everything_else_is_stopped() -> None:
 
 
 def test_trace_of_scenario_a_matches_spec() -> None:
-    """Scenario A's spans: times, token counts and parents as in spec 000's trace table."""
+    """Scenario A's spans: times, token counts and parents as in the reference trace table."""
     trace = run_scenario(BY_LETTER["A"]).trace
     rows = [(s.kind, s.name, s.parent, round(s.t0, 1), round(s.t1 or 0, 1)) for s in trace.spans]
     assert rows == [
@@ -154,7 +154,7 @@ def test_postmortem_matches_spec(letter: str) -> None:
 
 
 def test_state_view_against_full_transcript() -> None:
-    """Spec 000's memory table: the view holds at 1,149 tokens while replaying the transcript
+    """The reference memory table: the view holds at 1,149 tokens while replaying the transcript
     grows to 7,979 at step 8; 8,084 against 32,080 in total, as the closed form says."""
     scenario = Scenario(
         "D8",
@@ -244,7 +244,7 @@ def test_replay_reaches_the_same_state(letter: str, outcome: str) -> None:
 
 
 def test_view_is_the_state_not_the_history() -> None:
-    """The first view of scenario A is spec 000's 40-token view: goal, empty plan and facts,
+    """The first view of scenario A is the reference 40-token view: goal, empty plan and facts,
     no last result, and the remaining budgets."""
     state = start(BY_LETTER["A"]).state
     state_view = render_view(state)

@@ -1,4 +1,4 @@
-"""The turn contract (spec 002): vet the whole batch before acting, reads together and writes
+"""The turn contract: vet the whole batch before acting, reads together and writes
 one by one, exactly one observation per proposed action, in proposal order, and deadlines
 propagated into every call."""
 

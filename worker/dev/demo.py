@@ -40,8 +40,8 @@ from turnstile.worker.settings import Settings
 WORKERS = 2
 READY_TIMEOUT_S = 60.0
 SETTLE_TIMEOUT_S = 300.0
-# One support run costs about 4,060 micro-dollars (spec 000's tokens at $3/$15 per million
-# tokens, plus the email); the capped tenant's ceiling admits about half of its runs.
+# One support run costs about 4,060 micro-dollars (the reference scenarios' tokens at $3/$15 per
+# million tokens, plus the email); the capped tenant's ceiling admits about half of its runs.
 COST_PER_RUN_MICROUSD = 4_060
 
 

@@ -1,4 +1,4 @@
-"""One step of a run, in DESIGN.md's order: gate, load, admit, turn, commit, next.
+"""One step of a run, in its order: gate, load, admit, turn, commit, next.
 
 The Celery task only parses its message and calls `Step(...).run()`; everything here is plain
 Python over the store, the ledger and the kernel, so the order is readable in one place.
