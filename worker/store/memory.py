@@ -2,8 +2,7 @@
 
 Notes belong to one user of one tenant, and every key carries the tenant's hash tag (see
 worker/store/keys.py): a user id that two tenants both use names two people, whose notes never
-meet.
-Each user's notes are one sorted set scored by expiry; a member is the note's JSON with a
+meet. Each user's notes are one sorted set scored by expiry; a member is the note's JSON with a
 per-user sequence number, so equal notes stay distinct and reads keep the order notes were
 written in (the order `recall` breaks ties by). Expiry is decided by the `now_s` the caller
 passes, never by a server clock or a TTL; a read also deletes what has expired by then.
