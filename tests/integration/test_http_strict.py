@@ -283,6 +283,26 @@ def test_dot_run_ids_are_refused_by_the_client_and_the_cli(redis_url: str, uniqu
     assert client.client.zcard(keys.runs(f"t-{unique}")) == 0
 
 
+def test_one_rule_for_names_in_the_client_the_cli_and_over_http(
+    redis_url: str, api: ApiServer, store: redis.Redis, unique: str
+) -> None:
+    """A queue of 100 characters and a tenant with ':' and '@' are taken alike by the client,
+    `turnstile keys create` and the HTTP API; a queue with ':' is refused alike by the client
+    and over HTTP, in one line, with nothing written."""
+    tenant, queue = f"ops:{unique}@acme", f"q{unique}".ljust(100, "x")
+    client = client_for(redis_url)
+    assert client.submit_run(tenant, USER, "support", GOAL, queue=queue).created
+    made = runner.invoke(app, ["keys", "create", "--tenant", tenant, "--redis-url", redis_url])
+    assert made.exit_code == 0, made.output
+    with http(api, made.stdout.splitlines()[-1]) as web:
+        reply = web.post("/v1/runs", json=_body(unique, queue=queue))
+        assert reply.status_code == 202, reply.text
+        _problem(web.post("/v1/runs", json=_body(unique, queue="a:b")), 422, "invalid_request")
+    with pytest.raises(InvalidNameError, match="bad queue 'a:b'"):
+        client.submit(tenant, USER, "support", GOAL, queue="a:b")
+    assert store.zcard(keys.runs(tenant)) == 2 and not store.sismember(keys.QUEUES, "a:b")
+
+
 # -- defect 10: ?tenant= and unknown query parameters -------------------------------------------
 
 
