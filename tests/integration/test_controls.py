@@ -24,6 +24,7 @@ from tests.integration.workers import (
 )
 from turnstile.errors import SubmissionError
 from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
+from turnstile.worker.broker import layout
 from turnstile.worker.cli.main import app
 from turnstile.worker.client._client import Client
 from turnstile.worker.dev.shop import RedisShop
@@ -225,13 +226,13 @@ def test_racing_resumes_send_each_parked_run_once(redis_url: str, unique: str) -
     won = [o for o in outcomes if o.cleared]
     assert len(won) == 1 and sorted(won[0].resumed) == sorted(ids)
     assert all(o.resumed == [] for o in outcomes if not o.cleared)
-    assert control.broker_depth(redis_url, queue) == len(ids)
+    assert layout.broker_depth(redis_url, queue) == len(ids)
     for run_id in ids:
         assert _kinds(client, tenant, run_id).count("resumed") == 1
 
     control.pause(client, scope, by="a")
     park_all(ids)  # the steps just sent are consumed and park the runs again
-    assert control.broker_depth(redis_url, queue) == 0
+    assert layout.broker_depth(redis_url, queue) == 0
     sent: list[str] = []
 
     def requeue_all(barrier: threading.Barrier) -> None:
@@ -247,7 +248,7 @@ def test_racing_resumes_send_each_parked_run_once(redis_url: str, unique: str) -
     for t in threads:
         t.join()
     assert sent.count("sent") == len(ids) and sent.count("skipped") == 3 * len(ids)
-    assert control.broker_depth(redis_url, queue) == len(ids)
+    assert layout.broker_depth(redis_url, queue) == len(ids)
     for run_id in ids:
         assert _kinds(client, tenant, run_id).count("resumed") == 2
         client.store.fail_run(tenant, run_id, "the test is over")  # no sweeper re-sends it

@@ -26,6 +26,7 @@ from tests.integration.workers import (
 from turnstile.errors import SubmissionConflictError, SubmissionError
 from turnstile.jobs.budget import Budget
 from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, SCENARIOS, USER
+from turnstile.worker.broker import layout
 from turnstile.worker.broker.message import STEP_TASK
 from turnstile.worker.broker.producer import producer
 from turnstile.worker.client._client import Client
@@ -537,7 +538,7 @@ def test_the_sweeper_sends_a_waiting_step_once_and_cancel_ends_an_idle_run_at_on
         return len(seen) >= times
 
     wait_until(lambda: waited(3), timeout_s=40, what="three sweeps find the step waiting")
-    assert control.broker_depth(redis_url, nobody) == 2  # the submission's and one re-send
+    assert layout.broker_depth(redis_url, nobody) == 2  # the submission's and one re-send
     assert client.cancel(run_id, by="ops") == "cancelled"
     stored = client.run_hash(run_id)[1]
     assert (stored["status"], stored["outcome"]) == ("stopped", "cancelled")

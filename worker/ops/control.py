@@ -24,13 +24,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import msgspec
-import redis
 
 from turnstile.errors import DecisionRefusedError, RunNotFoundError, TurnstileError
 from turnstile.jobs.errors import StateFormatError
 from turnstile.jobs.outcomes import Outcome, Status
 from turnstile.jobs.state import RunState
 from turnstile.jobs.trace import Span
+from turnstile.worker.broker.layout import broker_depth, dead_letter_count
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.client._client import Client, check_name
 from turnstile.worker.runtime.limits import next_hold, time_limits
@@ -44,10 +44,6 @@ from turnstile.worker.store.values import server_ms, text
 # later; resume looks at the parked set again once such steps are done, waiting at most this.
 PARK_SETTLE_S = 2.0
 DRAIN_POLL_S = 0.2
-# The Redis transport keeps a queue's messages in one list per priority step; step 0 is the
-# bare queue name. kombu's defaults, which Turnstile's Celery app does not change.
-PRIORITY_STEPS = (0, 3, 6, 9)
-PRIORITY_SEP = "\x06\x16"
 
 
 class ControlError(TurnstileError):
@@ -307,20 +303,6 @@ def live_inflight(c: Client, scope: Scope) -> list[tuple[str, str, str]]:
     return out
 
 
-def broker_depth(broker_url: str, queue: str) -> int | None:
-    """Messages waiting in the queue on a Redis broker; None for another kind of broker."""
-    if not broker_url.startswith(("redis://", "rediss://", "unix://")):
-        return None
-    broker = redis.Redis.from_url(broker_url, socket_timeout=5)
-    try:
-        pipe = broker.pipeline(transaction=False)
-        for pri in PRIORITY_STEPS:
-            pipe.llen(f"{queue}{PRIORITY_SEP}{pri}" if pri else queue)
-        return sum(int(n) for n in pipe.execute())
-    finally:
-        broker.close()
-
-
 @dataclass(frozen=True)
 class QueueView:
     name: str
@@ -384,17 +366,6 @@ def _fair_tenants(c: Client, queue: str) -> list[dict[str, Any]]:
         if view.waiting or view.in_flight:
             out.append(asdict(view))
     return out
-
-
-def dead_letter_count(broker_url: str, queue: str) -> int | None:
-    """Dead letters of the queue on a Redis broker; None for another kind of broker."""
-    if not broker_url.startswith(("redis://", "rediss://", "unix://")):
-        return None
-    broker = redis.Redis.from_url(broker_url, socket_timeout=5)
-    try:
-        return int(broker.llen(keys.dead_letters(queue)))
-    finally:
-        broker.close()
 
 
 def queues(c: Client) -> list[QueueView]:

@@ -35,6 +35,7 @@ import redis
 import structlog
 
 from turnstile.errors import TurnstileError
+from turnstile.worker.broker.layout import PRIORITY_SEP, PRIORITY_STEPS
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.observability import metrics
 from turnstile.worker.settings import Settings
@@ -66,8 +67,6 @@ DEPTH_SHARE = 4
 LINGER_S = 0.005
 WEIGHTS_EVERY_S = 1.0  # a weight changed by hand applies within this long
 GAUGES_EVERY_S = 1.0  # how often the dispatcher publishes each tenant's share as metrics
-PRIORITY_STEPS = (0, 3, 6, 9)  # kombu's Redis transport: one list per priority step
-PRIORITY_SEP = "\x06\x16"
 CAPS = ("turns_in_flight", "active_runs", "weight")  # what `turnstile tenants set` accepts
 REMOVABLE = ("turns_in_flight", "active_runs")  # NAME=none removes it; a weight is 1 by default
 LIVE = ("running", "suspended", "parked")  # a run in one of these is active
