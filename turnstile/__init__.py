@@ -76,7 +76,7 @@ if TYPE_CHECKING:
     )
     from turnstile.providers.errors import ProviderConfigError
     from turnstile.worker.client._client import Client, RunEvent, connect_client
-    from turnstile.worker.ops.control import ControlError, DrainTimeoutError
+    from turnstile.worker.ops.errors import ControlError, DrainTimeoutError
     from turnstile.worker.registry import Registry
     from turnstile.worker.settings import Settings
     from turnstile.worker.store.runs import NotDurableError, StoreUnavailable
@@ -148,8 +148,8 @@ _LAZY = {
     "Client": "turnstile.worker.client._client",
     "RunEvent": "turnstile.worker.client._client",
     "connect_client": "turnstile.worker.client._client",
-    "ControlError": "turnstile.worker.ops.control",
-    "DrainTimeoutError": "turnstile.worker.ops.control",
+    "ControlError": "turnstile.worker.ops.errors",
+    "DrainTimeoutError": "turnstile.worker.ops.errors",
     "LedgerConflict": _LEDGER_ERRORS,
     "LedgerError": _LEDGER_ERRORS,
     "LedgerInputError": _LEDGER_ERRORS,

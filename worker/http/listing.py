@@ -17,7 +17,7 @@ from turnstile.jobs.outcomes import Outcome, Status
 from turnstile.worker.client._client import Client
 from turnstile.worker.http.problems import Problem
 from turnstile.worker.ops import control
-from turnstile.worker.ops.control import ControlError
+from turnstile.worker.ops.errors import ControlError
 from turnstile.worker.store import keys
 
 FIELDS = ("status", "outcome", "detail", "queue", "job", "user", "created_ms", "updated_ms")

@@ -15,6 +15,7 @@ from turnstile.worker.http.routes_runs import PROBLEMS
 from turnstile.worker.http.schemas import CeilingBody, ControlBody, LedgerView
 from turnstile.worker.ops import control
 from turnstile.worker.ops.control import Scope
+from turnstile.worker.ops.errors import ControlError
 from turnstile.worker.store import keys
 
 router = APIRouter(responses=PROBLEMS)
@@ -150,6 +151,6 @@ def _known(ctx: Ctx, *, queue: str | None = None, tenant: str | None = None) -> 
     scope = Scope(queue=queue, tenant=tenant)
     try:
         control.check_known(ctx.client, scope)
-    except control.ControlError as exc:
+    except ControlError as exc:
         raise Problem(404, "not_found", str(exc)) from None
     return scope

@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from turnstile.errors import DecisionRefusedError, RunNotFoundError, TurnstileError
+from turnstile.errors import DecisionRefusedError, RunNotFoundError
 from turnstile.jobs.errors import StateFormatError
 from turnstile.jobs.outcomes import Outcome, Status
 from turnstile.jobs.state import RunState
@@ -33,6 +33,7 @@ from turnstile.jobs.trace import Span
 from turnstile.worker.broker.layout import broker_depth, dead_letter_count
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.client._client import Client, check_name
+from turnstile.worker.ops.errors import ControlError, DrainTimeoutError
 from turnstile.worker.runtime.limits import next_hold, time_limits
 from turnstile.worker.scheduling import fair
 from turnstile.worker.scheduling.sweeper import time_limits_default
@@ -44,15 +45,6 @@ from turnstile.worker.store.values import server_ms, text
 # later; resume looks at the parked set again once such steps are done, waiting at most this.
 PARK_SETTLE_S = 2.0
 DRAIN_POLL_S = 0.2
-
-
-class ControlError(TurnstileError):
-    """An operator command that does not apply: an unknown queue or tenant, resuming what is
-    not paused, a filter that names no status. Nothing was changed."""
-
-
-class DrainTimeoutError(ControlError):
-    """`drain --wait` ran out of time with turns of the queue still in flight."""
 
 
 # -- scope ----------------------------------------------------------------------------------
