@@ -462,7 +462,7 @@ def test_a_turn_killed_then_cancelled_or_parked_leaves_no_hold_and_closes_truthf
     _kill_turn(client, cancelled, first)
     second = client.submit(parked, USER, "support", GOAL, slow, queue=queue)
     wait_until(lambda: shop.effects(second) != [], what="the second refund is issued")
-    control.pause(client, control.Scope(tenant=parked), by="ops")
+    control.pause(client, control.Subject(tenant=parked), by="ops")
     _kill_turn(client, parked, second)
     wait_until(lambda: client.run_hash(first)[1]["status"] == "stopped", what="cancelled")
     wait_until(lambda: client.run_hash(second)[1]["status"] == "parked", what="parked")

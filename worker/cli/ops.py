@@ -103,12 +103,12 @@ def _json(data: Any) -> None:
     typer.echo(json.dumps(data, default=str))
 
 
-def _scope(queue: str | None, tenant: str | None) -> Any:
-    from turnstile.worker.ops.control import Scope
+def _subject(queue: str | None, tenant: str | None) -> Any:
+    from turnstile.worker.ops.control import Subject
 
     if (queue is None) == (tenant is None):
         fail("give exactly one of --queue or --tenant", code=2)
-    return Scope(queue=queue, tenant=tenant)
+    return Subject(queue=queue, tenant=tenant)
 
 
 def _flag_line(flagged: Any) -> str:
@@ -176,9 +176,9 @@ def pause(
     instead of running them; nothing more is reserved for them."""
     from turnstile.worker.ops import control
 
-    scope = _scope(queue, tenant)
+    subject = _subject(queue, tenant)
     with client(redis_url, broker_url) as c:
-        flagged = control.pause(c, scope, by=_by(by))
+        flagged = control.pause(c, subject, by=_by(by))
     typer.echo(json.dumps(dataclasses.asdict(flagged)) if as_json else _flag_line(flagged))
 
 
@@ -194,9 +194,9 @@ def resume(
     each parked run once."""
     from turnstile.worker.ops import control
 
-    scope = _scope(queue, tenant)
+    subject = _subject(queue, tenant)
     with client(redis_url, broker_url) as c:
-        done = control.resume(c, scope, by=_by(by))
+        done = control.resume(c, subject, by=_by(by))
     if as_json:
         _json(dataclasses.asdict(done))
         return

@@ -14,7 +14,7 @@ from turnstile.worker.http.problems import Problem
 from turnstile.worker.http.routes_runs import PROBLEMS
 from turnstile.worker.http.schemas import CeilingBody, ControlBody, LedgerView
 from turnstile.worker.ops import control
-from turnstile.worker.ops.control import Scope
+from turnstile.worker.ops.control import Subject
 from turnstile.worker.ops.errors import ControlError
 from turnstile.worker.store import keys
 
@@ -125,8 +125,8 @@ def resume_queue(
     queue: QueuePath, key: Operator, ctx: Ctx, body: ControlBody | None = None
 ) -> dict[str, Any]:
     """Clear a queue's pause and drain; its parked runs go back, each once."""
-    scope = _known(ctx, queue=queue)
-    return dataclasses.asdict(control.resume(ctx.client, scope, by=_by(key, body)))
+    subject = _known(ctx, queue=queue)
+    return dataclasses.asdict(control.resume(ctx.client, subject, by=_by(key, body)))
 
 
 @router.post("/v1/tenants/{tenant}/pause", tags=["operators"])
@@ -134,8 +134,8 @@ def pause_tenant(
     tenant: TenantPath, key: Operator, ctx: Ctx, body: ControlBody | None = None
 ) -> dict[str, Any]:
     """Pause a tenant: its runs on every queue park at their next turn boundary."""
-    scope = _known(ctx, tenant=tenant)
-    return dataclasses.asdict(control.pause(ctx.client, scope, by=_by(key, body)))
+    subject = _known(ctx, tenant=tenant)
+    return dataclasses.asdict(control.pause(ctx.client, subject, by=_by(key, body)))
 
 
 @router.post("/v1/tenants/{tenant}/resume", tags=["operators"])
@@ -143,14 +143,14 @@ def resume_tenant(
     tenant: TenantPath, key: Operator, ctx: Ctx, body: ControlBody | None = None
 ) -> dict[str, Any]:
     """Clear a tenant's pause; its parked runs go back, each once."""
-    scope = _known(ctx, tenant=tenant)
-    return dataclasses.asdict(control.resume(ctx.client, scope, by=_by(key, body)))
+    subject = _known(ctx, tenant=tenant)
+    return dataclasses.asdict(control.resume(ctx.client, subject, by=_by(key, body)))
 
 
-def _known(ctx: Ctx, *, queue: str | None = None, tenant: str | None = None) -> Scope:
-    scope = Scope(queue=queue, tenant=tenant)
+def _known(ctx: Ctx, *, queue: str | None = None, tenant: str | None = None) -> Subject:
+    subject = Subject(queue=queue, tenant=tenant)
     try:
-        control.check_known(ctx.client, scope)
+        control.check_known(ctx.client, subject)
     except ControlError as exc:
         raise Problem(404, "not_found", str(exc)) from None
-    return scope
+    return subject

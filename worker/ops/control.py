@@ -47,11 +47,11 @@ PARK_SETTLE_S = 2.0
 DRAIN_POLL_S = 0.2
 
 
-# -- scope ----------------------------------------------------------------------------------
+# -- subject --------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Scope:
+class Subject:
     """What a control applies to: one queue (across tenants) or one tenant (across queues)."""
 
     queue: str | None = None
@@ -63,8 +63,14 @@ class Scope:
         check_name("queue" if self.queue is not None else "tenant", self.queue or self.tenant)
 
     @property
-    def label(self) -> str:
-        return f"queue {self.queue!r}" if self.queue is not None else f"tenant {self.tenant!r}"
+    def kind(self) -> str:  # "queue" | "tenant", as Flagged and Resumed name it
+        return "queue" if self.queue is not None else "tenant"
+
+    @property
+    def name(self) -> str:
+        name = self.queue if self.queue is not None else self.tenant
+        assert name is not None
+        return name
 
     @property
     def flag_key(self) -> str:
@@ -95,11 +101,11 @@ def _scan(c: Client, key: str) -> Iterator[list[str]]:
             return
 
 
-def check_known(c: Client, scope: Scope) -> None:
-    if scope.queue is not None and not c.client.sismember(keys.QUEUES, scope.queue):
-        raise ControlError(f"unknown queue {scope.queue!r}")
-    if scope.tenant is not None and not c.client.sismember(keys.TENANTS, scope.tenant):
-        raise ControlError(f"unknown tenant {scope.tenant!r}")
+def check_known(c: Client, subject: Subject) -> None:
+    if subject.queue is not None and not c.client.sismember(keys.QUEUES, subject.queue):
+        raise ControlError(f"unknown queue {subject.queue!r}")
+    if subject.tenant is not None and not c.client.sismember(keys.TENANTS, subject.tenant):
+        raise ControlError(f"unknown tenant {subject.tenant!r}")
 
 
 # -- pause, drain -----------------------------------------------------------------------------
@@ -117,31 +123,29 @@ class Flagged:
     already: bool
 
 
-def _set_flag(c: Client, scope: Scope, flag: str, by: str) -> Flagged:
-    check_known(c, scope)
+def _set_flag(c: Client, subject: Subject, flag: str, by: str) -> Flagged:
+    check_known(c, subject)
     at = now_iso()
-    key = scope.flag_key
+    key = subject.flag_key
     if c.client.hsetnx(key, flag, at):
         c.client.hset(key, f"{flag}_by", by)
         already = False
     else:
         at, by = (text(v) for v in c.client.hmget(key, flag, f"{flag}_by"))
         already = True
-    target, name = ("queue", scope.queue) if scope.queue is not None else ("tenant", scope.tenant)
-    assert name is not None
-    return Flagged(target, name, flag, by, at, already)
+    return Flagged(subject.kind, subject.name, flag, by, at, already)
 
 
-def pause(c: Client, scope: Scope, *, by: str) -> Flagged:
+def pause(c: Client, subject: Subject, *, by: str) -> Flagged:
     """Pause a queue or a tenant: from the next turn boundary on, every step of it parks its
     run instead of reserving anything. Pausing what is paused changes nothing."""
-    return _set_flag(c, scope, "paused", by)
+    return _set_flag(c, subject, "paused", by)
 
 
 def drain(c: Client, queue: str, *, by: str) -> Flagged:
     """Drain a queue: new submissions to it are refused, turns in flight finish, and their
     runs park at the next boundary. Draining what is draining changes nothing."""
-    return _set_flag(c, Scope(queue=queue), "draining", by)
+    return _set_flag(c, Subject(queue=queue), "draining", by)
 
 
 # -- resume ---------------------------------------------------------------------------------
@@ -156,14 +160,14 @@ class Resumed:
     cleared: list[str]  # the flags this resume cleared
     resumed: list[str] = field(default_factory=list)  # run ids re-enqueued, each once
     deferred: list[str] = field(default_factory=list)  # of those, left to the sweeper to send
-    still_parked: int = 0  # parked runs in scope held back by another flag
+    still_parked: int = 0  # parked runs of the subject held back by another flag
 
 
-def _clear_flags(c: Client, scope: Scope) -> list[str]:
-    flags = ["paused"] if scope.queue is None else ["paused", "draining"]
+def _clear_flags(c: Client, subject: Subject) -> list[str]:
+    flags = ["paused"] if subject.queue is None else ["paused", "draining"]
     pipe = c.client.pipeline(transaction=True)
-    pipe.hmget(scope.flag_key, *flags)
-    pipe.hdel(scope.flag_key, *flags, *(f"{f}_by" for f in flags))
+    pipe.hmget(subject.flag_key, *flags)
+    pipe.hdel(subject.flag_key, *flags, *(f"{f}_by" for f in flags))
     values, _ = pipe.execute()
     return [f for f, v in zip(flags, values, strict=True) if v]
 
@@ -179,16 +183,16 @@ def _gates_clear(c: Client, tenant: str, queue: str, cache: dict[str, bool]) -> 
     return cache[tenant] and cache[qkey]
 
 
-def parked_runs(c: Client, scope: Scope) -> list[tuple[str, str, str]]:
-    """(tenant, run id, queue) of every parked run in scope; a queue's look across tenants."""
+def parked_runs(c: Client, subject: Subject) -> list[tuple[str, str, str]]:
+    """(tenant, run id, queue) of every parked run of the subject; a queue's look across tenants."""
     out = set()
-    for tenant in [scope.tenant] if scope.tenant is not None else tenants(c):
+    for tenant in [subject.tenant] if subject.tenant is not None else tenants(c):
         for ids in _scan(c, keys.by_status(tenant, "parked")):
             pipe = c.client.pipeline(transaction=False)
             for run_id in ids:
                 pipe.hget(keys.run(tenant, run_id), "queue")
             for run_id, queue in zip(ids, pipe.execute(), strict=True):
-                if scope.queue is None or text(queue) == scope.queue:
+                if subject.queue is None or text(queue) == subject.queue:
                     out.add((tenant, run_id, text(queue)))
     return sorted(out)
 
@@ -237,10 +241,10 @@ def requeue(c: Client, tenant: str, run_id: str, *, by: str, at: str) -> str:
     return "sent"
 
 
-def _requeue_pass(c: Client, scope: Scope, by: str, at: str, done: Resumed) -> None:
+def _requeue_pass(c: Client, subject: Subject, by: str, at: str, done: Resumed) -> None:
     cache: dict[str, bool] = {}
     held_back = 0
-    for tenant, run_id, queue in parked_runs(c, scope):
+    for tenant, run_id, queue in parked_runs(c, subject):
         if not _gates_clear(c, tenant, queue, cache):
             held_back += 1
             continue
@@ -252,45 +256,43 @@ def _requeue_pass(c: Client, scope: Scope, by: str, at: str, done: Resumed) -> N
     done.still_parked = held_back
 
 
-def resume(c: Client, scope: Scope, *, by: str, settle_s: float = PARK_SETTLE_S) -> Resumed:
-    """Clear the pause (and, for a queue, the drain) and re-enqueue each parked run in scope
+def resume(c: Client, subject: Subject, *, by: str, settle_s: float = PARK_SETTLE_S) -> Resumed:
+    """Clear the pause (and, for a queue, the drain) and re-enqueue each parked run of the subject
     whose other gates are clear, once. Resuming what is not paused changes nothing, as
     pausing what is paused does: `cleared` is empty and no run is touched."""
-    check_known(c, scope)
-    cleared = _clear_flags(c, scope)
+    check_known(c, subject)
+    cleared = _clear_flags(c, subject)
     at = now_iso()
-    target, name = ("queue", scope.queue) if scope.queue is not None else ("tenant", scope.tenant)
-    assert name is not None
-    done = Resumed(target, name, by, at, cleared)
+    done = Resumed(subject.kind, subject.name, by, at, cleared)
     if not cleared:
         return done
-    c.client.hset(scope.flag_key, mapping={"resumed_at": at, "resumed_by": by})
+    c.client.hset(subject.flag_key, mapping={"resumed_at": at, "resumed_by": by})
     # A step that loaded its run before the flag was cleared is in flight until it parks;
     # wait for those (never longer than settle_s: a real turn does not park) and look again.
-    pending = {run_id for _, run_id, _ in live_inflight(c, scope)}
-    _requeue_pass(c, scope, by, at, done)
+    pending = {run_id for _, run_id, _ in live_inflight(c, subject)}
+    _requeue_pass(c, subject, by, at, done)
     deadline = time.monotonic() + settle_s
     while pending and time.monotonic() < deadline:
         time.sleep(0.05)
-        pending &= {run_id for _, run_id, _ in live_inflight(c, scope)}
-    _requeue_pass(c, scope, by, at, done)
+        pending &= {run_id for _, run_id, _ in live_inflight(c, subject)}
+    _requeue_pass(c, subject, by, at, done)
     return done
 
 
 # -- in flight, queues, drain --wait ----------------------------------------------------------
 
 
-def live_inflight(c: Client, scope: Scope) -> list[tuple[str, str, str]]:
-    """(tenant, run id, queue) of the turns in flight in scope. An entry counts only while its
+def live_inflight(c: Client, subject: Subject) -> list[tuple[str, str, str]]:
+    """(tenant, run id, queue) of the turns in flight of the subject. An entry counts only while its
     own lease is in the future: a worker that died mid-turn leaves one behind."""
     now = server_ms(c.client)
     out = []
-    for tenant in [scope.tenant] if scope.tenant is not None else tenants(c):
+    for tenant in [subject.tenant] if subject.tenant is not None else tenants(c):
         entries = {text(k): text(v) for k, v in c.client.hgetall(keys.inflight(tenant)).items()}
         for run_id in sorted(entries):
             fields = entries[run_id].split("|")
             queue, lease = fields[0], fields[-1]
-            if lease.isdigit() and int(lease) > now and scope.queue in (None, queue):
+            if lease.isdigit() and int(lease) > now and subject.queue in (None, queue):
                 out.append((tenant, run_id, queue))
     return out
 
@@ -331,20 +333,20 @@ def _running_on(c: Client, queue: str) -> int:
 
 
 def queue_view(c: Client, queue: str) -> QueueView:
-    check_known(c, Scope(queue=queue))
+    check_known(c, Subject(queue=queue))
     paused, paused_by, draining, draining_by = (
         text(v)
         for v in c.client.hmget(
             keys.queue_control(queue), "paused", "paused_by", "draining", "draining_by"
         )
     )
-    scope = Scope(queue=queue)
+    subject = Subject(queue=queue)
     return QueueView(
         queue,
         broker_depth(c.config.broker, queue),
-        len(live_inflight(c, scope)),
+        len(live_inflight(c, subject)),
         _running_on(c, queue),
-        len(parked_runs(c, scope)),
+        len(parked_runs(c, subject)),
         paused, paused_by, draining, draining_by,
         dead_letter_count(c.config.broker, queue),
         _fair_tenants(c, queue),
@@ -370,8 +372,8 @@ def wait_drained(
     """Return when no turn of the queue is in flight; raise DrainTimeoutError after
     `timeout_s` (None: no limit)."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    scope = Scope(queue=queue)
-    check_known(c, scope)
+    subject = Subject(queue=queue)
+    check_known(c, subject)
     while True:
         view = queue_view(c, queue)  # the counts returned are the ones the check saw
         left = view.in_flight
@@ -637,7 +639,7 @@ def page_runs(
     filtered walk through many finished runs examines at most WALK_BUDGET, and may return a
     short page), then loads only the page's runs. `cursor` is a page's `next_cursor`."""
     if tenant is not None:
-        check_known(c, Scope(tenant=tenant))
+        check_known(c, Subject(tenant=tenant))
     page, next_cursor = page_keys(
         c, tenant=tenant, status=status, outcome=outcome, limit=limit, cursor=cursor
     )
