@@ -688,18 +688,6 @@ def _rows(c: Client, page: list[Key]) -> list[RunRow]:
     ]
 
 
-def list_runs(
-    c: Client,
-    *,
-    tenant: str | None = None,
-    status: str | None = None,
-    outcome: str | None = None,
-    limit: int = 100,
-) -> list[RunRow]:
-    """The first page of `page_runs`: the newest `limit` runs."""
-    return page_runs(c, tenant=tenant, status=status, outcome=outcome, limit=limit).rows
-
-
 def events(c: Client, tenant: str, run_id: str) -> list[tuple[str, dict[str, Any]]]:
     return c.store.events(tenant, run_id)
 
