@@ -32,7 +32,8 @@ from turnstile.worker.broker.producer import producer
 from turnstile.worker.client._client import Client
 from turnstile.worker.dev.embedded import EmbeddedServer
 from turnstile.worker.dev.shop import RedisShop
-from turnstile.worker.ops import control
+from turnstile.worker.ops import flags
+from turnstile.worker.ops.subjects import Subject
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 
@@ -462,7 +463,7 @@ def test_a_turn_killed_then_cancelled_or_parked_leaves_no_hold_and_closes_truthf
     _kill_turn(client, cancelled, first)
     second = client.submit(parked, USER, "support", GOAL, slow, queue=queue)
     wait_until(lambda: shop.effects(second) != [], what="the second refund is issued")
-    control.pause(client, control.Subject(tenant=parked), by="ops")
+    flags.pause(client, Subject(tenant=parked), by="ops")
     _kill_turn(client, parked, second)
     wait_until(lambda: client.run_hash(first)[1]["status"] == "stopped", what="cancelled")
     wait_until(lambda: client.run_hash(second)[1]["status"] == "parked", what="parked")

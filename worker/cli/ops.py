@@ -104,7 +104,7 @@ def _json(data: Any) -> None:
 
 
 def _subject(queue: str | None, tenant: str | None) -> Any:
-    from turnstile.worker.ops.control import Subject
+    from turnstile.worker.ops.subjects import Subject
 
     if (queue is None) == (tenant is None):
         fail("give exactly one of --queue or --tenant", code=2)
@@ -174,11 +174,11 @@ def pause(
 ) -> None:
     """Pause a queue or a tenant: from the next turn boundary on, every worker parks its runs
     instead of running them; nothing more is reserved for them."""
-    from turnstile.worker.ops import control
+    from turnstile.worker.ops import flags
 
     subject = _subject(queue, tenant)
     with client(redis_url, broker_url) as c:
-        flagged = control.pause(c, subject, by=_by(by))
+        flagged = flags.pause(c, subject, by=_by(by))
     typer.echo(json.dumps(dataclasses.asdict(flagged)) if as_json else _flag_line(flagged))
 
 
@@ -192,11 +192,11 @@ def resume(
 ) -> None:
     """Resume a paused tenant, or a paused or draining queue: clear the flag and re-enqueue
     each parked run once."""
-    from turnstile.worker.ops import control
+    from turnstile.worker.ops import flags
 
     subject = _subject(queue, tenant)
     with client(redis_url, broker_url) as c:
-        done = control.resume(c, subject, by=_by(by))
+        done = flags.resume(c, subject, by=_by(by))
     if as_json:
         _json(dataclasses.asdict(done))
         return
@@ -226,13 +226,13 @@ def drain(
 ) -> None:
     """Drain a queue: refuse new submissions to it, let the turns in flight finish, and park
     its runs at their next boundary. `resume --queue` brings them back."""
-    from turnstile.worker.ops import control
+    from turnstile.worker.ops import flags, queues
 
     if timeout_s is not None and not wait:
         fail("--timeout-s applies only with --wait", code=2)
     with client(redis_url, broker_url) as c:
-        flagged = control.drain(c, queue, by=_by(by))
-        view = control.wait_drained(c, queue, timeout_s=timeout_s) if wait else None
+        flagged = flags.drain(c, queue, by=_by(by))
+        view = queues.wait_drained(c, queue, timeout_s=timeout_s) if wait else None
     if as_json:
         _json({"drain": dataclasses.asdict(flagged),
                "queue": dataclasses.asdict(view) if view else None})  # fmt: skip
@@ -250,10 +250,10 @@ def queues(
 ) -> None:
     """Every queue: messages waiting, turns in flight, runs parked, dead letters (see
     `turnstile dead-letters`), paused or draining."""
-    from turnstile.worker.ops import control
+    from turnstile.worker.ops import queues
 
     with client(redis_url, broker_url) as c:
-        views = control.queues(c)
+        views = queues.queues(c)
     if as_json:
         _json([{**dataclasses.asdict(v), "pending": v.pending} for v in views])
         return
@@ -305,10 +305,10 @@ def approve(
     broker_url: BrokerUrl = None,
 ) -> None:
     """Approve the call a suspended run holds: exactly that tool with those arguments."""
-    from turnstile.worker.ops import control
+    from turnstile.worker.ops import decisions
 
     with client(redis_url, broker_url) as c:
-        state = control.approve(c, run_id, by=_by(by), digest=digest, tenant=tenant)
+        state = decisions.approve(c, run_id, by=_by(by), digest=digest, tenant=tenant)
         sent = run_id not in c.deferred
     decision = state.decisions[-1]
     if as_json:
@@ -330,10 +330,10 @@ def deny(
 ) -> None:
     """Deny the call a suspended run holds: the run ends approval_denied, or, for a job that
     allows it, the model is shown the denial."""
-    from turnstile.worker.ops import control
+    from turnstile.worker.ops import decisions
 
     with client(redis_url, broker_url) as c:
-        state = control.deny(c, run_id, by=_by(by), reason=reason, tenant=tenant)
+        state = decisions.deny(c, run_id, by=_by(by), reason=reason, tenant=tenant)
         sent = run_id not in c.deferred
     outcome = state.outcome.value if state.outcome else None
     if as_json:
@@ -357,10 +357,10 @@ def cancel(
 ) -> None:
     """Cancel a run: at once unless one of its turns is in flight, then at its next turn
     boundary."""
-    from turnstile.worker.ops import control
+    from turnstile.worker.ops import decisions
 
     with client(redis_url, broker_url) as c:
-        done = control.cancel(c, run_id, by=_by(by), reason=reason, tenant=tenant)
+        done = decisions.cancel(c, run_id, by=_by(by), reason=reason, tenant=tenant)
     if as_json:
         _json({"run_id": run_id, "cancel": done})
     elif done == "cancelled":
@@ -384,10 +384,10 @@ def runs(
 ) -> None:
     """Runs, newest first, a page at a time: one tenant's with --tenant, every tenant's
     without. A page that is not the last ends with the cursor of the next."""
-    from turnstile.worker.ops import control
+    from turnstile.worker.ops import listing
 
     with client(redis_url, broker_url) as c:
-        page = control.page_runs(
+        page = listing.page_runs(
             c, tenant=tenant, status=status, outcome=outcome, limit=limit, cursor=cursor
         )
         c.store.fence("the runs read are")  # shown only once as durable as the setting wants
@@ -422,10 +422,10 @@ def status(
     broker_url: BrokerUrl = None,
 ) -> None:
     """One run: where it is, what it used, what it holds for a decision, how it ended."""
-    from turnstile.worker.ops import control
+    from turnstile.worker.ops import views
 
     with client(redis_url, broker_url) as c:
-        view = control.run_view(c, run_id, tenant)
+        view = views.run_view(c, run_id, tenant)
         c.store.fence(f"the state of run {run_id} read is")
     if as_json:
         _json(view)
@@ -530,11 +530,11 @@ def watch(
 ) -> None:
     """Follow a run's events live until it stops. Each event is shown after it was read back
     from the store, so what is watched is what is stored. --json: one event per line."""
-    from turnstile.worker.ops import control
+    from turnstile.worker.ops import decisions, views
 
     with client(redis_url, broker_url) as c:
-        tenant, _ = control.resolve(c, run_id, tenant)
-        stream = _fenced(c, control.follow(c, tenant, run_id, timeout_s=timeout_s))
+        tenant, _ = decisions.resolve(c, run_id, tenant)
+        stream = _fenced(c, views.follow(c, tenant, run_id, timeout_s=timeout_s))
         try:
             if as_json:
                 for eid, event in stream:
@@ -589,10 +589,10 @@ def trace(
     import msgspec
 
     from turnstile.jobs.trace import postmortem, span_tree
-    from turnstile.worker.ops import control
+    from turnstile.worker.ops import views
 
     with client(redis_url, broker_url) as c:
-        _, spans = control.spans(c, run_id, tenant)
+        _, spans = views.spans(c, run_id, tenant)
     summary = postmortem(spans)
     if as_json:
         _json({"run_id": run_id, "spans": msgspec.to_builtins(spans), "postmortem": summary})

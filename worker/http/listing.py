@@ -16,7 +16,7 @@ import redis
 from turnstile.jobs.outcomes import Outcome, Status
 from turnstile.worker.client._client import Client
 from turnstile.worker.http.problems import Problem
-from turnstile.worker.ops import control
+from turnstile.worker.ops import listing
 from turnstile.worker.ops.errors import ControlError
 from turnstile.worker.store import keys
 
@@ -42,7 +42,7 @@ def check_cursor(cursor: str, tenant: str) -> None:
     """A cursor this tenant's listing could have given: strictly parsed, and naming a place
     among the tenant's own runs (a page of one tenant never ends on another's run)."""
     try:
-        _, named, _ = control.decode_cursor(cursor)
+        _, named, _ = listing.decode_cursor(cursor)
     except ControlError:
         raise Problem(400, "invalid_cursor", "the cursor is not one this listing gave") from None
     if named != tenant:
@@ -72,7 +72,7 @@ def page(
     cursor = cursor or None  # `?cursor=` (a null next_cursor sent back): the first page
     if cursor is not None:
         check_cursor(cursor, tenant)
-    found, next_cursor = control.page_keys(
+    found, next_cursor = listing.page_keys(
         c, tenant=tenant, status=status, outcome=outcome, limit=limit, cursor=cursor
     )
     return Page(_rows(c.client, tenant, [run_id for _, _, run_id in found], status), next_cursor)

@@ -13,9 +13,9 @@ from turnstile.worker.http.context import NAME, Caller, Ctx, Operator, tenant_sc
 from turnstile.worker.http.problems import Problem
 from turnstile.worker.http.routes_runs import PROBLEMS
 from turnstile.worker.http.schemas import CeilingBody, ControlBody, LedgerView
-from turnstile.worker.ops import control
-from turnstile.worker.ops.control import Subject
+from turnstile.worker.ops import flags, queues, subjects
 from turnstile.worker.ops.errors import ControlError
+from turnstile.worker.ops.subjects import Subject
 from turnstile.worker.store import keys
 
 router = APIRouter(responses=PROBLEMS)
@@ -66,7 +66,7 @@ def get_ledger(
 def list_tenants(_: Operator, ctx: Ctx) -> dict[str, Any]:
     """Every tenant with runs: its ledger and ceilings, and whether it is paused."""
     out = []
-    for tenant in control.tenants(ctx.client):
+    for tenant in subjects.tenants(ctx.client):
         paused, by = ctx.redis.hmget(keys.control(tenant), "paused", "paused_by")
         view = _ledger(ctx, tenant).model_dump()
         out.append({**view, "paused": paused or "", "paused_by": by or ""})
@@ -93,7 +93,7 @@ def set_ceiling(
 @router.get("/v1/queues", tags=["operators"])
 def list_queues(_: Operator, ctx: Ctx) -> dict[str, Any]:
     """Every queue: depth on the broker, turns in flight, running and parked runs, flags."""
-    return {"queues": [dataclasses.asdict(q) for q in control.queues(ctx.client)]}
+    return {"queues": [dataclasses.asdict(q) for q in queues.queues(ctx.client)]}
 
 
 def _by(key: Operator, body: ControlBody | None) -> str:
@@ -106,9 +106,7 @@ def pause_queue(
     queue: QueuePath, key: Operator, ctx: Ctx, body: ControlBody | None = None
 ) -> dict[str, Any]:
     """Pause a queue: its runs park at their next turn boundary."""
-    return dataclasses.asdict(
-        control.pause(ctx.client, _known(ctx, queue=queue), by=_by(key, body))
-    )
+    return dataclasses.asdict(flags.pause(ctx.client, _known(ctx, queue=queue), by=_by(key, body)))
 
 
 @router.post("/v1/queues/{queue}/drain", tags=["operators"])
@@ -117,7 +115,7 @@ def drain_queue(
 ) -> dict[str, Any]:
     """Drain a queue: new submissions refused, turns in flight finish, runs park."""
     _known(ctx, queue=queue)
-    return dataclasses.asdict(control.drain(ctx.client, queue, by=_by(key, body)))
+    return dataclasses.asdict(flags.drain(ctx.client, queue, by=_by(key, body)))
 
 
 @router.post("/v1/queues/{queue}/resume", tags=["operators"])
@@ -126,7 +124,7 @@ def resume_queue(
 ) -> dict[str, Any]:
     """Clear a queue's pause and drain; its parked runs go back, each once."""
     subject = _known(ctx, queue=queue)
-    return dataclasses.asdict(control.resume(ctx.client, subject, by=_by(key, body)))
+    return dataclasses.asdict(flags.resume(ctx.client, subject, by=_by(key, body)))
 
 
 @router.post("/v1/tenants/{tenant}/pause", tags=["operators"])
@@ -135,7 +133,7 @@ def pause_tenant(
 ) -> dict[str, Any]:
     """Pause a tenant: its runs on every queue park at their next turn boundary."""
     subject = _known(ctx, tenant=tenant)
-    return dataclasses.asdict(control.pause(ctx.client, subject, by=_by(key, body)))
+    return dataclasses.asdict(flags.pause(ctx.client, subject, by=_by(key, body)))
 
 
 @router.post("/v1/tenants/{tenant}/resume", tags=["operators"])
@@ -144,13 +142,13 @@ def resume_tenant(
 ) -> dict[str, Any]:
     """Clear a tenant's pause; its parked runs go back, each once."""
     subject = _known(ctx, tenant=tenant)
-    return dataclasses.asdict(control.resume(ctx.client, subject, by=_by(key, body)))
+    return dataclasses.asdict(flags.resume(ctx.client, subject, by=_by(key, body)))
 
 
 def _known(ctx: Ctx, *, queue: str | None = None, tenant: str | None = None) -> Subject:
     subject = Subject(queue=queue, tenant=tenant)
     try:
-        control.check_known(ctx.client, subject)
+        subjects.check_known(ctx.client, subject)
     except ControlError as exc:
         raise Problem(404, "not_found", str(exc)) from None
     return subject
