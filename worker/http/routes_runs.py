@@ -29,7 +29,6 @@ from turnstile.worker.http.schemas import (
     MemoryBody,
     ProblemBody,
     RunPage,
-    RunRow,
     SubmitBody,
     Submitted,
 )
@@ -154,7 +153,7 @@ def list_runs(
     scope = tenant_scope(key, tenant)
     got = listing.page(ctx.client, scope, status=status, outcome=outcome, cursor=cursor,
                        limit=limit or ctx.settings.page_limit)  # fmt: skip
-    return RunPage(runs=[RunRow(**row) for row in got.rows], next_cursor=got.next_cursor)
+    return RunPage(runs=got.rows, next_cursor=got.next_cursor)
 
 
 @router.get(

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 from turnstile.ledger.inputs import Period
 from turnstile.worker.http.context import NAME, RUN_ID
+from turnstile.worker.ops.listing import RunRow
 
 USER = r"^[A-Za-z0-9_.@:][A-Za-z0-9_.@:\-]{0,127}$"
 Count = Field(default=None, ge=0, le=2**53)
@@ -73,19 +74,6 @@ class ProblemBody(BaseModel):
     status: int
     detail: str
     code: str
-
-
-class RunRow(BaseModel):
-    run_id: str
-    tenant: str
-    status: str
-    outcome: str
-    detail: str
-    queue: str
-    job: str
-    user: str
-    created_ms: int
-    updated_ms: int
 
 
 class RunPage(BaseModel):

@@ -29,6 +29,8 @@ from turnstile.worker.store.values import text
 
 @dataclass(frozen=True)
 class RunRow:
+    """One run as a listing shows it, in `turnstile runs --json` and `GET /v1/runs` alike."""
+
     run_id: str
     tenant: str
     status: str
@@ -58,7 +60,7 @@ def _row(tenant: str, run_id: str, stored: dict[str, str]) -> RunRow:
     )  # fmt: skip
 
 
-def _check_filter(status: str | None, outcome: str | None) -> None:
+def check_filter(status: str | None, outcome: str | None) -> None:
     if status is not None and status not in {s.value for s in Status}:
         raise ControlError(
             f"unknown status {status!r}; one of {', '.join(s.value for s in Status)}"
@@ -230,7 +232,7 @@ def page_runs(
     page, next_cursor = page_keys(
         c, tenant=tenant, status=status, outcome=outcome, limit=limit, cursor=cursor
     )
-    return RunsPage(_rows(c, page), next_cursor)
+    return RunsPage(rows(c, page, status), next_cursor)
 
 
 def page_keys(
@@ -244,7 +246,7 @@ def page_keys(
 ) -> tuple[list[Key], str | None]:
     """The places of a page's runs (exactly `limit` at most) and the cursor of the next page,
     without loading the runs. A tenant that has no runs has an empty page."""
-    _check_filter(status, outcome)
+    check_filter(status, outcome)
     if not 1 <= limit <= PAGE_MAX:
         raise ControlError(f"limit must be between 1 and {PAGE_MAX}")
     after = decode_cursor(cursor) if cursor else None
@@ -264,12 +266,15 @@ def page_keys(
     return page, encode_cursor(next_key) if next_key else None
 
 
-def _rows(c: Client, page: list[Key]) -> list[RunRow]:
+def rows(c: Client, page: list[Key], status: str | None = None) -> list[RunRow]:
+    """The page's runs, loaded in one round trip. A run gone since its index was read, or moved
+    out of the `status` the page was asked for, is left out."""
     pipe = c.client.pipeline(transaction=False)
     for _, t, run_id in page:
         pipe.hgetall(keys.run(t, run_id))
-    return [
-        _row(t, run_id, {text(k): text(v) for k, v in raw.items()})
-        for (_, t, run_id), raw in zip(page, pipe.execute(), strict=True)
-        if raw
-    ]
+    out = []
+    for (_, t, run_id), raw in zip(page, pipe.execute(), strict=True):
+        stored = {text(k): text(v) for k, v in raw.items()}
+        if stored.get("status") and status in (None, stored["status"]):
+            out.append(_row(t, run_id, stored))
+    return out
