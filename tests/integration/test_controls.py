@@ -282,3 +282,24 @@ def test_a_queue_pause_and_a_tenant_pause_each_hold_their_runs(redis_url: str, u
         assert len(done.resumed) == 3
         wait_until(lambda: settled(client, ids), what="every run ends")
     assert {client.state(r).outcome for r in ids} == {"completed"}
+
+
+def test_a_tenant_named_like_a_queues_flag_does_not_open_that_queue(
+    redis_url: str, unique: str
+) -> None:
+    """A tenant named `queue:<Q>` is not mistaken for queue Q's flags: resuming that tenant
+    leaves its runs on the paused queue Q parked, held back by the queue's pause."""
+    queue = f"qn-{unique}"
+    tenant = f"queue:{queue}"
+    client = client_for(redis_url)
+    ids = [client.submit(tenant, USER, "support", GOAL, {}, queue=queue)]  # the queue is known
+    flags.pause(client, Subject(queue=queue), by="ops")
+    flags.pause(client, Subject(tenant=tenant), by="ops")
+    ids.append(client.submit(tenant, USER, "support", GOAL, {}, queue=queue))
+    with workers(redis_url, queue, count=1, concurrency=1):
+        wait_until(lambda: all(_status(client, r) == "parked" for r in ids), what="both park")
+    done = flags.resume(client, Subject(tenant=tenant), by="ops")
+    assert done.cleared == ["paused"] and done.resumed == [] and done.still_parked == len(ids)
+    assert all(_status(client, r) == "parked" for r in ids)
+    for run_id in ids:
+        client.store.fail_run(tenant, run_id, "the test is over")

@@ -92,15 +92,15 @@ def _clear_flags(c: Client, subject: Subject) -> list[str]:
     return [f for f, v in zip(flags, values, strict=True) if v]
 
 
-def _gates_clear(c: Client, tenant: str, queue: str, cache: dict[str, bool]) -> bool:
-    """Would a step of this tenant on this queue run its turn now?"""
-    if tenant not in cache:
-        cache[tenant] = not c.client.hget(keys.control(tenant), "paused")
-    qkey = f"queue:{queue}"
-    if qkey not in cache:
+def _gates_clear(c: Client, tenant: str, queue: str, cache: dict[tuple[str, str], bool]) -> bool:
+    """Would a step of this tenant on this queue run its turn now? `cache` keeps each gate's
+    answer by (kind, name), so no tenant's name can stand for a queue's."""
+    if ("tenant", tenant) not in cache:
+        cache["tenant", tenant] = not c.client.hget(keys.control(tenant), "paused")
+    if ("queue", queue) not in cache:
         paused, draining = c.client.hmget(keys.queue_control(queue), "paused", "draining")
-        cache[qkey] = not paused and not draining
-    return cache[tenant] and cache[qkey]
+        cache["queue", queue] = not paused and not draining
+    return cache["tenant", tenant] and cache["queue", queue]
 
 
 def _resumed_hold(c: Client, state: RunState | None, version: int) -> str:
@@ -148,7 +148,7 @@ def requeue(c: Client, tenant: str, run_id: str, *, by: str, at: str) -> str:
 
 
 def _requeue_pass(c: Client, subject: Subject, by: str, at: str, done: Resumed) -> None:
-    cache: dict[str, bool] = {}
+    cache: dict[tuple[str, str], bool] = {}
     held_back = 0
     for tenant, run_id, queue in parked_runs(c, subject):
         if not _gates_clear(c, tenant, queue, cache):
