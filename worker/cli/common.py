@@ -9,8 +9,13 @@ shows its password.
 
 from __future__ import annotations
 
+import functools
+import getpass
+import inspect
+import json
+import socket
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Annotated, Any, NoReturn
 
@@ -18,6 +23,7 @@ import kombu.exceptions
 import pydantic
 import redis
 import typer
+from rich.console import Console
 from typer._click.core import Context  # typer vendors click: its own context and errors
 from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
 from typer._click.globals import get_current_context
@@ -42,9 +48,24 @@ BrokerUrl = Annotated[
 JsonFlag = Annotated[
     bool, typer.Option("--json", envvar="TURNSTILE_JSON", help="Print JSON instead of a table.")
 ]
+
+
+def _operator(by: str) -> str:
+    """Who acts, for the record: --by, or the user and host the command runs as."""
+    return by or f"{getpass.getuser()}@{socket.gethostname()}"
+
+
 Operator = Annotated[
-    str, typer.Option("--by", envvar="TURNSTILE_OPERATOR", help="Who is deciding, for the record.")
-]
+    str,
+    typer.Option("--by", envvar="TURNSTILE_OPERATOR", callback=_operator,
+                 help="Who is deciding, for the record."),
+]  # fmt: skip
+Tenant = Annotated[
+    str | None,
+    typer.Option("--tenant", envvar="TURNSTILE_TENANT", show_default=False,
+                 help="Only this tenant's runs; another tenant's run is not found."),
+]  # fmt: skip
+RunId = Annotated[str, typer.Argument(help="The run's id.", show_default=False)]
 
 
 def _flat(text: str) -> str:
@@ -100,20 +121,87 @@ def _remember_urls(store: str | None, broker: str | None) -> None:
         ctx.meta[BROKER_URL_META] = broker or store
 
 
-@contextmanager
-def client(redis_url: str | None, broker_url: str | None = None) -> Iterator[Client]:
-    """A client for the command. Errors raised inside become one line (see OneLineGroup)."""
+def open_client(redis_url: str | None, broker_url: str | None = None) -> Client:
+    """A client for the command. Errors raised while it is used become one line (see
+    OneLineGroup)."""
     if not redis_url:
         fail("no store: set TURNSTILE_REDIS_URL or pass --redis-url", code=2)
     _remember_urls(redis_url, broker_url)
     try:
-        made = connect_client(Settings(redis_url=redis_url, broker_url=broker_url))
+        return connect_client(Settings(redis_url=redis_url, broker_url=broker_url))
     except pydantic.ValidationError:
         raise
     except ValueError as exc:  # redis-py's word for a malformed URL
         fail(f"bad store URL {redis_url!r}: {exc}", code=2)
-    with made:  # a command run in process (the tests, a script) leaves no socket open
+
+
+@contextmanager
+def client(redis_url: str | None, broker_url: str | None = None) -> Iterator[Client]:
+    """`open_client` for a `with` block, closed when it ends."""
+    with open_client(redis_url, broker_url) as made:
         yield made
+
+
+class Store:
+    """The store a command works on, from its --redis-url and --broker-url. Connected on first
+    use, so a command checks its own options first: a usage error is said before a missing
+    store."""
+
+    def __init__(self, redis_url: str | None, broker_url: str | None) -> None:
+        self.redis_url, self.broker_url = redis_url, broker_url
+
+    @functools.cached_property
+    def client(self) -> Client:
+        return open_client(self.redis_url, self.broker_url)
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # A command run in process (the tests, a script) leaves no socket open.
+        if "client" in self.__dict__:
+            self.client.close()
+
+
+_STORE_OPTIONS = (("redis_url", RedisUrl), ("broker_url", BrokerUrl))
+
+
+def with_store(command: Callable[..., None]) -> Callable[..., None]:
+    """The command as `turnstile` mounts it: its `store` parameter becomes the --redis-url and
+    --broker-url options, listed last as on every command, and it is given the Store they name.
+    So a command is its own options over a library call; the store's are written once."""
+    signature = inspect.signature(command, eval_str=True)
+    params = [p for p in signature.parameters.values() if p.name != "store"]
+    params += [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=kind)
+        for name, kind in _STORE_OPTIONS
+    ]
+
+    @functools.wraps(command)
+    def mounted(*, redis_url: str | None, broker_url: str | None, **options: Any) -> None:
+        with Store(redis_url, broker_url) as store:
+            command(store=store, **options)
+
+    mounted.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    mounted.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+    return mounted
+
+
+def register(app: typer.Typer, commands: Sequence[Callable[..., None]]) -> None:
+    """Mount commands that take a `store` on the main `turnstile` command, in this order."""
+    for command in commands:
+        app.command()(with_store(command))
+
+
+def echo_json(data: Any) -> None:
+    typer.echo(json.dumps(data, default=str))
+
+
+def console_for_tables() -> Console:
+    """A console for tables: a piped table is as wide as it needs (up to 160 columns), not
+    the 80 rich assumes without a terminal."""
+    console = Console()
+    return console if console.is_terminal else Console(width=max(console.width, 160))
 
 
 class OneLineGroup(TyperGroup):
