@@ -142,10 +142,10 @@ def client(redis_url: str | None, broker_url: str | None = None) -> Iterator[Cli
         yield made
 
 
-class Store:
-    """The store a command works on, from its --redis-url and --broker-url. Connected on first
-    use, so a command checks its own options first: a usage error is said before a missing
-    store."""
+class Connection:
+    """The store a command works on, as its --redis-url and --broker-url name it. Connected on
+    first use, so a command checks its own options first: a usage error is said before a
+    missing store."""
 
     def __init__(self, redis_url: str | None, broker_url: str | None) -> None:
         self.redis_url, self.broker_url = redis_url, broker_url
@@ -154,7 +154,7 @@ class Store:
     def client(self) -> Client:
         return open_client(self.redis_url, self.broker_url)
 
-    def __enter__(self) -> Store:
+    def __enter__(self) -> Connection:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -163,24 +163,24 @@ class Store:
             self.client.close()
 
 
-_STORE_OPTIONS = (("redis_url", RedisUrl), ("broker_url", BrokerUrl))
+_CONNECTION_OPTIONS = (("redis_url", RedisUrl), ("broker_url", BrokerUrl))
 
 
-def with_store(command: Callable[..., None]) -> Callable[..., None]:
-    """The command as `turnstile` mounts it: its `store` parameter becomes the --redis-url and
-    --broker-url options, listed last as on every command, and it is given the Store they name.
-    So a command is its own options over a library call; the store's are written once."""
+def with_connection(command: Callable[..., None]) -> Callable[..., None]:
+    """The command as `turnstile` mounts it: its `conn` parameter becomes the --redis-url and
+    --broker-url options, listed last as on every command, and it is given the Connection they
+    name. So a command is its own options over a library call; the store's are written once."""
     signature = inspect.signature(command, eval_str=True)
-    params = [p for p in signature.parameters.values() if p.name != "store"]
+    params = [p for p in signature.parameters.values() if p.name != "conn"]
     params += [
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=kind)
-        for name, kind in _STORE_OPTIONS
+        for name, kind in _CONNECTION_OPTIONS
     ]
 
     @functools.wraps(command)
     def mounted(*, redis_url: str | None, broker_url: str | None, **options: Any) -> None:
-        with Store(redis_url, broker_url) as store:
-            command(store=store, **options)
+        with Connection(redis_url, broker_url) as conn:
+            command(conn=conn, **options)
 
     mounted.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
     mounted.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
@@ -188,9 +188,9 @@ def with_store(command: Callable[..., None]) -> Callable[..., None]:
 
 
 def register(app: typer.Typer, commands: Sequence[Callable[..., None]]) -> None:
-    """Mount commands that take a `store` on the main `turnstile` command, in this order."""
+    """Mount commands that take a `conn` on the main `turnstile` command, in this order."""
     for command in commands:
-        app.command()(with_store(command))
+        app.command()(with_connection(command))
 
 
 def echo_json(data: Any) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from turnstile.worker.cli.common import JsonFlag, Operator, RunId, Store, Tenant, echo_json
+from turnstile.worker.cli.common import Connection, JsonFlag, Operator, RunId, Tenant, echo_json
 from turnstile.worker.ops import decisions
 
 Digest = Annotated[
@@ -32,7 +32,7 @@ def _next_step(sent: bool) -> str:
 
 
 def approve(
-    store: Store,
+    conn: Connection,
     run_id: RunId,
     digest: Digest = None,
     tenant: Tenant = None,
@@ -40,7 +40,7 @@ def approve(
     as_json: JsonFlag = False,
 ) -> None:
     """Approve the call a suspended run holds: exactly that tool with those arguments."""
-    c = store.client
+    c = conn.client
     state = decisions.approve(c, run_id, by=by, digest=digest, tenant=tenant)
     sent = run_id not in c.deferred
     decision = state.decisions[-1]
@@ -53,7 +53,7 @@ def approve(
 
 
 def deny(
-    store: Store,
+    conn: Connection,
     run_id: RunId,
     reason: DenyReason,
     tenant: Tenant = None,
@@ -62,7 +62,7 @@ def deny(
 ) -> None:
     """Deny the call a suspended run holds: the run ends approval_denied, or, for a job that
     allows it, the model is shown the denial."""
-    c = store.client
+    c = conn.client
     state = decisions.deny(c, run_id, by=by, reason=reason, tenant=tenant)
     sent = run_id not in c.deferred
     outcome = state.outcome.value if state.outcome else None
@@ -77,7 +77,7 @@ def deny(
 
 
 def cancel(
-    store: Store,
+    conn: Connection,
     run_id: RunId,
     reason: CancelReason = "cancelled by an operator",
     tenant: Tenant = None,
@@ -86,7 +86,7 @@ def cancel(
 ) -> None:
     """Cancel a run: at once unless one of its turns is in flight, then at its next turn
     boundary."""
-    done = decisions.cancel(store.client, run_id, by=by, reason=reason, tenant=tenant)
+    done = decisions.cancel(conn.client, run_id, by=by, reason=reason, tenant=tenant)
     if as_json:
         echo_json({"run_id": run_id, "cancel": done})
     elif done == "cancelled":

@@ -17,9 +17,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from turnstile.worker.cli.common import (
+    Connection,
     JsonFlag,
     Operator,
-    Store,
     console_for_tables,
     echo_json,
     fail,
@@ -75,7 +75,7 @@ def _depth(depth: int | None) -> str:
 
 
 def pause(
-    store: Store,
+    conn: Connection,
     queue: ControlQueue = None,
     tenant: ControlTenant = None,
     by: Operator = "",
@@ -84,12 +84,12 @@ def pause(
     """Pause a queue or a tenant: from the next turn boundary on, every worker parks its runs
     instead of running them; nothing more is reserved for them."""
     subject = _subject(queue, tenant)
-    flagged = flags.pause(store.client, subject, by=by)
+    flagged = flags.pause(conn.client, subject, by=by)
     typer.echo(json.dumps(dataclasses.asdict(flagged)) if as_json else _flag_line(flagged))
 
 
 def resume(
-    store: Store,
+    conn: Connection,
     queue: ControlQueue = None,
     tenant: ControlTenant = None,
     by: Operator = "",
@@ -98,7 +98,7 @@ def resume(
     """Resume a paused tenant, or a paused or draining queue: clear the flag and re-enqueue
     each parked run once."""
     subject = _subject(queue, tenant)
-    done = flags.resume(store.client, subject, by=by)
+    done = flags.resume(conn.client, subject, by=by)
     if as_json:
         echo_json(dataclasses.asdict(done))
         return
@@ -118,7 +118,7 @@ def resume(
 
 
 def drain(
-    store: Store,
+    conn: Connection,
     queue: DrainQueue,
     wait: DrainWait = False,
     timeout_s: DrainTimeout = None,
@@ -129,8 +129,8 @@ def drain(
     its runs at their next boundary. `resume --queue` brings them back."""
     if timeout_s is not None and not wait:
         fail("--timeout-s applies only with --wait", code=2)
-    flagged = flags.drain(store.client, queue, by=by)
-    view = queue_views.wait_drained(store.client, queue, timeout_s=timeout_s) if wait else None
+    flagged = flags.drain(conn.client, queue, by=by)
+    view = queue_views.wait_drained(conn.client, queue, timeout_s=timeout_s) if wait else None
     if as_json:
         echo_json({"drain": dataclasses.asdict(flagged),
                    "queue": dataclasses.asdict(view) if view else None})  # fmt: skip
@@ -143,10 +143,10 @@ def drain(
         )
 
 
-def queues(store: Store, as_json: JsonFlag = False) -> None:
+def queues(conn: Connection, as_json: JsonFlag = False) -> None:
     """Every queue: messages waiting, turns in flight, runs parked, dead letters (see
     `turnstile dead-letters`), paused or draining."""
-    views = queue_views.queues(store.client)
+    views = queue_views.queues(conn.client)
     if as_json:
         echo_json([{**dataclasses.asdict(v), "pending": v.pending} for v in views])
         return

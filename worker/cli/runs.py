@@ -19,9 +19,9 @@ from rich.table import Column, Table
 from turnstile.jobs.tools import one_line
 from turnstile.jobs.trace import postmortem, span_tree
 from turnstile.worker.cli.common import (
+    Connection,
     JsonFlag,
     RunId,
-    Store,
     Tenant,
     console_for_tables,
     echo_json,
@@ -39,7 +39,8 @@ StatusFilter = Annotated[
 OutcomeFilter = Annotated[
     str | None,
     typer.Option("--outcome", envvar="TURNSTILE_OUTCOME", show_default=False,
-                 help="completed, budget_exhausted, cancelled, ... (see DESIGN.md)."),
+                 help="completed, budget_exhausted, cancelled, ... (an unknown one is refused: the"
+                      " error names them all)."),
 ]  # fmt: skip
 Limit = Annotated[
     int, typer.Option("--limit", envvar="TURNSTILE_LIMIT", min=1, max=10_000,
@@ -62,7 +63,7 @@ def _n(value: int | None) -> str:
 
 
 def runs(
-    store: Store,
+    conn: Connection,
     tenant: Tenant = None,
     status: StatusFilter = None,
     outcome: OutcomeFilter = None,
@@ -72,7 +73,7 @@ def runs(
 ) -> None:
     """Runs, newest first, a page at a time: one tenant's with --tenant, every tenant's
     without. A page that is not the last ends with the cursor of the next."""
-    c = store.client
+    c = conn.client
     page = listing.page_runs(
         c, tenant=tenant, status=status, outcome=outcome, limit=limit, cursor=cursor
     )
@@ -94,9 +95,11 @@ def runs(
         typer.echo(f"more: --cursor {page.next_cursor}")
 
 
-def status(store: Store, run_id: RunId, tenant: Tenant = None, as_json: JsonFlag = False) -> None:
+def status(
+    conn: Connection, run_id: RunId, tenant: Tenant = None, as_json: JsonFlag = False
+) -> None:
     """One run: where it is, what it used, what it holds for a decision, how it ended."""
-    c = store.client
+    c = conn.client
     view = views.run_view(c, run_id, tenant)
     c.store.fence(f"the state of run {run_id} read is")
     if as_json:
@@ -129,7 +132,7 @@ def status(store: Store, run_id: RunId, tenant: Tenant = None, as_json: JsonFlag
 
 
 def watch(
-    store: Store,
+    conn: Connection,
     run_id: RunId,
     tenant: Tenant = None,
     timeout_s: WatchTimeout = None,
@@ -137,7 +140,7 @@ def watch(
 ) -> None:
     """Follow a run's events live until it stops. Each event is shown after it was read back
     from the store, so what is watched is what is stored. --json: one event per line."""
-    c = store.client
+    c = conn.client
     tenant, _ = decisions.resolve(c, run_id, tenant)
     stream = _fenced(c, views.follow(c, tenant, run_id, timeout_s=timeout_s))
     try:
@@ -183,9 +186,11 @@ def _watch_display(stream: Iterator[tuple[str, dict[str, Any]]]) -> None:
                 progress.update(task, description=str(event.get("type")))
 
 
-def trace(store: Store, run_id: RunId, tenant: Tenant = None, as_json: JsonFlag = False) -> None:
+def trace(
+    conn: Connection, run_id: RunId, tenant: Tenant = None, as_json: JsonFlag = False
+) -> None:
     """A run's span tree, turn by turn, and its post-mortem."""
-    _, spans = views.spans(store.client, run_id, tenant)
+    _, spans = views.spans(conn.client, run_id, tenant)
     summary = postmortem(spans)
     if as_json:
         echo_json({"run_id": run_id, "spans": msgspec.to_builtins(spans), "postmortem": summary})
@@ -201,10 +206,12 @@ def trace(store: Store, run_id: RunId, tenant: Tenant = None, as_json: JsonFlag 
     console.print(escape(f"post-mortem: {json.dumps(summary)}"), highlight=False, soft_wrap=True)
 
 
-def replay(store: Store, run_id: RunId, tenant: Tenant = None, as_json: JsonFlag = False) -> None:
+def replay(
+    conn: Connection, run_id: RunId, tenant: Tenant = None, as_json: JsonFlag = False
+) -> None:
     """Run the kernel again from the run's recorded model replies and say whether it reaches
     the stored state; exits 1 when it does not."""
-    result = replay_run(store.client, run_id, tenant)
+    result = replay_run(conn.client, run_id, tenant)
     if as_json:
         echo_json(dataclasses.asdict(result))
     elif result.matches:
