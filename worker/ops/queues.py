@@ -10,14 +10,7 @@ from typing import Any
 from turnstile.worker.broker.layout import broker_depth, dead_letter_count
 from turnstile.worker.client._client import Client
 from turnstile.worker.ops.errors import DrainTimeoutError
-from turnstile.worker.ops.subjects import (
-    Subject,
-    check_known,
-    live_inflight,
-    parked_runs,
-    scan,
-    tenants,
-)
+from turnstile.worker.ops.subjects import Subject, check_known, live_inflight, parked_runs, runs_in
 from turnstile.worker.scheduling import fair
 from turnstile.worker.store import keys
 from turnstile.worker.store.values import text
@@ -47,33 +40,20 @@ class QueueView:
         return sum(int(t["waiting"]) for t in self.tenants)
 
 
-def _running_on(c: Client, queue: str) -> int:
-    seen: set[tuple[str, str]] = set()
-    for tenant in tenants(c):
-        for ids in scan(c, keys.by_status(tenant, "running")):
-            pipe = c.client.pipeline(transaction=False)
-            for run_id in ids:
-                pipe.hget(keys.run(tenant, run_id), "queue")
-            seen |= {
-                (tenant, r) for r, q in zip(ids, pipe.execute(), strict=True) if text(q) == queue
-            }
-    return len(seen)
-
-
 def queue_view(c: Client, queue: str) -> QueueView:
-    check_known(c, Subject(queue=queue))
+    subject = Subject(queue=queue)
+    check_known(c, subject)
     paused, paused_by, draining, draining_by = (
         text(v)
         for v in c.client.hmget(
             keys.queue_control(queue), "paused", "paused_by", "draining", "draining_by"
         )
     )
-    subject = Subject(queue=queue)
     return QueueView(
         queue,
         broker_depth(c.config.broker, queue),
         len(live_inflight(c, subject)),
-        _running_on(c, queue),
+        len(runs_in(c, subject, "running")),
         len(parked_runs(c, subject)),
         paused, paused_by, draining, draining_by,
         dead_letter_count(c.config.broker, queue),

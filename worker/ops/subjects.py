@@ -72,11 +72,17 @@ def check_known(c: Client, subject: Subject) -> None:
         raise ControlError(f"unknown tenant {subject.tenant!r}")
 
 
-def parked_runs(c: Client, subject: Subject) -> list[tuple[str, str, str]]:
-    """(tenant, run id, queue) of every parked run of the subject; a queue's look across tenants."""
+def _tenants_of(c: Client, subject: Subject) -> list[str]:
+    """The subject's tenant; for a queue, every tenant (any of them may have runs on it)."""
+    return [subject.tenant] if subject.tenant is not None else tenants(c)
+
+
+def runs_in(c: Client, subject: Subject, status: str) -> list[tuple[str, str, str]]:
+    """(tenant, run id, queue) of every run of the subject in `status`; a queue's look across
+    tenants."""
     out = set()
-    for tenant in [subject.tenant] if subject.tenant is not None else tenants(c):
-        for ids in scan(c, keys.by_status(tenant, "parked")):
+    for tenant in _tenants_of(c, subject):
+        for ids in scan(c, keys.by_status(tenant, status)):
             pipe = c.client.pipeline(transaction=False)
             for run_id in ids:
                 pipe.hget(keys.run(tenant, run_id), "queue")
@@ -86,12 +92,17 @@ def parked_runs(c: Client, subject: Subject) -> list[tuple[str, str, str]]:
     return sorted(out)
 
 
+def parked_runs(c: Client, subject: Subject) -> list[tuple[str, str, str]]:
+    """(tenant, run id, queue) of every parked run of the subject."""
+    return runs_in(c, subject, "parked")
+
+
 def live_inflight(c: Client, subject: Subject) -> list[tuple[str, str, str]]:
-    """(tenant, run id, queue) of the turns in flight of the subject. An entry counts only while its
+    """(tenant, run id, queue) of the subject's turns in flight. An entry counts only while its
     own lease is in the future: a worker that died mid-turn leaves one behind."""
     now = server_ms(c.client)
     out = []
-    for tenant in [subject.tenant] if subject.tenant is not None else tenants(c):
+    for tenant in _tenants_of(c, subject):
         entries = {text(k): text(v) for k, v in c.client.hgetall(keys.inflight(tenant)).items()}
         for run_id in sorted(entries):
             fields = entries[run_id].split("|")
