@@ -9,6 +9,7 @@ shows its password.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import getpass
 import inspect
@@ -16,7 +17,6 @@ import json
 import socket
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from typing import Annotated, Any, NoReturn
 
 import kombu.exceptions
@@ -135,7 +135,7 @@ def open_client(redis_url: str | None, broker_url: str | None = None) -> Client:
         fail(f"bad store URL {redis_url!r}: {exc}", code=2)
 
 
-@contextmanager
+@contextlib.contextmanager
 def client(redis_url: str | None, broker_url: str | None = None) -> Iterator[Client]:
     """`open_client` for a `with` block, closed when it ends."""
     with open_client(redis_url, broker_url) as made:
@@ -163,28 +163,47 @@ class Connection:
             self.client.close()
 
 
-_CONNECTION_OPTIONS = (("redis_url", RedisUrl), ("broker_url", BrokerUrl))
+def from_options(
+    name: str, options: Sequence[tuple[str, Any]], make: Callable[..., Any], *, last: bool = False
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A decorator for a command whose parameter `name` stands for a group of options: the
+    command as mounted takes `options` (where `name` stood, or after every other option with
+    `last`) and is given make(**their values), closed when the command ends if it is a
+    context manager. So a group of options is declared, and turned into what the library
+    takes, once for every command that has it."""
+
+    def mount(command: Callable[..., None]) -> Callable[..., None]:
+        keyword = inspect.Parameter.KEYWORD_ONLY  # typer passes every value by name
+        group = [
+            inspect.Parameter(o, keyword, default=None, annotation=kind) for o, kind in options
+        ]
+        params: list[inspect.Parameter] = []
+        for param in inspect.signature(command, eval_str=True).parameters.values():
+            if param.name == name:
+                params += [] if last else group
+            else:
+                params.append(param.replace(kind=keyword))
+        params += group if last else []
+
+        @functools.wraps(command)
+        def mounted(**values: Any) -> None:
+            with contextlib.ExitStack() as ending:
+                made = make(**{o: values.pop(o) for o, _ in options})
+                if isinstance(made, contextlib.AbstractContextManager):
+                    ending.enter_context(made)  # a Connection closes when the command ends
+                command(**values, **{name: made})
+
+        mounted.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        mounted.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+        return mounted
+
+    return mount
 
 
-def with_connection(command: Callable[..., None]) -> Callable[..., None]:
-    """The command as `turnstile` mounts it: its `conn` parameter becomes the --redis-url and
-    --broker-url options, listed last as on every command, and it is given the Connection they
-    name. So a command is its own options over a library call; the store's are written once."""
-    signature = inspect.signature(command, eval_str=True)
-    params = [p for p in signature.parameters.values() if p.name != "conn"]
-    params += [
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=kind)
-        for name, kind in _CONNECTION_OPTIONS
-    ]
-
-    @functools.wraps(command)
-    def mounted(*, redis_url: str | None, broker_url: str | None, **options: Any) -> None:
-        with Connection(redis_url, broker_url) as conn:
-            command(conn=conn, **options)
-
-    mounted.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
-    mounted.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
-    return mounted
+# --redis-url and --broker-url, last on every command, as the command's `conn`.
+with_connection = from_options(
+    "conn", (("redis_url", RedisUrl), ("broker_url", BrokerUrl)), Connection, last=True
+)
 
 
 def register(app: typer.Typer, commands: Sequence[Callable[..., None]]) -> None:

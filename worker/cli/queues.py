@@ -23,6 +23,7 @@ from turnstile.worker.cli.common import (
     console_for_tables,
     echo_json,
     fail,
+    from_options,
 )
 from turnstile.worker.ops import flags
 from turnstile.worker.ops import queues as queue_views
@@ -63,6 +64,12 @@ def _subject(queue: str | None, tenant: str | None) -> Subject:
     return Subject(queue=queue, tenant=tenant)
 
 
+# --queue or --tenant, as the command's `subject`.
+with_subject = from_options(
+    "subject", (("queue", ControlQueue), ("tenant", ControlTenant)), _subject
+)
+
+
 def _flag_line(flagged: Flagged) -> str:
     what = f"{flagged.target} {flagged.name!r}"
     if flagged.already:
@@ -74,30 +81,20 @@ def _depth(depth: int | None) -> str:
     return "?" if depth is None else str(depth)
 
 
-def pause(
-    conn: Connection,
-    queue: ControlQueue = None,
-    tenant: ControlTenant = None,
-    by: Operator = "",
-    as_json: JsonFlag = False,
-) -> None:
+@with_subject
+def pause(conn: Connection, subject: Subject, by: Operator = "", as_json: JsonFlag = False) -> None:
     """Pause a queue or a tenant: from the next turn boundary on, every worker parks its runs
     instead of running them; nothing more is reserved for them."""
-    subject = _subject(queue, tenant)
     flagged = flags.pause(conn.client, subject, by=by)
     typer.echo(json.dumps(dataclasses.asdict(flagged)) if as_json else _flag_line(flagged))
 
 
+@with_subject
 def resume(
-    conn: Connection,
-    queue: ControlQueue = None,
-    tenant: ControlTenant = None,
-    by: Operator = "",
-    as_json: JsonFlag = False,
+    conn: Connection, subject: Subject, by: Operator = "", as_json: JsonFlag = False
 ) -> None:
     """Resume a paused tenant, or a paused or draining queue: clear the flag and re-enqueue
     each parked run once."""
-    subject = _subject(queue, tenant)
     done = flags.resume(conn.client, subject, by=by)
     if as_json:
         echo_json(dataclasses.asdict(done))
