@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import getpass
 import inspect
 import json
-import socket
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Annotated, Any, NoReturn
@@ -48,24 +46,6 @@ BrokerUrl = Annotated[
 JsonFlag = Annotated[
     bool, typer.Option("--json", envvar="TURNSTILE_JSON", help="Print JSON instead of a table.")
 ]
-
-
-def _operator(by: str) -> str:
-    """Who acts, for the record: --by, or the user and host the command runs as."""
-    return by or f"{getpass.getuser()}@{socket.gethostname()}"
-
-
-Operator = Annotated[
-    str,
-    typer.Option("--by", envvar="TURNSTILE_OPERATOR", callback=_operator,
-                 help="Who is deciding, for the record."),
-]  # fmt: skip
-Tenant = Annotated[
-    str | None,
-    typer.Option("--tenant", envvar="TURNSTILE_TENANT", show_default=False,
-                 help="Only this tenant's runs; another tenant's run is not found."),
-]  # fmt: skip
-RunId = Annotated[str, typer.Argument(help="The run's id.", show_default=False)]
 
 
 def _flat(text: str) -> str:

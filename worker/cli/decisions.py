@@ -3,26 +3,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import typer
 
-from turnstile.worker.cli.common import Connection, JsonFlag, Operator, RunId, Tenant, echo_json
+from turnstile.worker.cli.common import Connection, JsonFlag, echo_json
+from turnstile.worker.cli.options import CancelReason, DenyReason, Digest, Operator, RunId, Tenant
 from turnstile.worker.ops import decisions
-
-Digest = Annotated[
-    str | None,
-    typer.Option("--digest", envvar="TURNSTILE_DIGEST", show_default=False,
-                 help="Approve only if the held call has this digest (see `status`)."),
-]  # fmt: skip
-DenyReason = Annotated[
-    str,
-    typer.Option("--reason", envvar="TURNSTILE_DENY_REASON", show_default=False,
-                 help="Why, for the record (and the model, for a job that shows it)."),
-]  # fmt: skip
-CancelReason = Annotated[
-    str, typer.Option("--reason", envvar="TURNSTILE_CANCEL_REASON", help="For the record.")
-]
 
 
 def _next_step(sent: bool) -> str:

@@ -1,16 +1,11 @@
 """`turnstile pause | resume | drain | queues`: the flags on queues and tenants, and what the
-queues hold. Each command is its options over `worker.ops.flags` or `worker.ops.queues`.
-
-The control commands read their target from `TURNSTILE_CONTROL_QUEUE` /
-`TURNSTILE_CONTROL_TENANT`, not from the `TURNSTILE_QUEUE` / `TURNSTILE_TENANT` that
-submissions use, so a shell set up to submit cannot pause by accident.
-"""
+queues hold. Each command is its options (options.py) over `worker.ops.flags` or
+`worker.ops.queues`."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Annotated
 
 import typer
 from rich.markup import escape
@@ -19,43 +14,24 @@ from rich.table import Table
 from turnstile.worker.cli.common import (
     Connection,
     JsonFlag,
-    Operator,
     console_for_tables,
     echo_json,
     fail,
     from_options,
+)
+from turnstile.worker.cli.options import (
+    ControlQueue,
+    ControlTenant,
+    DrainQueue,
+    DrainTimeout,
+    DrainWait,
+    Operator,
 )
 from turnstile.worker.ops import flags
 from turnstile.worker.ops import queues as queue_views
 from turnstile.worker.ops.flags import Flagged
 from turnstile.worker.ops.queues import QueueView
 from turnstile.worker.ops.subjects import Subject
-
-ControlQueue = Annotated[
-    str | None,
-    typer.Option("--queue", envvar="TURNSTILE_CONTROL_QUEUE", show_default=False,
-                 help="The queue to act on (every tenant's runs on it)."),
-]  # fmt: skip
-ControlTenant = Annotated[
-    str | None,
-    typer.Option("--tenant", envvar="TURNSTILE_CONTROL_TENANT", show_default=False,
-                 help="The tenant to act on (its runs on every queue)."),
-]  # fmt: skip
-DrainQueue = Annotated[
-    str,
-    typer.Option("--queue", envvar="TURNSTILE_CONTROL_QUEUE", show_default=False,
-                 help="The queue to drain."),
-]  # fmt: skip
-DrainWait = Annotated[
-    bool,
-    typer.Option("--wait", envvar="TURNSTILE_DRAIN_WAIT",
-                 help="Return only when no turn of the queue is in flight."),
-]  # fmt: skip
-DrainTimeout = Annotated[
-    float | None,
-    typer.Option("--timeout-s", envvar="TURNSTILE_DRAIN_TIMEOUT_S", min=0, show_default=False,
-                 help="With --wait: give up after this many seconds."),
-]  # fmt: skip
 
 
 def _subject(queue: str | None, tenant: str | None) -> Subject:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 import typer
@@ -18,44 +18,20 @@ from rich.table import Column, Table
 
 from turnstile.jobs.tools import one_line
 from turnstile.jobs.trace import postmortem, span_tree
-from turnstile.worker.cli.common import (
-    Connection,
-    JsonFlag,
+from turnstile.worker.cli.common import Connection, JsonFlag, console_for_tables, echo_json
+from turnstile.worker.cli.options import (
+    Cursor,
+    Limit,
+    OutcomeFilter,
     RunId,
+    StatusFilter,
     Tenant,
-    console_for_tables,
-    echo_json,
+    WatchTimeout,
 )
 from turnstile.worker.cli.render import describe, observation_line, span_status
 from turnstile.worker.client._client import Client
 from turnstile.worker.ops import decisions, listing, views
 from turnstile.worker.ops.replay import replay_run
-
-StatusFilter = Annotated[
-    str | None,
-    typer.Option("--status", envvar="TURNSTILE_STATUS", show_default=False,
-                 help="running, suspended, parked or stopped."),
-]  # fmt: skip
-OutcomeFilter = Annotated[
-    str | None,
-    typer.Option("--outcome", envvar="TURNSTILE_OUTCOME", show_default=False,
-                 help="completed, budget_exhausted, cancelled, ... (an unknown one is refused: the"
-                      " error names them all)."),
-]  # fmt: skip
-Limit = Annotated[
-    int, typer.Option("--limit", envvar="TURNSTILE_LIMIT", min=1, max=10_000,
-                      help="Runs on one page.")
-]  # fmt: skip
-Cursor = Annotated[
-    str | None,
-    typer.Option("--cursor", envvar="TURNSTILE_CURSOR", show_default=False,
-                 help="Continue a listing: the next_cursor a page gave."),
-]  # fmt: skip
-WatchTimeout = Annotated[
-    float | None,
-    typer.Option("--timeout-s", envvar="TURNSTILE_WATCH_TIMEOUT_S", min=0, show_default=False,
-                 help="Stop following after this many seconds."),
-]  # fmt: skip
 
 
 def _n(value: int | None) -> str:
