@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     from turnstile.providers.errors import ProviderConfigError
     from turnstile.worker.client._client import Client, connect_client
     from turnstile.worker.client._reading import RunEvent
-    from turnstile.worker.ops.control import ControlError, DrainTimeoutError
+    from turnstile.worker.ops.errors import ControlError, DrainTimeoutError
     from turnstile.worker.registry import Registry
     from turnstile.worker.settings import Settings
     from turnstile.worker.store.runs import NotDurableError, StoreUnavailable
@@ -149,8 +149,8 @@ _LAZY = {
     "Client": "turnstile.worker.client._client",
     "RunEvent": "turnstile.worker.client._reading",
     "connect_client": "turnstile.worker.client._client",
-    "ControlError": "turnstile.worker.ops.control",
-    "DrainTimeoutError": "turnstile.worker.ops.control",
+    "ControlError": "turnstile.worker.ops.errors",
+    "DrainTimeoutError": "turnstile.worker.ops.errors",
     "LedgerConflict": _LEDGER_ERRORS,
     "LedgerError": _LEDGER_ERRORS,
     "LedgerInputError": _LEDGER_ERRORS,

@@ -10,7 +10,7 @@ depending on worker/. The families:
 - ledger: `LedgerError` (turnstile/ledger/errors.py);
 - the store is down: `StoreUnavailableError`, whichever store it is;
 - what a service meets when it submits, reads or decides: the rest of this module;
-- an operator command that does not apply: `ControlError` (turnstile/worker/ops/control.py).
+- an operator command that does not apply: `ControlError` (turnstile/worker/ops/errors.py).
 """
 
 

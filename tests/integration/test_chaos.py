@@ -28,8 +28,8 @@ from turnstile.worker.broker.producer import producer
 from turnstile.worker.client._client import Client
 from turnstile.worker.dev.embedded import EmbeddedServer
 from turnstile.worker.dev.shop import RedisShop
-from turnstile.worker.ops import control
-from turnstile.worker.ops.control import Scope
+from turnstile.worker.ops import flags
+from turnstile.worker.ops.subjects import Subject
 from turnstile.worker.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -133,11 +133,11 @@ class Drill:
         self.log.append("malformed entries pushed")
 
     def pause(self) -> None:
-        control.pause(self.client, Scope(tenant=self.tenants[0]), by="chaos")
+        flags.pause(self.client, Subject(tenant=self.tenants[0]), by="chaos")
         self.log.append("paused")
 
     def resume(self) -> None:
-        done = control.resume(self.client, Scope(tenant=self.tenants[0]), by="chaos")
+        done = flags.resume(self.client, Subject(tenant=self.tenants[0]), by="chaos")
         self.log.append(f"resumed {len(done.resumed)}")
 
     # -- runs ------------------------------------------------------------------------------

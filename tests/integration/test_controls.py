@@ -24,11 +24,12 @@ from tests.integration.workers import (
 )
 from turnstile.errors import SubmissionError
 from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
+from turnstile.worker.broker import layout
 from turnstile.worker.cli.main import app
 from turnstile.worker.client._client import Client
 from turnstile.worker.dev.shop import RedisShop
-from turnstile.worker.ops import control
-from turnstile.worker.ops.control import Scope
+from turnstile.worker.ops import flags, queues, subjects
+from turnstile.worker.ops.subjects import Subject
 from turnstile.worker.store import keys
 
 pytestmark = pytest.mark.integration
@@ -93,11 +94,11 @@ def test_a_paused_tenant_stops_at_the_next_boundary_and_resumes_exactly_once(
             if i % 4 == 0:
                 others.append(client.submit(other, USER, "support", GOAL, SLOW, queue=queue))
         wait_until(lambda: _turns(client, paused, ids) >= 10, what="the tenant's runs start")
-        assert control.live_inflight(client, Scope(tenant=paused)), "turns are in flight"
-        control.pause(client, Scope(tenant=paused), by="ops@example.com")
+        assert subjects.live_inflight(client, Subject(tenant=paused)), "turns are in flight"
+        flags.pause(client, Subject(tenant=paused), by="ops@example.com")
 
         # The pause is seen once every turn that was running when it landed has committed.
-        wait_until(lambda: not control.live_inflight(client, Scope(tenant=paused)),
+        wait_until(lambda: not subjects.live_inflight(client, Subject(tenant=paused)),
                    timeout_s=30, what="the turns in flight finish")  # fmt: skip
         turns, ledger = _turns(client, paused, ids), _ledger(client, paused)
         wait_until(lambda: settled(client, others), timeout_s=60, what="the other tenant ends")
@@ -113,7 +114,7 @@ def test_a_paused_tenant_stops_at_the_next_boundary_and_resumes_exactly_once(
         assert len(parked) >= 20, "most runs were caught by the pause"
         assert any(client.state(r).usage.steps > 0 for r in parked), "some mid-run"
 
-        done = control.resume(client, Scope(tenant=paused), by="ops@example.com")
+        done = flags.resume(client, Subject(tenant=paused), by="ops@example.com")
         assert sorted(done.resumed) == sorted(parked) and done.still_parked == 0
         wait_until(lambda: settled(client, ids), timeout_s=90, what="the 50 runs end")
     expected = expected_rows()
@@ -137,9 +138,9 @@ def test_drain_wait_returns_when_nothing_is_in_flight_and_killing_workers_loses_
     with workers(redis_url, queue, count=2, concurrency=2) as first:
         client = client_for(redis_url)
         ids = [client.submit(tenant, USER, "support", GOAL, slow, queue=queue) for _ in range(12)]
-        scope = Scope(queue=queue)
-        wait_until(lambda: len(control.live_inflight(client, scope)) >= 2, what="turns run")
-        loaded = _loaded_versions(client, tenant, control.live_inflight(client, scope))
+        subject = Subject(queue=queue)
+        wait_until(lambda: len(subjects.live_inflight(client, subject)) >= 2, what="turns run")
+        loaded = _loaded_versions(client, tenant, subjects.live_inflight(client, subject))
         assert loaded, "turns are in flight when the drain starts"
         result = runner.invoke(app, ["drain", "--queue", queue, "--wait", "--json"], env=env)
         assert result.exit_code == 0, result.output
@@ -156,7 +157,7 @@ def test_drain_wait_returns_when_nothing_is_in_flight_and_killing_workers_loses_
         # The queued steps are delivered and park; then the workers are killed outright.
         wait_until(lambda: all(_status(client, r) in ("parked", "stopped") for r in ids),
                    what="every queued step parks")  # fmt: skip
-        assert control.live_inflight(client, scope) == []
+        assert subjects.live_inflight(client, subject) == []
         for worker in first:
             worker.kill()
     for run_id in ids:  # nothing is lost: parked, ended, or live with a lease the sweeper sees
@@ -201,20 +202,20 @@ def test_racing_resumes_send_each_parked_run_once(redis_url: str, unique: str) -
     counted there: a tenant's pending list would fold a second copy into the first.)"""
     queue, tenant = f"race-{unique}", f"t-{unique}"
     client = client_for(redis_url, fair_share=False)
-    scope = Scope(tenant=tenant)
+    subject = Subject(tenant=tenant)
 
     def park_all(ids: list[str]) -> None:
         with workers(redis_url, queue, count=1, concurrency=2):
             wait_until(lambda: all(_status(client, r) == "parked" for r in ids), what="parked")
 
     ids = [client.submit(tenant, USER, "support", GOAL, {}, queue=queue) for _ in range(8)]
-    control.pause(client, scope, by="a")
+    flags.pause(client, subject, by="a")
     park_all(ids)
     outcomes: list[Any] = []
 
     def resume(i: int, barrier: threading.Barrier) -> None:
         barrier.wait()
-        outcomes.append(control.resume(client_for(redis_url, fair_share=False), scope, by=f"op{i}"))
+        outcomes.append(flags.resume(client_for(redis_url, fair_share=False), subject, by=f"op{i}"))
 
     barrier = threading.Barrier(4)
     threads = [threading.Thread(target=resume, args=(i, barrier)) for i in range(4)]
@@ -225,20 +226,20 @@ def test_racing_resumes_send_each_parked_run_once(redis_url: str, unique: str) -
     won = [o for o in outcomes if o.cleared]
     assert len(won) == 1 and sorted(won[0].resumed) == sorted(ids)
     assert all(o.resumed == [] for o in outcomes if not o.cleared)
-    assert control.broker_depth(redis_url, queue) == len(ids)
+    assert layout.broker_depth(redis_url, queue) == len(ids)
     for run_id in ids:
         assert _kinds(client, tenant, run_id).count("resumed") == 1
 
-    control.pause(client, scope, by="a")
+    flags.pause(client, subject, by="a")
     park_all(ids)  # the steps just sent are consumed and park the runs again
-    assert control.broker_depth(redis_url, queue) == 0
+    assert layout.broker_depth(redis_url, queue) == 0
     sent: list[str] = []
 
     def requeue_all(barrier: threading.Barrier) -> None:
         c = client_for(redis_url, fair_share=False)
         barrier.wait()
         for run_id in ids:
-            sent.append(control.requeue(c, tenant, run_id, by="racer", at="now"))
+            sent.append(flags.requeue(c, tenant, run_id, by="racer", at="now"))
 
     barrier = threading.Barrier(4)
     threads = [threading.Thread(target=requeue_all, args=(barrier,)) for _ in range(4)]
@@ -247,7 +248,7 @@ def test_racing_resumes_send_each_parked_run_once(redis_url: str, unique: str) -
     for t in threads:
         t.join()
     assert sent.count("sent") == len(ids) and sent.count("skipped") == 3 * len(ids)
-    assert control.broker_depth(redis_url, queue) == len(ids)
+    assert layout.broker_depth(redis_url, queue) == len(ids)
     for run_id in ids:
         assert _kinds(client, tenant, run_id).count("resumed") == 2
         client.store.fail_run(tenant, run_id, "the test is over")  # no sweeper re-sends it
@@ -262,22 +263,43 @@ def test_a_queue_pause_and_a_tenant_pause_each_hold_their_runs(redis_url: str, u
     client = client_for(redis_url)
     first = client.submit(t1, USER, "support", GOAL, {}, queue=queue)  # makes the queue known
     second = client.submit(t2, USER, "support", GOAL, {}, queue=queue)
-    control.pause(client, Scope(queue=queue), by="ops")
-    control.pause(client, Scope(tenant=t2), by="ops")
+    flags.pause(client, Subject(queue=queue), by="ops")
+    flags.pause(client, Subject(tenant=t2), by="ops")
     ids = [first, second] + [
         client.submit(t, USER, "support", GOAL, {}, queue=queue) for t in (t1, t2) for _ in range(2)
     ]
     with workers(redis_url, queue, count=1, concurrency=2):
         wait_until(lambda: all(_status(client, r) == "parked" for r in ids), what="all park")
-        view = control.queue_view(client, queue)
+        view = queues.queue_view(client, queue)
         assert (view.parked, view.in_flight, view.depth) == (6, 0, 0)
         assert view.paused and view.paused_by == "ops"
-        done = control.resume(client, Scope(queue=queue), by="ops")
+        done = flags.resume(client, Subject(queue=queue), by="ops")
         assert len(done.resumed) == 3 and done.still_parked == 3
         mine = [r for r in ids if client.tenant_of(r) == t1]
         wait_until(lambda: settled(client, mine), what="the first tenant's runs end")
         assert all(_status(client, r) == "parked" for r in ids if r not in mine)
-        done = control.resume(client, Scope(tenant=t2), by="ops")
+        done = flags.resume(client, Subject(tenant=t2), by="ops")
         assert len(done.resumed) == 3
         wait_until(lambda: settled(client, ids), what="every run ends")
     assert {client.state(r).outcome for r in ids} == {"completed"}
+
+
+def test_a_tenant_named_like_a_queues_flag_does_not_open_that_queue(
+    redis_url: str, unique: str
+) -> None:
+    """A tenant named `queue:<Q>` is not mistaken for queue Q's flags: resuming that tenant
+    leaves its runs on the paused queue Q parked, held back by the queue's pause."""
+    queue = f"qn-{unique}"
+    tenant = f"queue:{queue}"
+    client = client_for(redis_url)
+    ids = [client.submit(tenant, USER, "support", GOAL, {}, queue=queue)]  # the queue is known
+    flags.pause(client, Subject(queue=queue), by="ops")
+    flags.pause(client, Subject(tenant=tenant), by="ops")
+    ids.append(client.submit(tenant, USER, "support", GOAL, {}, queue=queue))
+    with workers(redis_url, queue, count=1, concurrency=1):
+        wait_until(lambda: all(_status(client, r) == "parked" for r in ids), what="both park")
+    done = flags.resume(client, Subject(tenant=tenant), by="ops")
+    assert done.cleared == ["paused"] and done.resumed == [] and done.still_parked == len(ids)
+    assert all(_status(client, r) == "parked" for r in ids)
+    for run_id in ids:
+        client.store.fail_run(tenant, run_id, "the test is over")

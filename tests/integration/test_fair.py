@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from tests.integration.workers import client_for, running_workers, settled, wait_until
 from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.broker import layout
 from turnstile.worker.cli.main import app
 from turnstile.worker.client._client import Client
 from turnstile.worker.scheduling import fair
@@ -68,7 +69,7 @@ def _forget_tenant(client: Client, tenant: str, queue: str) -> None:
         keys.leases(tenant), keys.pending(tenant, queue, "cont"),
         keys.pending(tenant, queue, "start"), keys.pending_index(tenant), keys.slots(tenant),
     )  # fmt: skip
-    client.client.delete(queue, *(f"{queue}{fair.PRIORITY_SEP}{p}" for p in (3, 6, 9)))
+    client.client.delete(*layout.priority_lists(queue))
 
 
 def test_a_backlog_does_not_starve_another_tenant(redis_url: str, unique: str) -> None:

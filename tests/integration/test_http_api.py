@@ -14,10 +14,12 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
+from typer.testing import CliRunner
 
 from tests.integration.apiserver import ApiServer, http, make_key, running_api, sse_events
 from tests.integration.workers import WorkerProcess, client_for, running_workers, wait_until
 from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
+from turnstile.worker.cli.main import app
 from turnstile.worker.client._client import Client, idempotent_run_id
 from turnstile.worker.dev.shop import RedisShop
 from turnstile.worker.http import keys as http_keys
@@ -290,6 +292,26 @@ def test_runs_are_listed_page_by_page_by_cursor(
     assert sorted([r for p in running for r in p]) == sorted(made)
     assert bad.status_code == 400 and bad.json()["code"] == "invalid_cursor"
     assert wrong_status.status_code == 422
+
+
+def test_a_page_over_http_is_the_page_turnstile_runs_gives(
+    redis_url: str, api: ApiServer, unique: str
+) -> None:
+    """`GET /v1/runs` and `turnstile runs --json` page through one listing: for the same
+    tenant and limit they give the same rows, field for field, and the same next cursor."""
+    tenant = f"t-{unique}"
+    with http(api, make_key(redis_url, tenant)) as web:
+        body = {"user": USER, "goal": GOAL, "queue": f"idle-{unique}"}
+        for _ in range(3):
+            web.post("/v1/runs", json=body)
+        over_http = web.get("/v1/runs", params={"limit": "2"}).json()
+    listed = CliRunner().invoke(
+        app, ["runs", "--tenant", tenant, "--limit", "2", "--json"],
+        env={"TURNSTILE_REDIS_URL": redis_url},
+    )  # fmt: skip
+    assert listed.exit_code == 0, listed.output
+    assert len(over_http["runs"]) == 2 and over_http["next_cursor"] is not None
+    assert json.loads(listed.stdout) == over_http
 
 
 def test_many_followers_of_a_quiet_run_hold_up_no_other_request(

@@ -17,7 +17,7 @@ from turnstile.jobs.support.scenarios import GOAL, USER
 from turnstile.worker.cli.main import app
 from turnstile.worker.client._client import Client
 from turnstile.worker.dev.embedded import EmbeddedServer
-from turnstile.worker.ops import control
+from turnstile.worker.ops import listing
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +46,7 @@ def _all_pages(client: Client, **filters: Any) -> tuple[list[str], int]:
     got: list[str] = []
     cursor, pages = None, 0
     while True:
-        page = control.page_runs(client, cursor=cursor, **filters)
+        page = listing.page_runs(client, cursor=cursor, **filters)
         got += [r.run_id for r in page.rows]
         pages += 1
         if page.next_cursor is None:
@@ -90,9 +90,9 @@ def test_filtered_pages_from_a_small_index_and_from_a_walk_agree(
     assert _all_pages(client, outcome="error", status="stopped", limit=5)[0] == stopped
     assert _all_pages(client, status="running", limit=100)[0] == running
 
-    monkeypatch.setattr(control, "SMALL_INDEX", 0)
-    monkeypatch.setattr(control, "WALK_CHUNK", 2)
-    monkeypatch.setattr(control, "WALK_BUDGET", 4)
+    monkeypatch.setattr(listing, "SMALL_INDEX", 0)
+    monkeypatch.setattr(listing, "WALK_CHUNK", 2)
+    monkeypatch.setattr(listing, "WALK_BUDGET", 4)
     walked, pages = _all_pages(client, status="stopped", limit=3)
     assert walked == stopped
     assert pages > 3  # the walk's budget made short pages
@@ -105,7 +105,7 @@ def test_a_page_loads_only_its_own_runs(own_server: EmbeddedServer, unique: str)
     _make_runs(client, [f"t-{unique}"], 60, f"q-{unique}")
     for filters in ({}, {"status": "running"}, {"status": "stopped"}):
         client.client.config_resetstat()
-        page = control.page_runs(client, limit=5, **filters)
+        page = listing.page_runs(client, limit=5, **filters)
         assert len(page.rows) == 5 and page.next_cursor is not None
         assert _hgetall_calls(client.client) == 5, filters
 

@@ -26,12 +26,14 @@ from tests.integration.workers import (
 from turnstile.errors import SubmissionConflictError, SubmissionError
 from turnstile.jobs.budget import Budget
 from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, SCENARIOS, USER
+from turnstile.worker.broker import layout
 from turnstile.worker.broker.message import STEP_TASK
 from turnstile.worker.broker.producer import producer
 from turnstile.worker.client._client import Client
 from turnstile.worker.dev.embedded import EmbeddedServer
 from turnstile.worker.dev.shop import RedisShop
-from turnstile.worker.ops import control
+from turnstile.worker.ops import flags
+from turnstile.worker.ops.subjects import Subject
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 
@@ -461,7 +463,7 @@ def test_a_turn_killed_then_cancelled_or_parked_leaves_no_hold_and_closes_truthf
     _kill_turn(client, cancelled, first)
     second = client.submit(parked, USER, "support", GOAL, slow, queue=queue)
     wait_until(lambda: shop.effects(second) != [], what="the second refund is issued")
-    control.pause(client, control.Scope(tenant=parked), by="ops")
+    flags.pause(client, Subject(tenant=parked), by="ops")
     _kill_turn(client, parked, second)
     wait_until(lambda: client.run_hash(first)[1]["status"] == "stopped", what="cancelled")
     wait_until(lambda: client.run_hash(second)[1]["status"] == "parked", what="parked")
@@ -537,7 +539,7 @@ def test_the_sweeper_sends_a_waiting_step_once_and_cancel_ends_an_idle_run_at_on
         return len(seen) >= times
 
     wait_until(lambda: waited(3), timeout_s=40, what="three sweeps find the step waiting")
-    assert control.broker_depth(redis_url, nobody) == 2  # the submission's and one re-send
+    assert layout.broker_depth(redis_url, nobody) == 2  # the submission's and one re-send
     assert client.cancel(run_id, by="ops") == "cancelled"
     stored = client.run_hash(run_id)[1]
     assert (stored["status"], stored["outcome"]) == ("stopped", "cancelled")

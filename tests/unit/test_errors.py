@@ -49,7 +49,7 @@ from turnstile.jobs.outcomes import Outcome
 from turnstile.worker.cli.common import one_line
 from turnstile.worker.http import problems
 from turnstile.worker.http.problems import answer_to
-from turnstile.worker.ops.control import Scope
+from turnstile.worker.ops.subjects import Subject
 from turnstile.worker.runtime.step import LedgerDown
 
 ROOT = Path(__file__).parents[2]
@@ -103,7 +103,7 @@ def test_the_families_group_what_a_caller_catches_together() -> None:
     assert issubclass(SubmissionNameError, InvalidNameError)
     assert not issubclass(InvalidNameError, SubmissionError)
     with pytest.raises(InvalidNameError) as bad:
-        Scope(tenant="-acme")  # as pause, resume and drain take it
+        Subject(tenant="-acme")  # as pause, resume and drain take it
     assert not isinstance(bad.value, SubmissionError)
     for kind in (ModelTimeout, ModelStop, RecordedFailure):
         assert issubclass(kind, ModelError) and not issubclass(kind, KernelError)

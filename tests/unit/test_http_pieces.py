@@ -29,7 +29,8 @@ from turnstile.worker.http.schemas import BudgetBody, SubmitBody
 from turnstile.worker.http.sse import _kind, check_event_id, frame
 from turnstile.worker.http.webhook_delivery import delivery_id
 from turnstile.worker.names import RUN_ID_PATTERN, check_run_id
-from turnstile.worker.ops.control import ControlError, decode_cursor, encode_cursor
+from turnstile.worker.ops.errors import ControlError
+from turnstile.worker.ops.listing import decode_cursor, encode_cursor
 from turnstile.worker.store.runs import encode_event
 
 

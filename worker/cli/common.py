@@ -9,15 +9,19 @@ shows its password.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
+import json
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
 from typing import Annotated, Any, NoReturn
 
 import kombu.exceptions
 import pydantic
 import redis
 import typer
+from rich.console import Console
 from typer._click.core import Context  # typer vendors click: its own context and errors
 from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
 from typer._click.globals import get_current_context
@@ -41,9 +45,6 @@ BrokerUrl = Annotated[
 ]  # fmt: skip
 JsonFlag = Annotated[
     bool, typer.Option("--json", envvar="TURNSTILE_JSON", help="Print JSON instead of a table.")
-]
-Operator = Annotated[
-    str, typer.Option("--by", envvar="TURNSTILE_OPERATOR", help="Who is deciding, for the record.")
 ]
 
 
@@ -100,20 +101,106 @@ def _remember_urls(store: str | None, broker: str | None) -> None:
         ctx.meta[BROKER_URL_META] = broker or store
 
 
-@contextmanager
-def client(redis_url: str | None, broker_url: str | None = None) -> Iterator[Client]:
-    """A client for the command. Errors raised inside become one line (see OneLineGroup)."""
+def open_client(redis_url: str | None, broker_url: str | None = None) -> Client:
+    """A client for the command. Errors raised while it is used become one line (see
+    OneLineGroup)."""
     if not redis_url:
         fail("no store: set TURNSTILE_REDIS_URL or pass --redis-url", code=2)
     _remember_urls(redis_url, broker_url)
     try:
-        made = connect_client(Settings(redis_url=redis_url, broker_url=broker_url))
+        return connect_client(Settings(redis_url=redis_url, broker_url=broker_url))
     except pydantic.ValidationError:
         raise
     except ValueError as exc:  # redis-py's word for a malformed URL
         fail(f"bad store URL {redis_url!r}: {exc}", code=2)
-    with made:  # a command run in process (the tests, a script) leaves no socket open
+
+
+@contextlib.contextmanager
+def client(redis_url: str | None, broker_url: str | None = None) -> Iterator[Client]:
+    """`open_client` for a `with` block, closed when it ends."""
+    with open_client(redis_url, broker_url) as made:
         yield made
+
+
+class Connection:
+    """The store a command works on, as its --redis-url and --broker-url name it. Connected on
+    first use, so a command checks its own options first: a usage error is said before a
+    missing store."""
+
+    def __init__(self, redis_url: str | None, broker_url: str | None) -> None:
+        self.redis_url, self.broker_url = redis_url, broker_url
+
+    @functools.cached_property
+    def client(self) -> Client:
+        return open_client(self.redis_url, self.broker_url)
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # A command run in process (the tests, a script) leaves no socket open.
+        if "client" in self.__dict__:
+            self.client.close()
+
+
+def from_options(
+    name: str, options: Sequence[tuple[str, Any]], make: Callable[..., Any], *, last: bool = False
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A decorator for a command whose parameter `name` stands for a group of options: the
+    command as mounted takes `options` (where `name` stood, or after every other option with
+    `last`) and is given make(**their values), closed when the command ends if it is a
+    context manager. So a group of options is declared, and turned into what the library
+    takes, once for every command that has it."""
+
+    def mount(command: Callable[..., None]) -> Callable[..., None]:
+        keyword = inspect.Parameter.KEYWORD_ONLY  # typer passes every value by name
+        group = [
+            inspect.Parameter(o, keyword, default=None, annotation=kind) for o, kind in options
+        ]
+        params: list[inspect.Parameter] = []
+        for param in inspect.signature(command, eval_str=True).parameters.values():
+            if param.name == name:
+                params += [] if last else group
+            else:
+                params.append(param.replace(kind=keyword))
+        params += group if last else []
+
+        @functools.wraps(command)
+        def mounted(**values: Any) -> None:
+            with contextlib.ExitStack() as ending:
+                made = make(**{o: values.pop(o) for o, _ in options})
+                if isinstance(made, contextlib.AbstractContextManager):
+                    ending.enter_context(made)  # a Connection closes when the command ends
+                command(**values, **{name: made})
+
+        mounted.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        mounted.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+        return mounted
+
+    return mount
+
+
+# --redis-url and --broker-url, last on every command, as the command's `conn`.
+with_connection = from_options(
+    "conn", (("redis_url", RedisUrl), ("broker_url", BrokerUrl)), Connection, last=True
+)
+
+
+def register(app: typer.Typer, commands: Sequence[Callable[..., None]]) -> None:
+    """Mount commands that take a `conn` on the main `turnstile` command, in this order."""
+    for command in commands:
+        app.command()(with_connection(command))
+
+
+def echo_json(data: Any) -> None:
+    typer.echo(json.dumps(data, default=str))
+
+
+def console_for_tables() -> Console:
+    """A console for tables: a piped table is as wide as it needs (up to 160 columns), not
+    the 80 rich assumes without a terminal."""
+    console = Console()
+    return console if console.is_terminal else Console(width=max(console.width, 160))
 
 
 class OneLineGroup(TyperGroup):

@@ -14,10 +14,21 @@ from rich.markup import escape
 from rich.table import Table
 
 from turnstile.ledger.cli import hand_on, ledger_app, use_dimensions
-from turnstile.worker.cli.common import BrokerUrl, JsonFlag, OneLineGroup, RedisUrl, client, fail
+from turnstile.worker.cli.common import (
+    BrokerUrl,
+    JsonFlag,
+    OneLineGroup,
+    RedisUrl,
+    client,
+    console_for_tables,
+    fail,
+    register,
+)
 from turnstile.worker.cli.deadletters import dead_letters_app
+from turnstile.worker.cli.decisions import COMMANDS as DECISIONS
 from turnstile.worker.cli.http import register as register_http
-from turnstile.worker.cli.ops import register as register_ops
+from turnstile.worker.cli.queues import COMMANDS as QUEUES
+from turnstile.worker.cli.runs import COMMANDS as RUNS
 from turnstile.worker.cli.tenants import HANDED_ON, tenants_app
 from turnstile.worker.settings import Settings
 
@@ -43,7 +54,7 @@ def _job_dimensions() -> tuple[str, ...]:
     return Registry(None).dimensions()
 
 
-register_ops(app)
+register(app, QUEUES + DECISIONS + RUNS)  # the operator commands, in this order
 register_http(app)
 
 
@@ -58,7 +69,7 @@ def _root() -> None:
 
 @app.command()
 def scenarios(as_json: JsonFlag = False) -> None:
-    """Run spec 000's scenarios A-H in this process, on a simulated clock, and print the table."""
+    """Run the support job's scenarios A-H in this process, on a simulated clock, and print the table."""
     from turnstile.jobs.errors import UnknownJobError
     from turnstile.jobs.support.scenarios import BY_LETTER, table
     from turnstile.worker.registry import Registry
@@ -471,8 +482,6 @@ def memory_list(
 ) -> None:
     """A tenant's live notes: one user's with --user, every user's without."""
     import msgspec
-
-    from turnstile.worker.cli.ops import console_for_tables
 
     with client(redis_url) as c:
         notes = c.notes(tenant, user=user)

@@ -29,7 +29,7 @@ from turnstile.errors import (
 )
 from turnstile.jobs.errors import KernelError, UnknownJobError
 from turnstile.ledger.errors import LedgerError, LedgerInputError
-from turnstile.worker.ops.control import ControlError
+from turnstile.worker.ops.errors import ControlError
 
 log = structlog.get_logger("turnstile.api")
 

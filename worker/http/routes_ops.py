@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import msgspec
 import redis
 from fastapi import APIRouter, Path, Query, Request
 
-from turnstile.worker.http.context import NAME, Caller, Ctx, Operator, tenant_scope
+from turnstile.worker.client._client import Client
+from turnstile.worker.http.apikeys import ApiKey
+from turnstile.worker.http.context import NAME, Api, Caller, Ctx, Operator, tenant_scope
 from turnstile.worker.http.problems import Problem
 from turnstile.worker.http.routes_runs import PROBLEMS
 from turnstile.worker.http.schemas import CeilingBody, ControlBody, LedgerView
-from turnstile.worker.ops import control
-from turnstile.worker.ops.control import Scope
+from turnstile.worker.ops import flags, queues, subjects
+from turnstile.worker.ops.errors import ControlError
+from turnstile.worker.ops.flags import Flagged, Resumed
+from turnstile.worker.ops.subjects import Subject
 from turnstile.worker.store import keys
 
 router = APIRouter(responses=PROBLEMS)
@@ -65,7 +71,7 @@ def get_ledger(
 def list_tenants(_: Operator, ctx: Ctx) -> dict[str, Any]:
     """Every tenant with runs: its ledger and ceilings, and whether it is paused."""
     out = []
-    for tenant in control.tenants(ctx.client):
+    for tenant in subjects.tenants(ctx.client):
         paused, by = ctx.redis.hmget(keys.control(tenant), "paused", "paused_by")
         view = _ledger(ctx, tenant).model_dump()
         out.append({**view, "paused": paused or "", "paused_by": by or ""})
@@ -92,64 +98,68 @@ def set_ceiling(
 @router.get("/v1/queues", tags=["operators"])
 def list_queues(_: Operator, ctx: Ctx) -> dict[str, Any]:
     """Every queue: depth on the broker, turns in flight, running and parked runs, flags."""
-    return {"queues": [dataclasses.asdict(q) for q in control.queues(ctx.client)]}
+    return {"queues": [dataclasses.asdict(q) for q in queues.queues(ctx.client)]}
 
 
-def _by(key: Operator, body: ControlBody | None) -> str:
+def _by(key: ApiKey, body: ControlBody | None) -> str:
     """Who acted, for the record: always the key's name, with the person it names if any."""
     return f"{key.name} ({body.by})" if body and body.by else key.name
 
 
-@router.post("/v1/queues/{queue}/pause", tags=["operators"])
-def pause_queue(
-    queue: QueuePath, key: Operator, ctx: Ctx, body: ControlBody | None = None
-) -> dict[str, Any]:
-    """Pause a queue: its runs park at their next turn boundary."""
-    return dataclasses.asdict(
-        control.pause(ctx.client, _known(ctx, queue=queue), by=_by(key, body))
-    )
+Act = Callable[..., Flagged | Resumed]  # (client, subject, *, by) -> what the control did
 
 
-@router.post("/v1/queues/{queue}/drain", tags=["operators"])
-def drain_queue(
-    queue: QueuePath, key: Operator, ctx: Ctx, body: ControlBody | None = None
-) -> dict[str, Any]:
-    """Drain a queue: new submissions refused, turns in flight finish, runs park."""
-    _known(ctx, queue=queue)
-    return dataclasses.asdict(control.drain(ctx.client, queue, by=_by(key, body)))
+def _drain(c: Client, subject: Subject, *, by: str) -> Flagged:
+    return flags.drain(c, subject.name, by=by)
 
 
-@router.post("/v1/queues/{queue}/resume", tags=["operators"])
-def resume_queue(
-    queue: QueuePath, key: Operator, ctx: Ctx, body: ControlBody | None = None
-) -> dict[str, Any]:
-    """Clear a queue's pause and drain; its parked runs go back, each once."""
-    scope = _known(ctx, queue=queue)
-    return dataclasses.asdict(control.resume(ctx.client, scope, by=_by(key, body)))
+# The operator controls, in the order the API lists them: (what, verb, act, description).
+CONTROLS: tuple[tuple[str, str, Act, str], ...] = (
+    ("queue", "pause", flags.pause, "Pause a queue: its runs park at their next turn boundary."),
+    ("queue", "drain", _drain,
+     "Drain a queue: new submissions refused, turns in flight finish, runs park."),
+    ("queue", "resume", flags.resume,
+     "Clear a queue's pause and drain; its parked runs go back, each once."),
+    ("tenant", "pause", flags.pause,
+     "Pause a tenant: its runs on every queue park at their next turn boundary."),
+    ("tenant", "resume", flags.resume,
+     "Clear a tenant's pause; its parked runs go back, each once."),
+)  # fmt: skip
+SUBJECT_PATHS = {"queue": QueuePath, "tenant": TenantPath}
 
 
-@router.post("/v1/tenants/{tenant}/pause", tags=["operators"])
-def pause_tenant(
-    tenant: TenantPath, key: Operator, ctx: Ctx, body: ControlBody | None = None
-) -> dict[str, Any]:
-    """Pause a tenant: its runs on every queue park at their next turn boundary."""
-    scope = _known(ctx, tenant=tenant)
-    return dataclasses.asdict(control.pause(ctx.client, scope, by=_by(key, body)))
+def _control(kind: str, act: Act) -> Callable[..., dict[str, Any]]:
+    """The route of one control: an operator's key, the queue or tenant named in the path (a
+    404 when the store knows none of that name) and a body that may name who asked; the
+    answer is what the control did."""
+
+    def route(
+        key: ApiKey, ctx: Api, body: ControlBody | None = None, **named: str
+    ) -> dict[str, Any]:
+        subject = Subject(**named)
+        try:
+            subjects.check_known(ctx.client, subject)
+        except ControlError as exc:
+            raise Problem(404, "not_found", str(exc)) from None
+        return dataclasses.asdict(act(ctx.client, subject, by=_by(key, body)))
+
+    # FastAPI reads a route's parameters from its signature: the path's is named for `kind`.
+    param = inspect.Parameter
+    route.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [
+            param(kind, param.POSITIONAL_OR_KEYWORD, annotation=SUBJECT_PATHS[kind]),
+            param("key", param.POSITIONAL_OR_KEYWORD, annotation=Operator),
+            param("ctx", param.POSITIONAL_OR_KEYWORD, annotation=Ctx),
+            param("body", param.POSITIONAL_OR_KEYWORD, default=None,
+                  annotation=ControlBody | None),
+        ],
+        return_annotation=dict[str, Any],
+    )  # fmt: skip
+    return route
 
 
-@router.post("/v1/tenants/{tenant}/resume", tags=["operators"])
-def resume_tenant(
-    tenant: TenantPath, key: Operator, ctx: Ctx, body: ControlBody | None = None
-) -> dict[str, Any]:
-    """Clear a tenant's pause; its parked runs go back, each once."""
-    scope = _known(ctx, tenant=tenant)
-    return dataclasses.asdict(control.resume(ctx.client, scope, by=_by(key, body)))
-
-
-def _known(ctx: Ctx, *, queue: str | None = None, tenant: str | None = None) -> Scope:
-    scope = Scope(queue=queue, tenant=tenant)
-    try:
-        control.check_known(ctx.client, scope)
-    except control.ControlError as exc:
-        raise Problem(404, "not_found", str(exc)) from None
-    return scope
+for _kind, _verb, _act, _description in CONTROLS:
+    router.add_api_route(
+        f"/v1/{_kind}s/{{{_kind}}}/{_verb}", _control(_kind, _act), methods=["POST"],
+        name=f"{_verb}_{_kind}", description=_description, tags=["operators"],
+    )  # fmt: skip

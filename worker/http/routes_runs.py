@@ -28,11 +28,10 @@ from turnstile.worker.http.schemas import (
     MemoryBody,
     ProblemBody,
     RunPage,
-    RunRow,
     SubmitBody,
     Submitted,
 )
-from turnstile.worker.ops import control
+from turnstile.worker.ops import decisions, views
 from turnstile.worker.store.keys import queue_control, run
 
 PROBLEMS: dict[int | str, dict[str, Any]] = {
@@ -137,7 +136,7 @@ def submit_run(
 def get_run(run_id: RunIdPath, key: Caller, ctx: Ctx) -> dict[str, Any]:
     """The run: status, outcome, usage against budget, plan, the held call and its digest."""
     tenant = run_tenant(ctx, key, run_id)
-    return control.run_view(ctx.client, run_id, tenant)
+    return views.run_view(ctx.client, run_id, tenant)
 
 
 @router.get("/v1/runs", response_model=RunPage, tags=["runs"])
@@ -153,7 +152,7 @@ def list_runs(
     scope = tenant_scope(key, tenant)
     got = listing.page(ctx.client, scope, status=status, outcome=outcome, cursor=cursor,
                        limit=limit or ctx.settings.page_limit)  # fmt: skip
-    return RunPage(runs=[RunRow(**row) for row in got.rows], next_cursor=got.next_cursor)
+    return RunPage(runs=got.rows, next_cursor=got.next_cursor)
 
 
 @router.get(
@@ -198,7 +197,7 @@ def approve_run(run_id: RunIdPath, body: ApproveBody, key: Caller, ctx: Ctx) -> 
     """Approve exactly the held call with this digest; the run goes on. Refused (409) if the
     run holds no call, or another one."""
     tenant = run_tenant(ctx, key, run_id)
-    control.approve(ctx.client, run_id, by=key.name, digest=body.digest, tenant=tenant)
+    decisions.approve(ctx.client, run_id, by=key.name, digest=body.digest, tenant=tenant)
     return _decided(ctx, tenant, run_id, "approved", key.name)
 
 
@@ -206,7 +205,7 @@ def approve_run(run_id: RunIdPath, body: ApproveBody, key: Caller, ctx: Ctx) -> 
 def deny_run(run_id: RunIdPath, body: DenyBody, key: Caller, ctx: Ctx) -> Decided:
     """Deny the held call: the run ends `approval_denied` (or its job shows the model why)."""
     tenant = run_tenant(ctx, key, run_id)
-    control.deny(ctx.client, run_id, by=key.name, reason=body.reason, tenant=tenant)
+    decisions.deny(ctx.client, run_id, by=key.name, reason=body.reason, tenant=tenant)
     return _decided(ctx, tenant, run_id, "denied", key.name)
 
 
@@ -215,7 +214,7 @@ def cancel_run(run_id: RunIdPath, key: Caller, ctx: Ctx, body: CancelBody | None
     """Cancel: at once if suspended or parked, else at the next turn boundary."""
     tenant = run_tenant(ctx, key, run_id)
     reason = (body or CancelBody()).reason
-    result = control.cancel(ctx.client, run_id, by=key.name, reason=reason, tenant=tenant)
+    result = decisions.cancel(ctx.client, run_id, by=key.name, reason=reason, tenant=tenant)
     return _decided(ctx, tenant, run_id, result, key.name)
 
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 from turnstile.ledger.inputs import Period
 from turnstile.worker.http.context import NAME, QUEUE, RUN_ID
+from turnstile.worker.ops.listing import RunRow
 
 # A job's or a note source's name: not a name of worker/names.py's kinds, and an unknown one is
 # refused by name (an unknown job is `unknown_job`).
@@ -75,19 +76,6 @@ class ProblemBody(BaseModel):
     status: int
     detail: str
     code: str
-
-
-class RunRow(BaseModel):
-    run_id: str
-    tenant: str
-    status: str
-    outcome: str
-    detail: str
-    queue: str
-    job: str
-    user: str
-    created_ms: int
-    updated_ms: int
 
 
 class RunPage(BaseModel):

@@ -36,7 +36,7 @@ from turnstile.jobs.state import RunState
 from turnstile.jobs.tools import Tool, ToolContext
 from turnstile.jobs.trace import Span, Trace
 from turnstile.worker.client._client import Client
-from turnstile.worker.ops.control import resolve
+from turnstile.worker.ops.decisions import resolve
 from turnstile.worker.registry import Registry
 
 CUT_OFF = "the turn outlived its time limit"  # the step's reason when its soft limit fired

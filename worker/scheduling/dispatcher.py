@@ -22,9 +22,10 @@ from typing import Any
 import redis
 import structlog
 
+from turnstile.worker.broker.layout import PRIORITY_SEP, PRIORITY_STEPS
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.observability import metrics
-from turnstile.worker.scheduling.fair import PRIORITY_SEP, PRIORITY_STEPS, tenant_view
+from turnstile.worker.scheduling.fair import tenant_view
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 from turnstile.worker.store.durability import Durability

@@ -33,8 +33,6 @@ from turnstile.worker.store.scripts import FAIR, register, with_scripts
 from turnstile.worker.store.values import server_ms
 
 Publish = Callable[[StepMessage, float, float], None]
-PRIORITY_STEPS = (0, 3, 6, 9)  # kombu's Redis transport: one list per priority step
-PRIORITY_SEP = "\x06\x16"
 CAPS = ("turns_in_flight", "active_runs", "weight")  # what `turnstile tenants set` accepts
 REMOVABLE = ("turns_in_flight", "active_runs")  # NAME=none removes it; a weight is 1 by default
 

@@ -1,0 +1,60 @@
+"""An operator's decisions on a run (approve, deny, cancel), checked before the client is
+asked: a run that ended, or holds no call, is refused with a line saying why. And `resolve`,
+a run's tenant and hash by its id, which every command about one run starts from."""
+
+from __future__ import annotations
+
+from turnstile.errors import DecisionRefusedError, RunNotFoundError
+from turnstile.jobs.outcomes import Status
+from turnstile.jobs.state import RunState
+from turnstile.worker.client._client import Client
+
+
+def _decidable(run_id: str, stored: dict[str, str], verb: str) -> None:
+    status = stored.get("status", "")
+    if status == Status.STOPPED.value:
+        raise DecisionRefusedError(
+            f"run {run_id} already ended {stored.get('outcome') or 'stopped'}: "
+            f"there is nothing to {verb}"
+        )
+    if verb != "cancel" and status != Status.SUSPENDED.value:
+        raise DecisionRefusedError(
+            f"run {run_id} is {status}, not suspended: it holds no call to {verb}"
+        )
+
+
+def approve(
+    c: Client, run_id: str, *, by: str, digest: str | None = None, tenant: str | None = None
+) -> RunState:
+    """Approve exactly the held call: the one with `digest`, or the one held now."""
+    tenant, stored = resolve(c, run_id, tenant)
+    _decidable(run_id, stored, "approve")
+    held = RunState.from_json(stored["state"]).pending
+    return c.approve(run_id, by=by, digest=digest or (held.digest if held else None))
+
+
+def deny(c: Client, run_id: str, *, by: str, reason: str, tenant: str | None = None) -> RunState:
+    tenant, stored = resolve(c, run_id, tenant)
+    _decidable(run_id, stored, "deny")
+    return c.deny(run_id, by=by, reason=reason)
+
+
+def cancel(c: Client, run_id: str, *, by: str, reason: str, tenant: str | None = None) -> str:
+    """ "cancelled" (at once: no turn of the run is in flight) or "requested" (a turn is in
+    flight: the run ends at its next turn boundary)."""
+    tenant, stored = resolve(c, run_id, tenant)
+    _decidable(run_id, stored, "cancel")
+    return c.cancel(run_id, by=by, reason=reason)
+
+
+# -- reading runs ---------------------------------------------------------------------------
+
+
+def resolve(c: Client, run_id: str, tenant: str | None = None) -> tuple[str, dict[str, str]]:
+    """The run's tenant and hash. Scoped to a tenant, a run of another tenant is not found."""
+    if tenant is not None:
+        stored = c.store.hash(tenant, run_id)
+        if not stored:
+            raise RunNotFoundError(f"no run {run_id!r} for tenant {tenant!r}")
+        return tenant, stored
+    return c.run_hash(run_id)

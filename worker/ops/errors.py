@@ -1,0 +1,15 @@
+"""The operator library's errors: a command that does not apply, a drain that ran out of time.
+Imports nothing of the library, so `turnstile` exports them without loading it."""
+
+from __future__ import annotations
+
+from turnstile.errors import TurnstileError
+
+
+class ControlError(TurnstileError):
+    """An operator command that does not apply: an unknown queue or tenant, resuming what is
+    not paused, a filter that names no status. Nothing was changed."""
+
+
+class DrainTimeoutError(ControlError):
+    """`drain --wait` ran out of time with turns of the queue still in flight."""

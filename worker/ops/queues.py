@@ -1,0 +1,95 @@
+"""What an operator sees of the queues: depth on the broker, turns in flight, running and
+parked runs, flags, dead letters and each tenant's fair share; and `drain --wait`'s wait."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from turnstile.worker.broker.layout import broker_depth, dead_letter_count
+from turnstile.worker.client._client import Client
+from turnstile.worker.ops.errors import DrainTimeoutError
+from turnstile.worker.ops.subjects import Subject, check_known, live_inflight, parked_runs, runs_in
+from turnstile.worker.scheduling import fair
+from turnstile.worker.store import keys
+from turnstile.worker.store.values import text
+
+DRAIN_POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class QueueView:
+    name: str
+    depth: int | None  # messages waiting on the broker
+    in_flight: int  # turns running now
+    running: int  # live runs on the queue that are not parked (queued or in flight)
+    parked: int
+    paused: str  # when it was paused, "" when it is not
+    paused_by: str
+    draining: str
+    draining_by: str
+    dead_letters: int | None = None  # entries workers could not take in (on a Redis broker)
+    # Fair share: per tenant with steps waiting for the dispatcher on this queue or turns in
+    # flight, {tenant, waiting (on this queue), in_flight (every queue), cap, weight}.
+    tenants: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def pending(self) -> int:
+        """Steps waiting in the tenants' pending lists for the dispatcher."""
+        return sum(int(t["waiting"]) for t in self.tenants)
+
+
+def queue_view(c: Client, queue: str) -> QueueView:
+    subject = Subject(queue=queue)
+    check_known(c, subject)
+    paused, paused_by, draining, draining_by = (
+        text(v)
+        for v in c.client.hmget(
+            keys.queue_control(queue), "paused", "paused_by", "draining", "draining_by"
+        )
+    )
+    return QueueView(
+        queue,
+        broker_depth(c.config.broker, queue),
+        len(live_inflight(c, subject)),
+        len(runs_in(c, subject, "running")),
+        len(parked_runs(c, subject)),
+        paused, paused_by, draining, draining_by,
+        dead_letter_count(c.config.broker, queue),
+        _fair_tenants(c, queue),
+    )  # fmt: skip
+
+
+def _fair_tenants(c: Client, queue: str) -> list[dict[str, Any]]:
+    out = []
+    for tenant in sorted(text(t) for t in c.client.smembers(keys.fair_active(queue))):
+        view = fair.tenant_view(c.client, tenant, [queue])
+        if view.waiting or view.in_flight:
+            out.append(asdict(view))
+    return out
+
+
+def queues(c: Client) -> list[QueueView]:
+    return [queue_view(c, text(q)) for q in sorted(c.client.smembers(keys.QUEUES))]
+
+
+def wait_drained(
+    c: Client, queue: str, *, timeout_s: float | None = None, poll_s: float = DRAIN_POLL_S
+) -> QueueView:
+    """Return when no turn of the queue is in flight; raise DrainTimeoutError after
+    `timeout_s` (None: no limit)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    subject = Subject(queue=queue)
+    check_known(c, subject)
+    while True:
+        view = queue_view(c, queue)  # the counts returned are the ones the check saw
+        left = view.in_flight
+        if left == 0:
+            return view
+        if deadline is not None and time.monotonic() >= deadline:
+            raise DrainTimeoutError(
+                f"queue {queue!r} still has {left} turn(s) in flight after {timeout_s:g} s; "
+                "it stays draining"
+            )
+        time.sleep(poll_s)

@@ -1,0 +1,112 @@
+"""What an operator's control applies to, a queue or a tenant (`Subject`), and what the store
+holds for it: the tenants, the parked runs, the turns in flight. The flags, the queue views
+and the listing read the store's indexes through here, a slice at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from turnstile.worker.client._client import Client, check_name
+from turnstile.worker.ops.errors import ControlError
+from turnstile.worker.store import keys
+from turnstile.worker.store.values import server_ms, text
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What a control applies to: one queue (across tenants) or one tenant (across queues)."""
+
+    queue: str | None = None
+    tenant: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.queue is None) == (self.tenant is None):
+            raise ControlError("give exactly one of a queue or a tenant")
+        check_name("queue" if self.queue is not None else "tenant", self.queue or self.tenant)
+
+    @property
+    def kind(self) -> str:  # "queue" | "tenant", as Flagged and Resumed name it
+        return "queue" if self.queue is not None else "tenant"
+
+    @property
+    def name(self) -> str:
+        name = self.queue if self.queue is not None else self.tenant
+        assert name is not None
+        return name
+
+    @property
+    def flag_key(self) -> str:
+        if self.queue is not None:
+            return keys.queue_control(self.queue)
+        assert self.tenant is not None
+        return keys.control(self.tenant)
+
+
+SCAN_COUNT = 500  # members asked for per SSCAN call: indexes are read in slices
+
+
+def tenants(c: Client) -> list[str]:
+    """Every tenant with runs, by name, read in slices (a tenant is far fewer keys than its
+    runs; the runs themselves are only ever read a page at a time)."""
+    return sorted({text(t) for t in c.client.sscan_iter(keys.TENANTS, count=SCAN_COUNT)})
+
+
+def scan(c: Client, key: str) -> Iterator[list[str]]:
+    """A set's members in slices of about SCAN_COUNT (SSCAN: a member present throughout is
+    seen, maybe twice)."""
+    cursor = 0
+    while True:
+        cursor, members = c.client.sscan(key, cursor, count=SCAN_COUNT)
+        if members:
+            yield [text(m) for m in members]
+        if int(cursor) == 0:
+            return
+
+
+def check_known(c: Client, subject: Subject) -> None:
+    if subject.queue is not None and not c.client.sismember(keys.QUEUES, subject.queue):
+        raise ControlError(f"unknown queue {subject.queue!r}")
+    if subject.tenant is not None and not c.client.sismember(keys.TENANTS, subject.tenant):
+        raise ControlError(f"unknown tenant {subject.tenant!r}")
+
+
+def _tenants_of(c: Client, subject: Subject) -> list[str]:
+    """The subject's tenant; for a queue, every tenant (any of them may have runs on it)."""
+    return [subject.tenant] if subject.tenant is not None else tenants(c)
+
+
+def runs_in(c: Client, subject: Subject, status: str) -> list[tuple[str, str, str]]:
+    """(tenant, run id, queue) of every run of the subject in `status`; a queue's look across
+    tenants."""
+    out = set()
+    for tenant in _tenants_of(c, subject):
+        for ids in scan(c, keys.by_status(tenant, status)):
+            pipe = c.client.pipeline(transaction=False)
+            for run_id in ids:
+                pipe.hget(keys.run(tenant, run_id), "queue")
+            for run_id, queue in zip(ids, pipe.execute(), strict=True):
+                if subject.queue is None or text(queue) == subject.queue:
+                    out.add((tenant, run_id, text(queue)))
+    return sorted(out)
+
+
+def parked_runs(c: Client, subject: Subject) -> list[tuple[str, str, str]]:
+    """(tenant, run id, queue) of every parked run of the subject."""
+    return runs_in(c, subject, "parked")
+
+
+def live_inflight(c: Client, subject: Subject) -> list[tuple[str, str, str]]:
+    """(tenant, run id, queue) of the subject's turns in flight. An entry counts only while its
+    own lease is in the future: a worker that died mid-turn leaves one behind."""
+    now = server_ms(c.client)
+    out = []
+    for tenant in _tenants_of(c, subject):
+        entries = {text(k): text(v) for k, v in c.client.hgetall(keys.inflight(tenant)).items()}
+        for run_id in sorted(entries):
+            fields = entries[run_id].split("|")
+            queue, lease = fields[0], fields[-1]
+            if lease.isdigit() and int(lease) > now and subject.queue in (None, queue):
+                out.append((tenant, run_id, queue))
+    return out

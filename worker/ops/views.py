@@ -1,0 +1,74 @@
+"""One run as an operator reads it: `run_view` (what `turnstile status` and `GET /v1/runs/{id}`
+show), its events, a live tail of them, and its trace's spans."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+
+from turnstile.jobs.outcomes import Status
+from turnstile.jobs.state import RunState
+from turnstile.jobs.trace import Span
+from turnstile.worker.client._client import Client
+from turnstile.worker.ops.decisions import resolve
+
+
+def events(c: Client, tenant: str, run_id: str) -> list[tuple[str, dict[str, Any]]]:
+    return c.store.events(tenant, run_id)
+
+
+def run_view(c: Client, run_id: str, tenant: str | None = None) -> dict[str, Any]:
+    """Everything `turnstile status` shows about one run."""
+    tenant, stored = resolve(c, run_id, tenant)
+    state = RunState.from_json(stored["state"])
+    stream = events(c, tenant, run_id)
+    finished = next((e for _, e in reversed(stream) if e["type"] == "finished"), None)
+    pending = None
+    if state.pending is not None and stored.get("status") == Status.SUSPENDED.value:
+        held = state.pending
+        pending = {"tool": held.call.name, "args": held.call.args, "digest": held.digest,
+                   "reason": held.reason}  # fmt: skip
+    return {
+        "run_id": run_id, "tenant": tenant, "status": stored.get("status", ""),
+        "outcome": stored.get("outcome", ""), "detail": stored.get("detail", ""),
+        "reason": stored.get("reason", ""), "queue": stored.get("queue", ""),
+        "job": stored.get("job", ""), "user": stored.get("user", ""),
+        "version": int(stored.get("version") or 0),
+        "created_ms": int(stored.get("created_ms") or 0),
+        "updated_ms": int(stored.get("updated_ms") or 0),
+        "cancel_requested_by": stored.get("cancel_by", ""),
+        "usage": msgspec.to_builtins(state.usage), "budget": msgspec.to_builtins(state.budget),
+        "plan": [{"id": s.id, "tool": s.tool, "status": s.status} for s in state.plan],
+        "pending": pending, "decisions": msgspec.to_builtins(state.decisions),
+        "answer": state.answer, "message": finished.get("message") if finished else None,
+        "last_result": state.last_result,
+        "events": len(stream), "last_event": stream[-1][1]["type"] if stream else None,
+    }  # fmt: skip
+
+
+def follow(
+    c: Client,
+    tenant: str,
+    run_id: str,
+    *,
+    timeout_s: float | None = None,
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The run's events from the first, then live as they are appended, until the run stops
+    (its `finished` event) or `timeout_s` passes: `Client.events`, as (id, event) pairs."""
+    for event in c.events(run_id, tenant=tenant, timeout_s=timeout_s):
+        yield event.id, event.data
+
+
+# -- trace ----------------------------------------------------------------------------------
+
+
+def spans(c: Client, run_id: str, tenant: str | None = None) -> tuple[str, list[Span]]:
+    """The run's spans, turn by turn, as its turn events recorded them."""
+    tenant, _ = resolve(c, run_id, tenant)
+    out: list[Span] = []
+    for _, event in events(c, tenant, run_id):
+        if event["type"] == "turn":
+            out += msgspec.convert(event.get("spans") or [], list[Span])
+    return tenant, out
