@@ -69,7 +69,8 @@ def _root() -> None:
 
 @app.command()
 def scenarios(as_json: JsonFlag = False) -> None:
-    """Run the support job's scenarios A-H in this process, on a simulated clock, and print the table."""
+    """Run the support job's scenarios A-H in this process, on a simulated clock, and print
+    the table."""
     from turnstile.jobs.errors import UnknownJobError
     from turnstile.jobs.support.scenarios import BY_LETTER, table
     from turnstile.worker.registry import Registry
