@@ -33,6 +33,8 @@ def api(redis_url: str) -> Iterator[ApiServer]:
     env = {
         "TURNSTILE_API_SSE_STREAMS_PER_KEY": str(STREAMS_PER_KEY),
         "TURNSTILE_API_SSE_BLOCK_MS": "200",  # a closed stream is noticed within 0.2 s
+        # A documentation address, admitted here only: nothing is delivered to it in time.
+        "TURNSTILE_API_WEBHOOK_ALLOW": "192.0.2.0/24",
     }
     with running_api(redis_url, env) as server:
         yield server
@@ -321,6 +323,26 @@ def test_an_operators_tenant_is_honoured_on_memory_reads(
     with http(api, make_key(redis_url, f"a-{unique}")) as web_a:
         refused = web_a.get("/v1/memory", params={"user": USER, "tenant": b})
     assert [n["text"] for n in seen.json()["notes"]] == ["call after 5"]
+    _problem(refused, 403, "operator_only")
+
+
+def test_an_operators_tenant_is_honoured_on_webhook_reads(
+    redis_url: str, api: ApiServer, unique: str
+) -> None:
+    """GET /v1/webhooks?tenant=B with an operator key lists B's endpoints (not the operator's
+    own tenant's); with a service key of another tenant it is a 403."""
+    b = f"b-{unique}"
+    with http(api, make_key(redis_url, b)) as web_b:
+        made = web_b.post("/v1/webhooks", json={"url": "https://192.0.2.1/hook"})
+        assert made.status_code == 201, made.text
+    with http(api, make_key(redis_url, f"ops-{unique}", Role.OPERATOR)) as op:
+        seen = op.get("/v1/webhooks", params={"tenant": b})
+        own = op.get("/v1/webhooks")
+    with http(api, make_key(redis_url, f"a-{unique}")) as web_a:
+        refused = web_a.get("/v1/webhooks", params={"tenant": b})
+    assert seen.status_code == 200, seen.text
+    assert [w["id"] for w in seen.json()["webhooks"]] == [made.json()["id"]]
+    assert own.json()["webhooks"] == []
     _problem(refused, 403, "operator_only")
 
 

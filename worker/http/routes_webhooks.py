@@ -18,11 +18,11 @@ from typing import Annotated, Any
 import msgspec
 import redis
 import structlog
-from fastapi import APIRouter, Path, Response
+from fastapi import APIRouter, Path, Query, Response
 from pydantic import BaseModel, Field
 
 from turnstile.worker.http import keys, targets
-from turnstile.worker.http.context import Caller, Ctx
+from turnstile.worker.http.context import NAME, Caller, Ctx, tenant_scope
 from turnstile.worker.http.problems import Problem
 from turnstile.worker.http.routes_runs import PROBLEMS
 from turnstile.worker.http.schemas import Strict
@@ -141,9 +141,14 @@ def create_webhook(body: WebhookBody, key: Caller, ctx: Ctx) -> WebhookCreated:
 
 
 @router.get("/v1/webhooks")
-def list_webhooks(key: Caller, ctx: Ctx) -> dict[str, Any]:
-    """The tenant's endpoints, each with its last delivery (never the secrets)."""
-    found = endpoints(ctx.redis, key.tenant)
+def list_webhooks(
+    key: Caller,
+    ctx: Ctx,
+    tenant: Annotated[str | None, Query(pattern=NAME, description="Operators only.")] = None,
+) -> dict[str, Any]:
+    """The tenant's endpoints, each with its last delivery (never the secrets); an operator
+    key may name another tenant with `?tenant=`."""
+    found = endpoints(ctx.redis, tenant_scope(key, tenant))
     raw = ctx.redis.hmget(keys.WEBHOOK_STATUS, [e.id for e in found]) if found else []
     status = [msgspec.json.decode(s) if s else None for s in raw]
     return {"webhooks": [e.public(s) for e, s in zip(found, status, strict=True)]}
