@@ -17,6 +17,7 @@ from typer.testing import CliRunner, Result
 from tests.fixture_dist import FIXTURES, install, pythonpath
 from tests.integration.workers import WorkerProcess, client_for, running_workers, wait_until
 from tests.unit.test_readme_example import readme_code
+from tests.wire.wire import wire_server
 from turnstile import RunEvent, WaitTimeoutError
 from turnstile.errors import InvalidEventIdError, RunNotFoundError
 from turnstile.jobs.support.scenarios import GOAL, USER
@@ -184,3 +185,39 @@ def test_readme_client_snippet_runs_as_written(
     state = namespace["state"]
     assert getattr(state, "outcome").value == "completed"  # noqa: B009 - an exec'd namespace
     assert getattr(state, "usage").extra == {"credit_cents": 1000}  # noqa: B009
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_the_outside_package_runs_on_a_provider_model_and_its_raise_is_readable(
+    redis_url: str, site: list[str], unique: str, provider: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same package's job, found by its entry point, on `openai:` and on `anthropic:`
+    against a wire-format server driving its declared tools: the run completes on the
+    provider's replies, the tool that raises is a `tool_raised` observation shown with its
+    reason by `trace`, and the worker logged it once, with its traceback."""
+    for entry in reversed(site):
+        monkeypatch.syspath_prepend(entry)
+    client = client_for(redis_url)
+    model = "openai:gpt-4.1-mini" if provider == "openai" else "anthropic:claude-sonnet-4-6"
+    script = {"agent": {"off_plan": ["check_stock"],
+                        "args": {"get_order": {"order_id": "A-1"},
+                                 "track_parcel": {"order_id": "A-1"},
+                                 "list_returns": {"order_id": "A-1"},
+                                 "check_stock": {"sku": "SKU-7"}}}}  # fmt: skip
+    queue = f"outside-{provider}-{unique}"
+    with (
+        wire_server(provider, script=script) as wire,
+        running_workers(redis_url, [queue], 1,
+                        env={"PYTHONPATH": pythonpath(site), **wire.env}) as (started,),
+    ):  # fmt: skip
+        run_id = client.submit(f"t-{unique}", "u1", "orders", "where is my order?",
+                               {"order_id": "A-1", "model": model}, queue=queue)  # fmt: skip
+        state = client.wait(run_id, timeout_s=90)
+        assert state.outcome is not None and state.outcome.value == "completed", state.reason
+        assert wire.received(), "the provider's server answered the turns"
+        traced = cli(redis_url, "trace", run_id).stdout
+        assert "tool check_stock tool_raised (RuntimeError: orders database is on fire)" in traced
+        wait_until(lambda: bool(started.events("tool_raised")), what="the log line", timeout_s=10)
+        logged = [e for e in started.events("tool_raised") if e.get("run_id") == run_id]
+    assert len(logged) == 1 and logged[0]["tool"] == "check_stock"
+    assert logged[0]["exception"].startswith("Traceback (most recent call last):")
