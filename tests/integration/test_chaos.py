@@ -29,7 +29,8 @@ from turnstile.worker.ops import control
 from turnstile.worker.ops.control import Scope
 from turnstile.worker.runtime.app import STEP_TASK, producer
 
-pytestmark = pytest.mark.integration
+# About a minute and a half of kills and restarts: run apart from the fast part (pyproject).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SEED = 20261130
 RUNS = 150
