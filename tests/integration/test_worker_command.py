@@ -18,7 +18,7 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from tests.integration.workers import WorkerProcess, client_for, settled, wait_until
+from tests.integration.workers import WorkerProcess, client_for, settled, stop_all, wait_until
 from turnstile.jobs.support.scenarios import GOAL, USER
 from turnstile.worker.cli.main import app
 from turnstile.worker.dev.embedded import EmbeddedServer
@@ -53,8 +53,7 @@ def command_workers(
             worker.wait_ready()
         yield workers
     finally:
-        for worker in workers:
-            worker.stop()
+        stop_all(workers)
 
 
 def pong_names(redis_url: str, names: list[str]) -> set[str]:
