@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.integration.workers import WorkerProcess, client_for, wait_until
+from tests.integration.workers import WorkerProcess, client_for, stop_all, wait_until
 from turnstile.errors import DecisionRefusedError
 from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
 from turnstile.worker.broker import deadletters
@@ -32,7 +32,8 @@ from turnstile.worker.ops import flags
 from turnstile.worker.ops.subjects import Subject
 from turnstile.worker.settings import Settings
 
-pytestmark = pytest.mark.integration
+# About a minute and a half of kills and restarts: run apart from the fast part (pyproject).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SEED = 20261130
 RUNS = 150
@@ -248,8 +249,7 @@ def test_chaos(durable_server: EmbeddedServer, unique: str) -> None:
         wait_until(drill.all_ended, timeout_s=75, what=f"every run ends; {drill.log}")
         drill.note_exits()
     finally:
-        for worker in drill.live():
-            worker.stop(timeout_s=10)
+        stop_all(drill.live(), timeout_s=10)
     assert sum("killed" in line for line in drill.log) >= 8, drill.log
     assert drill.log.count("store restarted") == 2, drill.log
     client = client_for(durable_server.url)

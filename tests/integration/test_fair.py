@@ -72,6 +72,7 @@ def _forget_tenant(client: Client, tenant: str, queue: str) -> None:
     client.client.delete(*layout.priority_lists(queue))
 
 
+@pytest.mark.slow  # a flood of 2,000 runs
 def test_a_backlog_does_not_starve_another_tenant(redis_url: str, unique: str) -> None:
     """Tenant A submits 2,000 zero-latency runs; a second later tenant B submits 20: taken
     round robin between the tenants, B's 20 runs all finish before half of A's have, and B's

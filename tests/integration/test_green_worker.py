@@ -92,6 +92,7 @@ def _submit_wave(client: Client, queue: str, tenant: str) -> list[str]:
     return runs
 
 
+@pytest.mark.slow  # 200 runs sleeping 2 s a tool, a kill and a restart: 25-70 s
 def test_a_green_worker_killed_mid_wave_loses_and_doubles_nothing(
     own_server: EmbeddedServer, unique: str
 ) -> None:

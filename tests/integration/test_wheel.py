@@ -15,7 +15,8 @@ import pytest
 
 from tests.integration.workers import WorkerProcess, client_for, wait_until
 
-pytestmark = pytest.mark.integration
+# Builds the wheel and a fresh environment: run apart from the fast part (pyproject).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE_WORKER = '''"""The service's own module named worker, with a Celery app of its own."""

@@ -18,7 +18,7 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from tests.integration.workers import WorkerProcess, client_for, settled, wait_until
+from tests.integration.workers import WorkerProcess, client_for, settled, stop_all, wait_until
 from turnstile.jobs.support.scenarios import GOAL, USER
 from turnstile.worker.broker.producer import producer
 from turnstile.worker.cli.main import app
@@ -54,8 +54,7 @@ def command_workers(
             worker.wait_ready()
         yield workers
     finally:
-        for worker in workers:
-            worker.stop()
+        stop_all(workers)
 
 
 def pong_names(redis_url: str, names: list[str]) -> set[str]:
