@@ -27,9 +27,7 @@ READY_TIMEOUT_S = 30.0
 FAST = {
     "TURNSTILE_SWEEP_INTERVAL_S": "0.5",
     "TURNSTILE_PICKUP_LEASE_S": "3",
-    # A killed turn's step waits out this lease before it is sent again (the tests kill many);
-    # renewed every second by the heartbeat (a third of it), as in production's 15 s and 5 s.
-    "TURNSTILE_INFLIGHT_LEASE_S": "3",
+    "TURNSTILE_INFLIGHT_LEASE_S": "6",
     "TURNSTILE_RETRY_BASE_S": "0.2",
     "TURNSTILE_RETRY_MAX_S": "1",
     "TURNSTILE_LEDGER_GRACE_S": "5",
