@@ -99,6 +99,11 @@ class Settings(BaseSettings):
     # front. It grows to a quarter of the turns the queue's live workers can hold in flight
     # (each announces its pool's limit), so hundreds of green slots fill in few passes.
     dispatch_depth: int = Field(default=16, ge=1, le=10_000)
+    # Eager continuation: a turn whose commit queues its run's next step may run that step at
+    # once, in the same worker, while fair share would pick it anyway (no other tenant waiting
+    # on the queue, the tenant under its caps, nothing paused or draining), for at most this
+    # many turns in a row before the step goes through the queue. 0: every step is queued.
+    eager_turns: int = Field(default=8, ge=0)
     # The dispatcher also wakes this often without a nudge (a slot that lapsed, a lost nudge).
     dispatch_poll_s: float = Field(default=0.5, gt=0, le=60)
 

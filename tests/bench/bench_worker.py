@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
@@ -93,7 +94,13 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 def _env(
-    broker: str, store: str | None, count_dir: Path, count_port: int, durability: str = "none"
+    broker: str,
+    store: str | None,
+    count_dir: Path,
+    count_port: int,
+    *,
+    durability: str = "none",
+    eager: str = "0",
 ) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
     env["TURNSTILE_TASK_EVENTS"] = TASK_EVENTS[0]
@@ -101,7 +108,7 @@ def _env(
     env.update(
         TURNSTILE_BROKER_URL=broker, TURNSTILE_LOG_FORMAT="json",
         BENCH_COUNT_DIR=str(count_dir), BENCH_COUNT_PORT=str(count_port),
-        TURNSTILE_DURABILITY=durability,
+        TURNSTILE_DURABILITY=durability, TURNSTILE_EAGER_TURNS=eager,
     )  # fmt: skip
     if store:
         env["TURNSTILE_REDIS_URL"] = store
@@ -118,25 +125,51 @@ def setting(spec: str) -> tuple[str, str]:
     return durability, policy or POLICY[Durability(durability)]
 
 
+@dataclass
+class Round:
+    """What one workload of support runs measured."""
+
+    seconds: float
+    turns: int
+    step_trips: int  # the steps' round trips to the store
+    tool_trips: int  # the job's tools'
+    gaps: dict[str, list[float]]  # seconds from a commit to the next turn, eager and queued
+
+    @property
+    def rate(self) -> float:
+        return self.turns / self.seconds
+
+
 def support_round(
-    broker: EmbeddedServer, store: EmbeddedServer, runs: int, work: Path, durability: str = "none"
-) -> tuple[float, int, tuple[int, int], int]:
-    """(seconds, turns, (the steps' round trips, the tools'), tasks) for `runs` support runs
-    on two workers. The runs
-    are submitted first; the clock runs from the workers being ready to the last run ending."""
+    broker: EmbeddedServer,
+    store: EmbeddedServer,
+    runs: int,
+    work: Path,
+    *,
+    durability: str = "none",
+    eager: str = "0",
+    one_at_a_time: bool = False,
+) -> Round:
+    """`runs` support runs on two workers. The runs are submitted first and the clock runs
+    from the workers being ready to the last run ending; `one_at_a_time`: the workers start
+    first, and each run is submitted when the one before has ended (an idle system)."""
     queue, tenant = f"s-{uuid.uuid4().hex[:6]}", f"bench-{uuid.uuid4().hex[:6]}"
     counts = Path(tempfile.mkdtemp(dir=work))
     config = Settings(redis_url=store.url, broker_url=broker.url, durability=Durability(durability))
     client = Client(connect(store.url, config), config, sender(config))
-    for _ in range(runs):
-        client.submit(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue)
-    env = _env(broker.url, store.url, counts, store.port, durability)
+    stopped = keys.by_status(tenant, "stopped")
+    if not one_at_a_time:
+        for _ in range(runs):
+            client.submit(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue)
+    env = _env(broker.url, store.url, counts, store.port, durability=durability, eager=eager)
     procs = _workers("turnstile.worker.runtime.app:app", queue, env, 2, work / f"{queue}.log")
     try:
         started = time.perf_counter()
-        stopped = keys.by_status(tenant, "stopped")
-        while int(client.client.scard(stopped)) < runs:
-            time.sleep(0.01)
+        for n in range(1, runs + 1) if one_at_a_time else [runs]:
+            if one_at_a_time:
+                client.submit(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue)
+            while int(client.client.scard(stopped)) < n:
+                time.sleep(0.002 if one_at_a_time else 0.01)
         seconds = time.perf_counter() - started
     finally:
         _stop(procs)
@@ -145,8 +178,33 @@ def support_round(
         state = json.loads(str(client.client.hget(keys.run(tenant, str(run_id)), "state")))
         turns += state["usage"]["steps"]
     totals = [json.loads(p.read_text()) for p in counts.glob("*.json")]
-    trips = (sum(t["round_trips"] for t in totals), sum(t["tool_round_trips"] for t in totals))
-    return seconds, turns, trips, sum(t["tasks"] for t in totals)
+    gaps: dict[str, list[float]] = {"eager": [], "queued": []}
+    for t in totals:
+        for path, samples in t.get("gaps", {}).items():
+            gaps[path] += samples
+    return Round(
+        seconds, turns, sum(t["round_trips"] for t in totals),
+        sum(t["tool_round_trips"] for t in totals), gaps,
+    )  # fmt: skip
+
+
+def percentile(samples: list[float], q: float) -> float:
+    if not samples:
+        return float("nan")
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def gap_line(label: str, gaps: dict[str, list[float]]) -> str:
+    """p50 and p99 of the gap between turns, in ms, over both paths and for each."""
+    both = gaps["eager"] + gaps["queued"]
+    parts = [f"{label}: gap p50 {percentile(both, 0.5) * 1000:.2f} ms, p99 "
+             f"{percentile(both, 0.99) * 1000:.2f} ms ({len(both)} gaps"]  # fmt: skip
+    for path in ("eager", "queued"):
+        if gaps[path]:
+            parts.append(f"{path} {len(gaps[path])}: p50 {percentile(gaps[path], 0.5) * 1000:.2f}"
+                         f" p99 {percentile(gaps[path], 0.99) * 1000:.2f}")  # fmt: skip
+    return "; ".join(parts) + ")"
 
 
 def noop_round(broker: EmbeddedServer, chains: int, length: int, work: Path) -> float:
@@ -191,6 +249,12 @@ def main() -> None:
         "--durability", default="none,aof", help="settings[@fsync policy], comma-separated"
     )
     parser.add_argument(
+        "--eager", default="8,0", help="TURNSTILE_EAGER_TURNS values to measure, comma-separated"
+    )
+    parser.add_argument(
+        "--idle-runs", type=int, default=20, help="runs one at a time, for the idle gap (0: none)"
+    )
+    parser.add_argument(
         "--task-events", action="store_true", help="Celery's task events on, for both workloads"
     )
     parser.add_argument("--pool", choices=["prefork", "gevent"], default="prefork")
@@ -198,11 +262,18 @@ def main() -> None:
     args = parser.parse_args()
     TASK_EVENTS[0] = "1" if args.task_events else "0"
     POOL[:] = [args.pool, str(args.concurrency)]
-    settings = [d.strip() for d in args.durability.split(",") if d.strip()]
+    durabilities = [d.strip() for d in args.durability.split(",") if d.strip()]
+    eagers = [e.strip() for e in args.eager.split(",") if e.strip()]
+    configs = [(d, e) for d in durabilities for e in eagers]  # the first is the one compared
+    label = {c: f"{c[0]} eager {c[1]}" for c in configs}
     work = Path(tempfile.mkdtemp(prefix="turnstile-bench-"))
-    ratios, rts, tool_rts = [], [], []
-    rates: dict[str, list[float]] = {d: [] for d in settings}
-    policies = sorted({setting(d)[1] for d in settings} | {"everysec"})
+    ratios: list[float] = []
+    rates: dict[tuple[str, str], list[float]] = {c: [] for c in configs}
+    trips: dict[tuple[str, str], list[tuple[float, float]]] = {c: [] for c in configs}
+    gaps: dict[tuple[str, str], dict[str, list[float]]] = {
+        c: {"eager": [], "queued": []} for c in configs
+    }
+    policies = sorted({setting(d)[1] for d in durabilities} | {"everysec"})
     with contextlib.ExitStack() as stack:
         servers = {
             policy: (
@@ -211,40 +282,86 @@ def main() -> None:
             )
             for policy in policies
         }  # (broker, store) for each fsync policy, as one production server would be both
-        if any(setting(d)[0] == Durability.REPLICA for d in settings):
+        if any(setting(d)[0] == Durability.REPLICA for d in durabilities):
             replica = stack.enter_context(EmbeddedServer(appendonly=True))
             _follow(servers[POLICY[Durability.REPLICA]][1], replica)
-        print(f"{'round':>5} " + " ".join(f"{'turns/s ' + d:>22}" for d in settings)
-              + f" {'no-op tasks/s':>14} {'ratio':>6} {'store round trips/turn':>23}"
-              f" {'tools round trips/turn':>23}")  # fmt: skip
+        print(f"{'round':>5} " + " ".join(f"{label[c]:>18}" for c in configs)
+              + f" {'no-op tasks/s':>14} {'ratio':>6}")  # fmt: skip
         for i in range(args.rounds):
             turns_by = {}
-            for d in settings:
-                durability, policy = setting(d)
+            for c in configs:
+                durability, policy = setting(c[0])
                 broker, store = servers[policy]
-                seconds, turns, round_trips, tasks = support_round(
-                    broker, store, args.runs, work, durability
+                measured = support_round(
+                    broker, store, args.runs, work, durability=durability, eager=c[1]
                 )
-                rates[d].append(turns / seconds)
-                turns_by[d] = turns
-                if d == settings[0]:
-                    rts.append(round_trips[0] / max(1, tasks))
-                    tool_rts.append(round_trips[1] / max(1, tasks))
-            length = round(turns_by[settings[0]] / args.runs)
+                rates[c].append(measured.rate)
+                turns_by[c] = measured.turns
+                per_turn = max(1, measured.turns)
+                trips[c].append((measured.step_trips / per_turn, measured.tool_trips / per_turn))
+                for path in ("eager", "queued"):
+                    gaps[c][path] += measured.gaps[path]
+            length = round(turns_by[configs[0]] / args.runs)
             noop_seconds = noop_round(servers["everysec"][0], args.runs, length, work)
             noop_rate = args.runs * length / noop_seconds
-            ratios.append(rates[settings[0]][-1] / noop_rate)
-            print(f"{i + 1:>5} " + " ".join(f"{rates[d][-1]:>22.1f}" for d in settings)
-                  + f" {noop_rate:>14.1f} {ratios[-1]:>6.2f} {rts[-1]:>23.2f}"
-                  f" {tool_rts[-1]:>23.2f}")  # fmt: skip
-    print(f"median ratio ({settings[0]}) {statistics.median(ratios):.2f} (goal >= 1.0); "
-          f"median store round trips per turn {statistics.median(rts):.2f} (goal <= 3), "
-          f"and the job's tools' {statistics.median(tool_rts):.2f}")  # fmt: skip
-    for d in settings[1:]:
-        per_round = [r / base for r, base in zip(rates[d], rates[settings[0]], strict=True)]
-        print(f"turns/s with durability {d} over {settings[0]}: median "
-              f"{statistics.median(per_round):.2f} (per round: "
-              f"{', '.join(f'{x:.2f}' for x in per_round)})")  # fmt: skip
+            ratios.append(rates[configs[0]][-1] / noop_rate)
+            print(f"{i + 1:>5} " + " ".join(f"{rates[c][-1]:>18.1f}" for c in configs)
+                  + f" {noop_rate:>14.1f} {ratios[-1]:>6.2f}")  # fmt: skip
+        idle: dict[str, dict[str, list[float]]] = {}
+        if args.idle_runs:
+            broker, store = servers[setting(durabilities[0])[1]]
+            for e in eagers:
+                durability = setting(durabilities[0])[0]
+                idle[e] = support_round(
+                    broker, store, args.idle_runs, work, durability=durability, eager=e,
+                    one_at_a_time=True,
+                ).gaps  # fmt: skip
+    report(Measured(durabilities, configs, label, ratios, rates, trips, gaps, idle, args.idle_runs))
+
+
+@dataclass
+class Measured:
+    durabilities: list[str]
+    configs: list[tuple[str, str]]  # (durability, eager turns); the first is the base
+    label: dict[tuple[str, str], str]
+    ratios: list[float]
+    rates: dict[tuple[str, str], list[float]]
+    trips: dict[tuple[str, str], list[tuple[float, float]]]
+    gaps: dict[tuple[str, str], dict[str, list[float]]]
+    idle: dict[str, dict[str, list[float]]]
+    idle_runs: int
+
+
+def report(m: Measured) -> None:
+    print(f"median ratio ({m.label[m.configs[0]]} over the no-op chain) "
+          f"{statistics.median(m.ratios):.2f} (goal >= 1.0)")  # fmt: skip
+    base = m.configs[0]
+    for c in m.configs:
+        steps = statistics.median(t[0] for t in m.trips[c])
+        tools = statistics.median(t[1] for t in m.trips[c])
+        line = (
+            f"{m.label[c]}: median {statistics.median(m.rates[c]):.1f} turns/s; store round"
+            f" trips per turn {steps:.2f} (goal <= 2.0 eager), the job's tools' {tools:.2f}"
+        )
+        if c != base:
+            per_round = [r / b for r, b in zip(m.rates[c], m.rates[base], strict=True)]
+            line += (
+                f"; over {m.label[base]}: median {statistics.median(per_round):.2f} "
+                f"(per round: {', '.join(f'{x:.2f}' for x in per_round)})"
+            )
+        print(line)  # fmt: skip
+    for c in m.configs:
+        # The aof goal compares like with like: each durability over none at the same eager.
+        none = (m.durabilities[0], c[1])
+        if c[0] != m.durabilities[0] and none in m.rates:
+            per_round = [r / b for r, b in zip(m.rates[c], m.rates[none], strict=True)]
+            print(f"{m.label[c]} over {m.label[none]}: median {statistics.median(per_round):.2f} "
+                  f"(per round: {', '.join(f'{x:.2f}' for x in per_round)})")  # fmt: skip
+    for c in m.configs:
+        print(gap_line(f"under load, {m.label[c]}", m.gaps[c]))
+    for e, g in m.idle.items():
+        print(gap_line(f"idle ({m.idle_runs} runs one at a time), "
+                       f"{m.durabilities[0]} eager {e}", g))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -31,9 +31,12 @@ import redis.connection  # noqa: E402
 from celery import signals  # noqa: E402
 from celery.__main__ import main as celery_main  # noqa: E402
 
+from turnstile.worker.observability import metrics  # noqa: E402
+
 PORT = int(os.environ.get("BENCH_COUNT_PORT", "0"))
 OUT = Path(os.environ.get("BENCH_COUNT_DIR", "."))
 counts = {"round_trips": 0, "tool_round_trips": 0, "background_round_trips": 0, "tasks": 0}
+gaps: dict[str, list[float]] = {"eager": [], "queued": []}  # seconds from a commit to the next turn
 # The main process's own threads: on prefork their calls are in no pool process's counts; a
 # green worker runs its turns in the main process, and counts them apart there.
 BACKGROUND = ("turnstile-sweeper", "turnstile-dispatcher")
@@ -58,12 +61,24 @@ def _counted(self: Any, command: Any, check_health: bool = True) -> None:
 
 redis.connection.AbstractConnection.send_packed_command = _counted  # type: ignore[method-assign]
 
+_turn_gap = metrics.turn_gap
+
+
+def _gap(seconds: float, *, eager: bool) -> None:
+    gaps["eager" if eager else "queued"].append(seconds)
+    _turn_gap(seconds, eager=eager)
+
+
+metrics.turn_gap = _gap
+
 
 @signals.worker_process_init.connect
 def _reset(**kwargs: Any) -> None:
     counts.update(
         round_trips=0, tool_round_trips=0, background_round_trips=0, tasks=0
     )  # what the parent counted before the fork is not ours
+    gaps["eager"].clear()
+    gaps["queued"].clear()
 
 
 @signals.task_postrun.connect
@@ -73,7 +88,7 @@ def _task_done(**kwargs: Any) -> None:
 
 @signals.worker_process_shutdown.connect
 def _write(**kwargs: Any) -> None:
-    (OUT / f"{os.getpid()}.json").write_text(json.dumps(counts))
+    (OUT / f"{os.getpid()}.json").write_text(json.dumps({**counts, "gaps": gaps}))
 
 
 @signals.worker_shutdown.connect

@@ -129,6 +129,13 @@ def test_steps_outcomes_and_refusals_are_counted_with_their_labels(
     )
     assert moved(before, after, "turnstile_ledger_refusals_total", dimension="cost_microusd") == 1
     assert value(after, "turnstile_steps_in_progress") == 0
+    # Every turn after a run's first started some time after the commit before it: claimed by
+    # that commit (eager) or through the queue.
+    gaps = sum(
+        moved(before, after, "turnstile_turn_gap_seconds_count", path=path)
+        for path in ("eager", "queued")
+    )
+    assert gaps == turns - 2
 
 
 def test_a_killed_pool_process_is_counted_and_leaves_nothing_in_progress(

@@ -18,6 +18,7 @@ from tests.integration.workers import (
     WorkerProcess,
     client_for,
     expected_rows,
+    ledger_is_the_runs_usage,
     running_workers,
     settled,
     stored_row,
@@ -168,7 +169,7 @@ def test_a_step_that_keeps_killing_its_worker_ends_the_run_error(
     assert "keeps killing the worker" in stored["reason"]
     (finished,) = _finished(client, tenant, poison)  # ended by the limit, closed like any run
     assert finished["message"].startswith("Something went wrong on our side"), finished
-    _ledger_is_the_runs_usage(client, tenant, [poison, healthy])
+    ledger_is_the_runs_usage(client, tenant, [poison, healthy])
     assert client.state(healthy).outcome == "completed"
 
 
@@ -411,23 +412,6 @@ def test_submission_is_idempotent_and_checked(client: Client, queue: str, unique
 # -- hardening: holds, closings, attempts, the sweeper (issue 9) ------------------------------
 
 
-def _ledger_is_the_runs_usage(client: Client, tenant: str, run_ids: list[str]) -> None:
-    """Nothing is held for the tenant any more, and what it was charged is exactly what its
-    runs recorded as used."""
-    figures = client.ledger.read(tenant)
-    states = [client.state(r) for r in run_ids]
-    used = {
-        "cost_microusd": sum(s.usage.cost_microusd for s in states),
-        "tokens": sum(s.usage.tokens for s in states),
-        "steps": sum(s.usage.steps for s in states),
-        "tool_calls": sum(s.usage.tool_calls for s in states),
-    }
-    for dimension, amount in used.items():
-        got = figures.get(dimension)
-        figure = (got.committed, got.reserved) if got is not None else (0, 0)
-        assert figure == (amount, 0), (dimension, got, amount)
-
-
 def _finished(client: Client, tenant: str, run_id: str) -> list[dict[str, Any]]:
     return [e for _, e in client.store.events(tenant, run_id) if e["type"] == "finished"]
 
@@ -468,8 +452,8 @@ def test_a_turn_killed_then_cancelled_or_parked_leaves_no_hold_and_closes_truthf
     wait_until(lambda: client.run_hash(first)[1]["status"] == "stopped", what="cancelled")
     wait_until(lambda: client.run_hash(second)[1]["status"] == "parked", what="parked")
     assert client.state(first).outcome == "cancelled"
-    _ledger_is_the_runs_usage(client, cancelled, [first])
-    _ledger_is_the_runs_usage(client, parked, [second])
+    ledger_is_the_runs_usage(client, cancelled, [first])
+    ledger_is_the_runs_usage(client, parked, [second])
     (finished,) = _finished(client, cancelled, first)
     assert "the refund was issued" in finished["message"], finished["message"]
     assert shop.effects(first) == [["refund", "ord_1001", 3000]]
@@ -498,7 +482,7 @@ def test_a_malformed_message_mid_turn_leaves_no_hold(
         what="the overtaken turn is discarded",
     )
     assert client.run_hash(run_id)[1]["outcome"] == "error"
-    _ledger_is_the_runs_usage(client, tenant, [run_id])
+    ledger_is_the_runs_usage(client, tenant, [run_id])
     (finished,) = _finished(client, tenant, run_id)
     assert finished["message"].startswith("Something went wrong on our side")
 
@@ -547,7 +531,7 @@ def test_the_sweeper_sends_a_waiting_step_once_and_cancel_ends_an_idle_run_at_on
     assert finished["message"].startswith("Your request was cancelled.")
     assert client.client.zscore(keys.leases(tenant), run_id) is None
     client.client.delete(nobody)
-    _ledger_is_the_runs_usage(client, tenant, [run_id])
+    ledger_is_the_runs_usage(client, tenant, [run_id])
 
 
 def test_a_store_outage_at_commit_does_not_use_up_an_attempt(unique: str, worker_pool: str) -> None:
@@ -590,4 +574,4 @@ def test_a_cancel_requested_during_a_turn_that_suspends_ends_the_run(
     state = client.state(run_id)
     assert (state.outcome, state.reason) == ("cancelled", "customer called")
     assert len(_finished(client, tenant, run_id)) == 1
-    _ledger_is_the_runs_usage(client, tenant, [run_id])
+    ledger_is_the_runs_usage(client, tenant, [run_id])

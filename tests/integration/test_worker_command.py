@@ -97,6 +97,9 @@ def test_two_workers_on_one_machine_are_two_nodes(unique: str) -> None:
         (["TURNSTILE_POOL", "threads"], "--pool threads cannot stop a call"),
         (["TURNSTILE_MAX_STEP_ATTEMPTS", "0"], "bad TURNSTILE_MAX_STEP_ATTEMPTS"),
         (["TURNSTILE_ALLOW_DRILLS", "perhaps"], "bad TURNSTILE_ALLOW_DRILLS"),
+        (["TURNSTILE_EAGER_TURNS", "-1"], "bad TURNSTILE_EAGER_TURNS"),
+        (["TURNSTILE_EAGER_TURNS", "1.5"], "bad TURNSTILE_EAGER_TURNS"),
+        (["TURNSTILE_EAGER_TURNS", "many"], "bad TURNSTILE_EAGER_TURNS"),
     ],
 )
 def test_bad_worker_options_are_one_line(args: list[str], message: str) -> None:

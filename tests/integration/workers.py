@@ -225,3 +225,20 @@ def stored_row(client: Client, run_id: str) -> dict[str, Any]:
 def settled(client: Client, run_ids: list[str]) -> bool:
     """Every run has stopped or is waiting for a person."""
     return all(client.run_hash(r)[1]["status"] in ("stopped", "suspended") for r in run_ids)
+
+
+def ledger_is_the_runs_usage(client: Client, tenant: str, run_ids: list[str]) -> None:
+    """Nothing is held for the tenant any more, and what it was charged is exactly what its
+    runs recorded as used."""
+    figures = client.ledger.read(tenant)
+    states = [client.state(r) for r in run_ids]
+    used = {
+        "cost_microusd": sum(s.usage.cost_microusd for s in states),
+        "tokens": sum(s.usage.tokens for s in states),
+        "steps": sum(s.usage.steps for s in states),
+        "tool_calls": sum(s.usage.tool_calls for s in states),
+    }
+    for dimension, amount in used.items():
+        got = figures.get(dimension)
+        figure = (got.committed, got.reserved) if got is not None else (0, 0)
+        assert figure == (amount, 0), (dimension, got, amount)

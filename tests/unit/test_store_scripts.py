@@ -10,15 +10,17 @@ import redis
 import turnstile.worker as worker_package
 from turnstile.ledger.scripts import library_source
 from turnstile.worker.store import scripts
-from turnstile.worker.store.scripts import FAIR, LEDGER, register, source
+from turnstile.worker.store.scripts import FAIR, LEDGER, RUN, register, source
 
 
 def test_a_script_is_its_libraries_in_order_then_its_own_file() -> None:
-    """`source` puts the ledger's library, then fair_lib.lua, in front of the script's file."""
-    commit = source("run_commit", LEDGER, FAIR)
+    """`source` puts the ledger's library, then fair_lib.lua and run_lib.lua, in front of the
+    script's file."""
+    commit = source("run_commit", LEDGER, FAIR, RUN)
     fair_lib = (scripts.LUA / "fair_lib.lua").read_text(encoding="utf-8")
+    run_lib = (scripts.LUA / "run_lib.lua").read_text(encoding="utf-8")
     own = (scripts.LUA / "run_commit.lua").read_text(encoding="utf-8")
-    assert commit == "\n".join((library_source(), fair_lib, own))
+    assert commit == "\n".join((library_source(), fair_lib, run_lib, own))
     assert source("run_mark") == (scripts.LUA / "run_mark.lua").read_text(encoding="utf-8")
 
 

@@ -44,6 +44,8 @@ LISTEN_ADDR = "0.0.0.0"  # noqa: S104
 
 # A step is anything from a no-op skip (milliseconds) to a turn with slow tools (minutes).
 STEP_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+# Between two turns: well under a millisecond eager, a few milliseconds through the queue.
+GAP_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
 
 # Results of `Step.run` that end the run without passing through `Step._next`, with the outcome
 # and detail the run records. `finished` and `refused` are counted where they happen, in the
@@ -74,6 +76,15 @@ class Metrics:
             "Wall time of one step delivery, by what the step returned.",
             ["result"],
             buckets=STEP_BUCKETS_S,
+            registry=registry,
+        )
+        self.turn_gap: Histogram = Histogram(
+            "turnstile_turn_gap_seconds",
+            "Time from a run's commit to the start of its next turn, by path: eager (claimed by "
+            "the commit, run at once by the same worker) or queued (through the pending list, "
+            "the dispatcher and the broker).",
+            ["path"],
+            buckets=GAP_BUCKETS_S,
             registry=registry,
         )
         self.steps_in_progress: Gauge = Gauge(
@@ -169,6 +180,12 @@ def step_done(result: str, started: float) -> None:
     m.step_seconds.labels(result).observe(time.monotonic() - started)
     if result in _ENDS_RUN:
         m.runs_finished.labels(*_ENDS_RUN[result]).inc()
+
+
+def turn_gap(seconds: float, *, eager: bool) -> None:
+    """A continuing run's next turn started `seconds` after the commit before it."""
+    if _state.metrics is not None:
+        _state.metrics.turn_gap.labels("eager" if eager else "queued").observe(max(0.0, seconds))
 
 
 def step_retried(reason: str) -> None:

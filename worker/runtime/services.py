@@ -31,7 +31,7 @@ from turnstile.worker.scheduling.dispatcher import PublishMany
 from turnstile.worker.scheduling.limits import time_limits
 from turnstile.worker.settings import Settings
 from turnstile.worker.store.connect import connect
-from turnstile.worker.store.runs import NextStep, RunStore, StoreUnavailable
+from turnstile.worker.store.runs import Claim, NextStep, RunStore, StoreUnavailable
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -51,6 +51,9 @@ class Services:
     # The next step as the commit that makes it due queues it itself, or None: then `send`
     # sends it after the commit (fair share off, the drills).
     next_step: Callable[[StepMessage, RunState], NextStep | None] = lambda msg, state: None
+    # Or the commit claims it for this worker, to run at once (eager continuation): what it
+    # needs to, for the next step, its hard limit and the claimed delivery's token; None: never.
+    claim: Callable[[StepMessage, float, str], Claim | None] = lambda msg, hard_s, token: None
     pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(READ_POOL_SIZE, "turnstile-tool")
     )  # the process's tool-call threads, shared by its turns
@@ -108,6 +111,14 @@ def build_services(
             return None
         return fair.pending_entry(msg, *time_limits(state, config))
 
+    # Eager continuation (TURNSTILE_EAGER_TURNS) rides on the commit that queues the next step,
+    # so it needs fair share's queueing in the commit: with fair share off there is no one
+    # place that knows whether another tenant waits.
+    eager = queues_in_commit and config.eager_turns > 0
+
+    def claim(msg: StepMessage, hard_s: float, token: str) -> Claim | None:
+        return fair.claim(msg, hard_s, config, token) if eager else None
+
     turns = config.concurrency if config.pool == Pool.GEVENT else 1
     return Services(
         settings=config,
@@ -116,6 +127,7 @@ def build_services(
         jobs=jobs,
         send=send,
         next_step=next_step,
+        claim=claim,
         heartbeat=Heartbeat(config.inflight_lease_s / 3),
         # Tool calls of every turn in flight: greenlets on a green worker, so one set per turn.
         pool=ThreadPoolExecutor(READ_POOL_SIZE * turns, "turnstile-tool"),

@@ -7,7 +7,8 @@ Python over the store, the ledger and the kernel, so the order is readable in on
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -115,9 +116,15 @@ def answered_by(trace: Trace) -> dict[str, str]:
     return {k: str(attrs[k]) for k in ("model", "fallback") if attrs.get(k)}
 
 
+# A claimed turn's own hard limit may end this much after the delivery's (whose limits Celery
+# enforces): the delivery's soft limit then fires at most this much before the turn's would.
+EAGER_SLACK_S = 1.0
+
+
 @dataclass
 class Step:
-    """One delivery of a step message being handled."""
+    """One delivery of a step message being handled, or one turn its commit claimed (eager
+    continuation: the run's next step, run by the same task at once, see run_commit.lua)."""
 
     services: Services
     msg: StepMessage
@@ -126,10 +133,18 @@ class Step:
     loaded: bool = False  # whether this delivery's load ran (and so counted as an attempt)
     # This delivery, as its load records it: the message, and a nonce, since a message
     # redelivered after a kill is the same message but another delivery.
-    token: str = field(default_factory=lambda: secrets.token_hex(4))
+    token: str = ""
+    # Eager continuation: how many more turns of the run this delivery may claim, and when
+    # its hard time limit ends (monotonic; None: no limit), which a claimed turn must fit in.
+    eager: int = 0
+    deadline: float | None = None
+    claimed: Loaded | None = None  # this turn's load, done by the commit that claimed it
+    chain: int = 0  # its place in its delivery's chain of claimed turns (its token says "+n")
+    committed_at: float = 0.0  # when that commit returned (monotonic), for the gap
+    following: Step | None = None  # the next turn, once this one's commit claimed it
 
     def __post_init__(self) -> None:
-        self.token = f"{self.delivery}.{self.token}"
+        self.token = self.token or f"{self.delivery}.{secrets.token_hex(4)}"
 
     @property
     def clean_exit(self) -> str:
@@ -225,13 +240,27 @@ class Step:
             else "-"
         )
         next_step = self.services.next_step(self._following, state) if live else None
-        return self.services.store.commit(
+        claim, token = None, f"{self.delivery}+{self.chain + 1}.{secrets.token_hex(4)}"
+        if next_step is not None and self.eager > 0:
+            _, hard_s = time_limits(state, self.settings)
+            fits = self.deadline is None or time.monotonic() + hard_s <= (
+                self.deadline + min(EAGER_SLACK_S, self.settings.soft_margin_s / 2)
+            )
+            claim = self.services.claim(self._following, hard_s, token) if fits else None
+        committed = self.services.store.commit(
             self._change(
                 state, loaded, lease_ms=lease, events=events, hold=hold,
                 settlements=settlements or [], clear=clear or [], next_step=next_step,
-                **self._summary(state),
+                claim=claim, **self._summary(state),
             )
         )  # fmt: skip
+        if committed.claimed is not None:
+            self.following = Step(
+                self.services, self._following, delivery=self.delivery, token=token,
+                eager=self.eager - 1, deadline=self.deadline, claimed=committed.claimed,
+                chain=self.chain + 1, committed_at=time.monotonic(),
+            )  # fmt: skip
+        return committed
 
     @property
     def _following(self) -> StepMessage:
@@ -245,13 +274,17 @@ class Step:
 
     def run(self) -> str:
         """Handle the delivery; returns what happened, for the log and the tests."""
-        store = self.services.store
-        loaded = store.load(
+        loaded = self.claimed or self.services.store.load(
             tenant=self.msg.tenant, run_id=self.msg.run_id, version=self.msg.version,
             queue=self.msg.queue, inflight_lease_ms=int(self.settings.inflight_lease_s * 1000),
             delivery=self.token, after=self.after,
         )  # fmt: skip
         self.loaded = loaded.kind == "go"
+        if self.loaded and self.msg.version > 1:  # from the commit before to this start
+            if self.claimed is not None:
+                metrics.turn_gap(time.monotonic() - self.committed_at, eager=True)
+            else:
+                metrics.turn_gap(loaded.gap_ms / 1000, eager=False)
         if loaded.kind != "go":
             log.info(
                 "step_skipped",
@@ -465,7 +498,7 @@ class Step:
             log.error("commit_failed", kind=committed.kind, detail=committed.detail)
             return f"commit_{committed.kind}"
         if isinstance(move, Continue):
-            if not committed.queued:
+            if not committed.queued and committed.claimed is None:
                 self.services.send(self._following, state)
             return "continued"
         if isinstance(move, Suspended):

@@ -3,6 +3,8 @@ backoff when the store or the ledger is down, give the fair-share slot back."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -37,48 +39,73 @@ def register(app: Celery, worker: WorkerServices) -> None:
 
 
 def step_task(self: StepTask, *args: Any, **kwargs: Any) -> str:
-    """Run one turn of a run. Malformed messages are logged and acked; the run, where it can
-    be told, ends `error` with the reason."""
-    started, result = metrics.step_started(), "exception"
+    """Run one turn of a run, then each turn its commit claims (eager continuation, see
+    worker/runtime/step.py): one delivery may run several turns of its run in a row, each
+    counted as a step. Malformed messages are logged and acked; the run, where it can be
+    told, ends `error` with the reason."""
     msg = parse_message(args, kwargs)
     if isinstance(msg, str):
+        started = metrics.step_started()
         log.error(
             "malformed_step_message", reason=msg, args=repr(args)[:200], kwargs=repr(kwargs)[:400]
         )
         _fail_named_run(self.worker, kwargs, msg)
         metrics.step_done("malformed", started)
         return "malformed"
-    structlog.contextvars.bind_contextvars(
-        tenant=msg.tenant, run_id=msg.run_id, version=msg.version
-    )
     # A delivery that exits cleanly (store or ledger down) names itself to its retry as
     # `after`, so that it does not count as a delivery that died mid-turn.
     after = kwargs.get("after")
+    # The delivery's hard time limit, which Celery enforces on every turn it runs: a claimed
+    # turn must fit in it (see Step.finish_now).
+    hard_s = (self.request.timelimit or (None, None))[0]
+    deadline = time.monotonic() + float(hard_s) if hard_s else None
+
+    def first() -> Step:
+        return Step(
+            self.worker.services(), msg, delivery=f"{self.request.id}:{self.request.retries}",
+            after=after if isinstance(after, str) else "", eager=self.worker.settings.eager_turns,
+            deadline=deadline,
+        )  # fmt: skip
+
+    result, step = _one_step(self, msg, first)
+    while step is not None and step.following is not None:
+        following = step.following
+        result, step = _one_step(self, following.msg, lambda f=following: f)  # type: ignore[misc]
+    return result
+
+
+def _one_step(
+    task: StepTask, msg: StepMessage, build: Callable[[], Step]
+) -> tuple[str, Step | None]:
+    """Run the step `build` makes: (what it returned, the step). Retries with a backoff when
+    the store or the ledger is down; gives the step's fair-share slot back when it is done."""
+    started, result = metrics.step_started(), "exception"
+    structlog.contextvars.bind_contextvars(
+        tenant=msg.tenant, run_id=msg.run_id, version=msg.version
+    )
     step: Step | None = None
     try:
-        delivery = f"{self.request.id}:{self.request.retries}"
-        step = Step(self.worker.services(), msg, delivery=delivery,
-                    after=after if isinstance(after, str) else "")  # fmt: skip
+        step = build()
         result = step.run()
-        return result
+        return result, step
     except (LedgerDown, StoreUnavailable) as exc:
-        config = self.worker.settings
+        config = task.worker.settings
         delay = backoff_s(
-            self.request.retries + 1, base_s=config.retry_base_s, max_s=config.retry_max_s,
+            task.request.retries + 1, base_s=config.retry_base_s, max_s=config.retry_max_s,
             jitter=0.25,
         )  # fmt: skip
         log.warning("step_retry", error=str(exc), countdown_s=round(delay, 2))
         result = "retry"
         metrics.step_retried("ledger_down" if isinstance(exc, LedgerDown) else "store_unavailable")
         retry_kwargs = {**msg.as_kwargs(), "after": step.clean_exit if step else ""}
-        raise self.retry(countdown=delay, exc=exc, kwargs=retry_kwargs) from exc
+        raise task.retry(countdown=delay, exc=exc, kwargs=retry_kwargs) from exc
     finally:
         metrics.step_done(result, started)
         structlog.contextvars.clear_contextvars()
         # A retry keeps the step's slot until its last delivery; a continuing run's next
-        # step gave it back as it was queued (worker/scheduling/fair.py).
+        # step took it over as it was queued or claimed (worker/scheduling/fair.py).
         if result not in ("retry", "continued"):
-            _release(self.worker, msg, result)
+            _release(task.worker, msg, result)
 
 
 # Results of a step after which its run is over (see worker/runtime/step.py and step_task).

@@ -25,7 +25,7 @@ import structlog
 from turnstile.worker.broker.layout import PRIORITY_SEP, PRIORITY_STEPS
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.observability import metrics
-from turnstile.worker.scheduling.fair import tenant_view
+from turnstile.worker.scheduling.fair import sent_window_ms, tenant_view
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 from turnstile.worker.store.durability import Durability
@@ -106,6 +106,7 @@ class Dispatcher:
         self.linger_s = LINGER_S if config.durability == Durability.NONE else 0.0
         # A slot outlives its step's hard limit by the pickup lease: time to wait on the queue.
         self.slot_extra_ms = int(config.pickup_lease_s * 1000)
+        self.sent_window_ms = sent_window_ms(config)
 
     def depth(self, queue: str) -> int:
         if self.broker is None:
@@ -285,10 +286,26 @@ class Dispatcher:
             for e in entries
         ]  # fmt: skip
         try:
+            self._mark_sent(batch)
+        except Exception as exc:  # then a commit may claim past these steps: only less fair
+            log.warning("dispatch_mark_failed", error=str(exc), steps=len(batch))
+        try:
             self.publish(batch)
         except Exception as exc:  # the runs' pickup leases lapse and the sweeper re-sends them
             log.warning("dispatch_failed", error=str(exc), steps=len(batch),
                         run_ids=[m.run_id for m, _, _ in batch[:5]])  # fmt: skip
+
+    def _mark_sent(self, batch: list[tuple[StepMessage, float, float]]) -> None:
+        """Note each step as sent and not yet loaded (keys.fair_sent; its load removes it), before
+        it is published: while another tenant's step waits on the broker, no commit claims its
+        own run's next step. Entries older than the window are dropped (lost on the way)."""
+        now = server_ms(self.client)
+        pipe = self.client.pipeline(transaction=False)
+        for queue in {msg.queue for msg, _, _ in batch}:
+            pipe.zremrangebyscore(keys.fair_sent(queue), "-inf", now - self.sent_window_ms)
+        for msg, _, _ in batch:
+            pipe.zadd(keys.fair_sent(msg.queue), {f"{msg.tenant}|{msg.run_id}:{msg.version}": now})
+        pipe.execute()
 
     def _gauges(self) -> None:
         """Each tenant's share as metrics, once a second: the tenants with steps waiting, and

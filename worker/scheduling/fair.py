@@ -29,6 +29,7 @@ from turnstile.errors import TurnstileError
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
+from turnstile.worker.store.runs import Claim, inflight_tag
 from turnstile.worker.store.scripts import FAIR, register, with_scripts
 from turnstile.worker.store.values import server_ms
 
@@ -108,6 +109,27 @@ def pending_entry(msg: StepMessage, soft_s: float, hard_s: float) -> Pending:
          keys.slots(msg.tenant)],
         [msg.run_id, str(msg.version), entry, before],
     )  # fmt: skip
+
+
+def claim(msg: StepMessage, hard_s: float, config: Settings, token: str) -> Claim:
+    """What a commit needs to claim the run's next step `msg` for this worker (eager
+    continuation; see run_commit.lua for the check), to be loaded as delivery `token`. The
+    claimed step's slot lapses as a dispatched one's does (fair_take.lua): its hard limit and
+    the pickup lease; another tenant's step sent to the broker counts as waiting for a pickup
+    lease, after which it is taken as lost (the sweeper sends it again, through its pending
+    list)."""
+    return Claim(
+        keys=[keys.control(msg.tenant), keys.caps(msg.tenant), keys.queue_control(msg.queue),
+              keys.fair_active(msg.queue), keys.fair_sent(msg.queue)],
+        args=[msg.tenant, str(int(config.inflight_lease_s * 1000)), inflight_tag(msg.queue),
+              token, str(sent_window_ms(config)),
+              str(int(config.pickup_lease_s * 1000) + int(hard_s * 1000))],
+    )  # fmt: skip
+
+
+def sent_window_ms(config: Settings) -> int:
+    """How long a step sent to the broker counts as waiting there (see keys.fair_sent)."""
+    return int(config.pickup_lease_s * 1000)
 
 
 def _nudge(pipe: Any) -> None:

@@ -147,6 +147,14 @@ def fair_active(queue: str) -> str:
     return f"{PREFIX}:fair:active:{queue}"
 
 
+def fair_sent(queue: str) -> str:
+    """Zset: "<tenant>|<run id>:<version>" of each step the dispatcher sent to the broker on
+    `queue` that no delivery has loaded yet, scored by when it was sent (ms). Another tenant's
+    step here is waiting for a worker, so no commit claims its own next step (eager
+    continuation, see run_commit.lua)."""
+    return f"{PREFIX}:fair:sent:{queue}"
+
+
 def fair_capacity(queue: str) -> str:
     """Zset: "<worker>|<turns it can hold in flight>" of each live worker reading `queue`,
     scored by when its announcement lapses (ms)."""

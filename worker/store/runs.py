@@ -33,7 +33,7 @@ from turnstile.ledger.results import ReserveResult
 from turnstile.worker.registry import Jobs
 from turnstile.worker.store import keys
 from turnstile.worker.store.durability import WaitFor
-from turnstile.worker.store.scripts import FAIR, LEDGER, register, with_scripts
+from turnstile.worker.store.scripts import FAIR, LEDGER, RUN, register, with_scripts
 from turnstile.worker.store.values import text
 
 HOST = socket.gethostname()
@@ -91,6 +91,8 @@ class Loaded:
     hold: str = "none"  # what became of the next turn's ledger hold; see run_load.lua
     hold_reply: Any = ""  # ledger_reserve's reply, or the unfit dimension
     hold_id: str = ""  # the reservation id, when the load took a hold
+    gap_ms: int = 0  # since the run last changed: for a continuing run, since its commit
+    claimed: bool = False  # loaded by the commit before it, which claimed the step (eager)
 
 
 @dataclass
@@ -113,6 +115,7 @@ class Change:
     hold: str = ""  # the next turn's ledger hold: "" keeps the stored one, "-" drops it
     if_idle: bool = False  # commit only if no turn of the run is in flight ("busy" otherwise)
     next_step: NextStep | None = None  # queued by the commit itself (fair share, see fair.py)
+    claim: Claim | None = None  # or claimed for this worker, where fair share allows (eager)
 
 
 class NextStep(Protocol):
@@ -132,11 +135,50 @@ class NextStep(Protocol):
 
 
 @dataclass(frozen=True)
+class Claim:
+    """What a commit needs to claim the run's next step for its worker instead of queueing it
+    (eager continuation, see run_commit.lua): the keys fair share's check reads, and the
+    claimed delivery's load arguments (built by worker/scheduling/fair.py `claim`)."""
+
+    keys: list[str]  # tenant control, caps, queue control, fair_active, fair_sent
+    args: list[str]  # tenant, in-flight lease, where, token, sent window, slot lease
+
+
+@dataclass(frozen=True)
 class Committed:
     kind: Literal["ok", "stale", "missing", "ledger", "busy"]
     version: int = 0
     detail: str = ""
     queued: bool = False  # the commit queued the run's next step (`Change.next_step`)
+    claimed: Loaded | None = None  # or claimed it, and loaded it for this worker (`claim`)
+
+
+def loaded_from(reply: Any, version: int, queue_flags: Any) -> Loaded:
+    """run_load.lua's reply (or an eager commit's load of the step it claimed, whose queue
+    flags its check read: `queue_flags` None) as a Loaded."""
+    kind = text(reply[0])
+    if kind == "missing":
+        return Loaded("missing")
+    if kind in ("stale", "idle", "busy"):
+        return Loaded(kind, version=int(reply[1]), status=text(reply[2]))  # type: ignore[arg-type]
+    paused, draining = queue_flags if queue_flags is not None else ("", "")
+    return Loaded(
+        "go",
+        version=version,
+        status=text(reply[6]),
+        state=text(reply[1]),
+        attempts=int(reply[2]),
+        tenant_paused=bool(text(reply[3])),
+        cancel_by=text(reply[4]),
+        cancel_reason=text(reply[5]),
+        queue_paused=bool(text(paused)),
+        queue_draining=bool(text(draining)),
+        hold=text(reply[7]),
+        hold_reply=reply[8],
+        hold_id=text(reply[9]),
+        gap_ms=int(reply[10]),
+        claimed=queue_flags is None,
+    )
 
 
 class RunStore:
@@ -152,9 +194,9 @@ class RunStore:
         self.ledger = ledger
         self.wait_for = wait_for or WaitFor()  # what a create or a commit reaches first
         self._create = register(client, "run_create")
-        self._load = register(client, "run_load", LEDGER)
+        self._load = register(client, "run_load", LEDGER, RUN)
         self._renew = register(client, "run_renew")
-        self._commit = register(client, "run_commit", LEDGER, FAIR)
+        self._commit = register(client, "run_commit", LEDGER, FAIR, RUN)
         self._hold = register(client, "run_hold", LEDGER)
         self._mark = register(client, "run_mark")
         # For closing messages: the process's registry, passed in; built here only for a store
@@ -247,28 +289,11 @@ class RunStore:
         def build(pipe: Any) -> None:
             pipe.evalsha(self._load.sha, len(script_keys), *script_keys, *args)
             pipe.hmget(keys.queue_control(queue), "paused", "draining")
+            # Loaded: no longer a step waiting on the broker (see keys.fair_sent).
+            pipe.zrem(keys.fair_sent(queue), f"{tenant}|{run_id}:{version}")
 
-        reply, flags = self._pipeline(build)
-        kind = text(reply[0])
-        if kind == "missing":
-            return Loaded("missing")
-        if kind in ("stale", "idle", "busy"):
-            return Loaded(kind, version=int(reply[1]), status=text(reply[2]))  # type: ignore[arg-type]
-        return Loaded(
-            "go",
-            version=version,
-            status=text(reply[6]),
-            state=text(reply[1]),
-            attempts=int(reply[2]),
-            tenant_paused=bool(text(reply[3])),
-            cancel_by=text(reply[4]),
-            cancel_reason=text(reply[5]),
-            queue_paused=bool(text(flags[0])),
-            queue_draining=bool(text(flags[1])),
-            hold=text(reply[7]),
-            hold_reply=reply[8],
-            hold_id=text(reply[9]),
-        )
+        reply, flags, _ = self._pipeline(build)
+        return loaded_from(reply, version, flags)
 
     def renew(self, *, tenant: str, run_id: str, queue: str, lease_ms: int) -> bool:
         """Extend a running turn's in-flight lease; False once it is not in flight here."""
@@ -356,6 +381,9 @@ class RunStore:
             script_keys += change.next_step.keys
             args += [change.next_step.entry, change.next_step.before]
             then = change.next_step.announce
+            if change.claim is not None:
+                script_keys += change.claim.keys
+                args += change.claim.args
         try:
             reply = self._durable_call(
                 self._commit,
@@ -368,6 +396,9 @@ class RunStore:
             raise StoreUnavailable(f"store unavailable: {exc}") from exc
         kind = text(reply[0])
         if kind == "ok":
+            if len(reply) > 3:  # claimed: the step's load, as run_load.lua would reply
+                claimed = loaded_from(reply[3], int(reply[1]), None)
+                return Committed("ok", version=int(reply[1]), claimed=claimed)
             return Committed("ok", version=int(reply[1]), queued=change.next_step is not None)
         if kind == "stale":
             return Committed("stale", version=int(reply[1]))

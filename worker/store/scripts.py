@@ -5,7 +5,8 @@ store's, fair share's, retention's, the HTTP API's rate limit and stream cap, th
 so what runs inside the server is in one place, and a script is named, never a path. A script
 that calls a library gets the library's text in front of its own: the ledger's `lib.lua`
 (`LEDGER`: `ledger_reserve`, `ledger_settle`; the ledger keeps its own Lua, as it imports
-nothing of the worker) or fair share's `fair_lib.lua` (`FAIR`: `fair_queue`). A file is read
+nothing of the worker), fair share's `fair_lib.lua` (`FAIR`: `fair_queue`) or the run store's
+`run_lib.lua` (`RUN`: `run_load_at`, which needs `LEDGER` before it). A file is read
 once per process; registering a script computes its sha and does no I/O.
 
 Called on its own, a registered script loads itself on NOSCRIPT (redis-py does that). In a
@@ -29,6 +30,7 @@ from turnstile.ledger.scripts import library_source
 LUA = Path(__file__).parent / "lua"
 LEDGER = "ledger"  # the ledger's lib.lua, for a script that reserves or settles
 FAIR = "fair_lib"  # fair_queue, for a script that queues a run's next step
+RUN = "run_lib"  # run_load_at, for a script that loads a run for a step (after LEDGER)
 
 
 @cache

@@ -3,13 +3,23 @@ Commit one change of a run, atomically: compare-and-set the version, write the s
 summary fields, settle the turn's ledger reservations, close every other hold the run still
 has open, append the events, move the run in the status and outcome indexes, and set or clear
 its lease. Used for every change a run goes through: a turn, a park, a decision, a failure.
-This body follows the ledger's library (see ledger/lib.lua) and fair_lib.lua, so
-`ledger_settle`, `ledger_settle_check` and `fair_queue` are in scope.
+This body follows the ledger's library (see ledger/lib.lua), fair_lib.lua and run_lib.lua, so
+`ledger_settle`, `ledger_settle_check`, `fair_queue` and `run_load_at` are in scope.
 
 The next step: with fair share on, a commit that leaves the run running also queues the run's
 next step in its tenant's pending list (`fair_queue`), in the same script: the step is queued
 if and only if the compare-and-set wins, and no crash can fall between the commit and the
 enqueue.
+
+Eager continuation: a commit that would queue the next step may instead claim it for the
+committing worker (which asks only when it is free to run it at once: see runtime/task.py),
+when fair share would pick this run anyway: no other tenant has steps pending on the queue
+(KEYS 20) or sent to the broker and not yet loaded (KEYS 21, entries younger than the window),
+the tenant is under its cap on turns in flight, and neither the tenant nor the queue is paused
+or draining. The claimed step takes the slot the queued one would (the previous step's is
+given back), then is loaded here, by the very function run_load.lua runs (`run_load_at`), with
+its in-flight lease, attempt token and ledger hold: the worker runs that turn at once, and a
+worker that dies before the turn commits leaves a lease that lapses, as for any delivery.
 
 Holds: every hold taken for the version being replaced is in the run's field `holds` (see
 run_load.lua and run_hold.lua). The settlements listed here are checked all together first
@@ -28,6 +38,9 @@ KEYS
   7 inflight hash   turnstile:{T}:inflight
   8-13              the tenant's six ledger keys, in the library's order
   14-16             to queue the next step: its pending list, the pending index, the slots
+  17-21             to claim it (eager): the tenant's control hash, its caps hash, the
+                    queue's control hash, the queue's pending tenants (fair_active), the
+                    queue's sent steps (fair_sent)
 ARGV
   1 run id
   2 expected version
@@ -46,11 +59,53 @@ ARGV
   then the ledger's journal max length (for the releases)
   then, to queue the next step (KEYS 14-16): its entry (JSON, for the new version) and the
   slot to give back, else nothing
+  then, to claim it instead where it may be (KEYS 17-21): the tenant, the in-flight lease (ms),
+  where the turn runs ("<queue>|<pid>|<host>"), the claimed delivery's token, the window of
+  sent steps (ms), and the claimed step's slot lease (ms); else nothing
 Returns
   {"ok", new_version, queued} (queued: 1 if the next step was queued, 0 if not asked or it
-  was waiting already) | {"stale", version} | {"missing"} | {"ledger", outcome, detail}
+  was waiting already) | {"ok", new_version, 2, load} (the step was claimed: `load` is
+  run_load.lua's reply for it) | {"stale", version} | {"missing"} | {"ledger", outcome, detail}
   | {"busy", version} (a turn is in flight and the change asked for none: nothing written)
 ]]
+-- Whether fair share would pick this run's next step anyway (see "Eager continuation").
+local function may_claim(claim, give_back, now)
+  if (redis.call('HGET', KEYS[17], 'paused') or '') ~= '' then
+    return false
+  end
+  local flags = redis.call('HMGET', KEYS[19], 'paused', 'draining')
+  if (flags[1] or '') ~= '' or (flags[2] or '') ~= '' then
+    return false
+  end
+  for _, tenant in ipairs(redis.call('SMEMBERS', KEYS[20])) do
+    if tenant ~= claim.tenant then
+      return false
+    end
+  end
+  local sent = redis.call('ZRANGEBYSCORE', KEYS[21], now - claim.window, '+inf', 'LIMIT', 0, 257)
+  if #sent > 256 then
+    return false
+  end
+  local own = claim.tenant .. '|'
+  for _, entry in ipairs(sent) do
+    if string.sub(entry, 1, #own) ~= own then
+      return false
+    end
+  end
+  local cap = tonumber(redis.call('HGET', KEYS[18], 'turns_in_flight') or '')
+  if cap then
+    redis.call('ZREMRANGEBYSCORE', KEYS[16], '-inf', now)
+    local held = redis.call('ZCARD', KEYS[16])
+    if give_back ~= '' and redis.call('ZSCORE', KEYS[16], give_back) then
+      held = held - 1
+    end
+    if held + 1 > cap then
+      return false
+    end
+  end
+  return true
+end
+
 local version, open = unpack(redis.call('HMGET', KEYS[1], 'version', 'holds'))
 if not version then
   return {'missing'}
@@ -80,6 +135,7 @@ local hdel_at = i + 1
 i = i + n_hdel + 1
 local hold, if_idle, maxlen = ARGV[i] or '', ARGV[i + 1] or '', ARGV[i + 2] or '1000'
 local next_entry, give_back = ARGV[i + 3] or '', ARGV[i + 4] or ''
+local claimer = ARGV[i + 5] or ''
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -146,6 +202,23 @@ else
 end
 redis.call('HDEL', KEYS[7], run_id)
 local queued = 0
+if next_entry ~= '' and claimer ~= '' then
+  local claim = {
+    tenant = claimer, lease = ARGV[i + 6], where = ARGV[i + 7], token = ARGV[i + 8],
+    window = tonumber(ARGV[i + 9]), slot_lease = tonumber(ARGV[i + 10]),
+  }
+  if may_claim(claim, give_back, now) then
+    if give_back ~= '' then
+      redis.call('ZREM', KEYS[16], give_back)
+    end
+    redis.call('ZADD', KEYS[16], now + claim.slot_lease, run_id .. ':' .. new_version)
+    local loaded = run_load_at(
+      {KEYS[1], KEYS[3], KEYS[17], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12],
+       KEYS[13]},
+      {run_id, tostring(new_version), claim.lease, claim.where, claim.token, ''})
+    return {'ok', new_version, 2, loaded}
+  end
+end
 if next_entry ~= '' then
   queued = fair_queue(KEYS[14], KEYS[15], KEYS[16], run_id, tostring(new_version), next_entry,
     give_back)
