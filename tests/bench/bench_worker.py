@@ -100,7 +100,7 @@ def _env(
     count_port: int,
     *,
     durability: str = "none",
-    eager: str = "0",
+    eager: str | None = None,
 ) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
     env["TURNSTILE_TASK_EVENTS"] = TASK_EVENTS[0]
@@ -108,8 +108,10 @@ def _env(
     env.update(
         TURNSTILE_BROKER_URL=broker, TURNSTILE_LOG_FORMAT="json",
         BENCH_COUNT_DIR=str(count_dir), BENCH_COUNT_PORT=str(count_port),
-        TURNSTILE_DURABILITY=durability, TURNSTILE_EAGER_TURNS=eager,
+        TURNSTILE_DURABILITY=durability,
     )  # fmt: skip
+    if eager is not None:  # else the worker's default
+        env["TURNSTILE_EAGER_TURNS"] = eager
     if store:
         env["TURNSTILE_REDIS_URL"] = store
     return env

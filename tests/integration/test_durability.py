@@ -169,10 +169,16 @@ def test_replica_durability_waits_for_the_replicas(own_server: EmbeddedServer, u
     with EmbeddedServer() as replica:
         follower = redis.Redis.from_url(replica.url)
         follower.replicaof("127.0.0.1", own_server.port)
+        primary = redis.Redis.from_url(own_server.url)
+        # Synced, as the replica sees it, and online, as the primary does (its first ack).
         wait_until(
-            lambda: follower.info("replication").get("master_link_status") == "up",
+            lambda: (
+                follower.info("replication").get("master_link_status") == "up"
+                and primary.info("replication").get("slave0", {}).get("state") == "online"
+            ),
             what="the replica to sync",
         )
+        primary.close()
         durable = client_for(own_server.url, durability="replica", durability_timeout_s=0.3)
         durable.submit(tenant, USER, "support", GOAL, {}, queue=queue)
         assert _runs(replica.url, tenant) == 1

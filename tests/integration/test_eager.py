@@ -166,3 +166,34 @@ def test_another_tenants_run_gets_its_turn_within_one_turn_of_a_chain(
     # (here[0] + 2) comes only after B's first turn (version 2).
     assert times_b[2] < times_a[here[0] + 2], (sorted(times_a.items()), sorted(times_b.items()))
     assert client.state(run_a).outcome == client.state(run_b).outcome == "completed"
+
+
+def test_a_worker_told_to_stop_ends_its_chain_at_the_turn_in_flight(
+    redis_url: str, unique: str
+) -> None:
+    """SIGTERM to a worker whose run is chaining: the turn in flight commits and queues the
+    run's next step instead of claiming it, so the warm shutdown waits for one turn; the step
+    waits in the tenant's pending list, and another worker finishes the run."""
+    queue, tenant = f"stop-{unique}", f"t-{unique}"
+    client = client_for(redis_url)
+    with running_workers(redis_url, [queue], 1, prefix="stopping") as (stopping,):
+        run_id = client.submit(
+            tenant, USER, "support", GOAL, {"model_sleep_s": 2 * TURN_S}, queue=queue
+        )
+        wait_until(lambda: _claimed_turn_in_flight(client, tenant, run_id), what="a chain")
+        here = _in_flight(client, tenant, run_id)
+        assert here is not None
+        stopping.terminate()
+        stopping.wait_stopped(30)
+    stored = client.run_hash(run_id)[1]
+    assert stored["status"] == "running", stored
+    # The turn in flight committed (and no later one ran); its next step waits, queued: in
+    # the tenant's pending list, or taken from it and sent to the broker by the dispatcher.
+    assert int(stored["version"]) == here[0] + 1, (here, stored["version"])
+    pending = client.client.hget(keys.pending_index(tenant), run_id)
+    sent = client.client.zscore(keys.fair_sent(queue), f"{tenant}|{run_id}:{stored['version']}")
+    assert pending == stored["version"] or sent is not None, (pending, sent)
+    with running_workers(redis_url, [queue], 1, prefix="finishing"):
+        wait_until(lambda: settled(client, [run_id]), what="another worker ends the run")
+    assert client.state(run_id).outcome == "completed"
+    ledger_is_the_runs_usage(client, tenant, [run_id])

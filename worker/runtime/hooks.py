@@ -235,6 +235,17 @@ class ExitCodeHook(Hook):
         return max(self.announced, default=0)
 
 
+class StopClaimingHook(Hook):
+    """Told to stop, the worker claims no more of its runs' next steps (eager continuation):
+    each turn in flight queues its run's next step, and the warm shutdown waits for it alone."""
+
+    def __init__(self, worker: WorkerServices) -> None:
+        self.worker = worker
+
+    def worker_shutting_down(self, **kwargs: Any) -> None:
+        self.worker.stop_claiming()
+
+
 def worker_hooks(worker: WorkerServices) -> list[Hook]:
     """The worker's hooks, in the order they answer a signal: logging first, so every other
     hook's lines are structured, and the ready line before the threads start."""
@@ -247,5 +258,6 @@ def worker_hooks(worker: WorkerServices) -> list[Hook]:
         WatchdogHook(config),
         JobsLogHook(worker.jobs),
         MetricsHook(config),
+        StopClaimingHook(worker),
         ExitCodeHook(),
     ]

@@ -5,6 +5,7 @@ threads; built once in each process."""
 from __future__ import annotations
 
 import functools
+import multiprocessing
 import os
 import threading
 from collections.abc import Callable
@@ -69,10 +70,15 @@ def redis_max_connections(config: Settings) -> int:
 
 
 def build_services(
-    config: Settings, client: redis.Redis, jobs: Registry, send_step: Send
+    config: Settings,
+    client: redis.Redis,
+    jobs: Registry,
+    send_step: Send,
+    claiming: Callable[[], bool] = lambda: True,
 ) -> Services:
     """A worker process's step services, from its Settings, over its store client and its
-    job registry; `send_step` publishes through the worker's app."""
+    job registry; `send_step` publishes through the worker's app; `claiming` says whether the
+    worker still takes its runs' next steps itself (not once it is told to stop)."""
     if config.redis_url is None:
         raise StoreUnavailable("no store: set TURNSTILE_REDIS_URL")
     ledger = Ledger.from_url(
@@ -117,7 +123,7 @@ def build_services(
     eager = queues_in_commit and config.eager_turns > 0
 
     def claim(msg: StepMessage, hard_s: float, token: str) -> Claim | None:
-        return fair.claim(msg, hard_s, config, token) if eager else None
+        return fair.claim(msg, hard_s, config, token) if eager and claiming() else None
 
     turns = config.concurrency if config.pool == Pool.GEVENT else 1
     return Services(
@@ -158,6 +164,17 @@ class WorkerServices:
         self.send_many: PublishMany = functools.partial(producer.send_steps, app)
         self._lock = threading.Lock()
         self._process: _Process | None = None
+        # Set when the worker is told to stop (hooks.StopClaimingHook, in the main process),
+        # read by its pool processes, which share it (made before they fork): a turn in
+        # flight then queues its run's next step instead of claiming it, so a warm shutdown
+        # waits for one turn, not a chain.
+        self._stopping = multiprocessing.RawValue("b", 0)
+
+    def stop_claiming(self) -> None:
+        self._stopping.value = 1
+
+    def claiming(self) -> bool:
+        return not self._stopping.value
 
     def _here(self) -> _Process:
         """This process's part (the caller holds the lock)."""
@@ -183,5 +200,7 @@ class WorkerServices:
             if here.services is None:
                 if here.client is None:
                     raise StoreUnavailable("no store: set TURNSTILE_REDIS_URL")
-                here.services = build_services(self.settings, here.client, here.jobs, self.send)
+                here.services = build_services(
+                    self.settings, here.client, here.jobs, self.send, self.claiming
+                )
             return here.services
