@@ -120,10 +120,11 @@ def claim(msg: StepMessage, hard_s: float, config: Settings, token: str) -> Clai
     list)."""
     return Claim(
         keys=[keys.control(msg.tenant), keys.caps(msg.tenant), keys.queue_control(msg.queue),
-              keys.fair_active(msg.queue), keys.fair_sent(msg.queue)],
+              keys.fair_active(msg.queue), keys.fair_sent(msg.queue), keys.FAIR_QUEUES,
+              keys.FAIR_WAKE],
         args=[msg.tenant, str(int(config.inflight_lease_s * 1000)), inflight_tag(msg.queue),
               token, str(sent_window_ms(config)),
-              str(int(config.pickup_lease_s * 1000) + int(hard_s * 1000))],
+              str(int(config.pickup_lease_s * 1000) + int(hard_s * 1000)), msg.queue],
     )  # fmt: skip
 
 

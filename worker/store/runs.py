@@ -140,8 +140,8 @@ class Claim:
     (eager continuation, see run_commit.lua): the keys fair share's check reads, and the
     claimed delivery's load arguments (built by worker/scheduling/fair.py `claim`)."""
 
-    keys: list[str]  # tenant control, caps, queue control, fair_active, fair_sent
-    args: list[str]  # tenant, in-flight lease, where, token, sent window, slot lease
+    keys: list[str]  # tenant control, caps, queue control, fair_active, fair_sent, queues, wake
+    args: list[str]  # tenant, in-flight lease, where, token, sent window, slot lease, queue
 
 
 @dataclass(frozen=True)
@@ -381,9 +381,10 @@ class RunStore:
             script_keys += change.next_step.keys
             args += [change.next_step.entry, change.next_step.before]
             then = change.next_step.announce
-            if change.claim is not None:
+            if change.claim is not None:  # the script announces a step it queues after all
                 script_keys += change.claim.keys
                 args += change.claim.args
+                then = None
         try:
             reply = self._durable_call(
                 self._commit,

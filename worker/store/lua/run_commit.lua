@@ -38,9 +38,10 @@ KEYS
   7 inflight hash   turnstile:{T}:inflight
   8-13              the tenant's six ledger keys, in the library's order
   14-16             to queue the next step: its pending list, the pending index, the slots
-  17-21             to claim it (eager): the tenant's control hash, its caps hash, the
+  17-23             to claim it (eager): the tenant's control hash, its caps hash, the
                     queue's control hash, the queue's pending tenants (fair_active), the
-                    queue's sent steps (fair_sent)
+                    queue's sent steps (fair_sent), the set of queues with pending steps,
+                    the dispatcher's wake-up list (to announce a step queued after all)
 ARGV
   1 run id
   2 expected version
@@ -59,9 +60,12 @@ ARGV
   then the ledger's journal max length (for the releases)
   then, to queue the next step (KEYS 14-16): its entry (JSON, for the new version) and the
   slot to give back, else nothing
-  then, to claim it instead where it may be (KEYS 17-21): the tenant, the in-flight lease (ms),
+  then, to claim it instead where it may be (KEYS 17-23): the tenant, the in-flight lease (ms),
   where the turn runs ("<queue>|<pid>|<host>"), the claimed delivery's token, the window of
-  sent steps (ms), and the claimed step's slot lease (ms); else nothing
+  sent steps (ms), the claimed step's slot lease (ms) and the queue; else nothing. A commit
+  that asked to claim and queued instead announces the step itself (see fair.Pending.announce,
+  which the caller pipelines after a commit that did not ask), so a claimed step adds its
+  tenant to no set of tenants with work.
 Returns
   {"ok", new_version, queued} (queued: 1 if the next step was queued, 0 if not asked or it
   was waiting already) | {"ok", new_version, 2, load} (the step was claimed: `load` is
@@ -205,7 +209,7 @@ local queued = 0
 if next_entry ~= '' and claimer ~= '' then
   local claim = {
     tenant = claimer, lease = ARGV[i + 6], where = ARGV[i + 7], token = ARGV[i + 8],
-    window = tonumber(ARGV[i + 9]), slot_lease = tonumber(ARGV[i + 10]),
+    window = tonumber(ARGV[i + 9]), slot_lease = tonumber(ARGV[i + 10]), queue = ARGV[i + 11],
   }
   if may_claim(claim, give_back, now) then
     if give_back ~= '' then
@@ -218,8 +222,13 @@ if next_entry ~= '' and claimer ~= '' then
       {run_id, tostring(new_version), claim.lease, claim.where, claim.token, ''})
     return {'ok', new_version, 2, loaded}
   end
-end
-if next_entry ~= '' then
+  queued = fair_queue(KEYS[14], KEYS[15], KEYS[16], run_id, tostring(new_version), next_entry,
+    give_back)
+  redis.call('SADD', KEYS[20], claim.tenant)
+  redis.call('SADD', KEYS[22], claim.queue)
+  redis.call('LPUSH', KEYS[23], '1')
+  redis.call('LTRIM', KEYS[23], 0, 0)
+elseif next_entry ~= '' then
   queued = fair_queue(KEYS[14], KEYS[15], KEYS[16], run_id, tostring(new_version), next_entry,
     give_back)
 end
