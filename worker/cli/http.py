@@ -1,5 +1,4 @@
-"""`turnstile api` and `turnstile keys`: the HTTP server and its API keys. `register` mounts
-them on the main command."""
+"""`turnstile api` and `turnstile keys`: the HTTP server and its API keys."""
 
 from __future__ import annotations
 
@@ -115,8 +114,3 @@ def keys_revoke(
     with client(redis_url) as c:
         record = revoke(c.client, key_id)
     typer.echo(json.dumps(record.public()) if as_json else f"{record.id} revoked")
-
-
-def register(app: typer.Typer) -> None:
-    app.command()(api)
-    app.add_typer(keys_app, name="keys")
