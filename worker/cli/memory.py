@@ -10,7 +10,13 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from turnstile.worker.cli.common import JsonFlag, RedisUrl, client, console_for_tables, fail
+from turnstile.worker.cli.common import (
+    Connection,
+    JsonFlag,
+    console_for_tables,
+    fail,
+    with_store_connection,
+)
 
 memory_app = typer.Typer(
     help="Long-term memory: notes kept per tenant and user, across runs.", no_args_is_help=True
@@ -25,7 +31,9 @@ MemorySource = Annotated[
 
 
 @memory_app.command("add")
+@with_store_connection
 def memory_add(
+    conn: Connection,
     tenant: MemoryTenant,
     user: Annotated[str, typer.Option("--user", envvar="TURNSTILE_USER")],
     text: Annotated[str, typer.Option("--text", envvar="TURNSTILE_MEMORY_TEXT")],
@@ -39,46 +47,44 @@ def memory_add(
     ] = "user_message",
     ttl_s: Annotated[float, typer.Option("--ttl-s", envvar="TURNSTILE_MEMORY_TTL_S", min=1)] = 90
     * 86400,
-    redis_url: RedisUrl = None,
 ) -> None:
     """Remember a note for a tenant's user; a note from an untrusted source is refused."""
-    with client(redis_url) as c:
-        said = c.remember(tenant, user, text, source=source, ttl_s=ttl_s)
+    said = conn.client.remember(tenant, user, text, source=source, ttl_s=ttl_s)
     if said != "stored":
         fail(said)
     typer.echo(said)
 
 
 @memory_app.command("forget")
+@with_store_connection
 def memory_forget(
+    conn: Connection,
     tenant: MemoryTenant,
     user: Annotated[str | None, typer.Option("--user", envvar="TURNSTILE_USER")] = None,
     source: MemorySource = None,
     as_json: JsonFlag = False,
-    redis_url: RedisUrl = None,
 ) -> None:
     """Delete a tenant's notes by user, by source, or both."""
     if user is None and source is None:
         fail("say whose notes to forget: --user, --source, or both", code=2)
-    with client(redis_url) as c:
-        gone = c.forget(tenant, user=user, source=source)
+    gone = conn.client.forget(tenant, user=user, source=source)
     typer.echo(json.dumps({"forgotten": gone}) if as_json else f"forgot {gone} notes")
 
 
 @memory_app.command("list")
+@with_store_connection
 def memory_list(
+    conn: Connection,
     tenant: MemoryTenant,
     user: Annotated[
         str | None, typer.Option("--user", envvar="TURNSTILE_USER", show_default=False)
     ] = None,
     as_json: JsonFlag = False,
-    redis_url: RedisUrl = None,
 ) -> None:
     """A tenant's live notes: one user's with --user, every user's without."""
     import msgspec
 
-    with client(redis_url) as c:
-        notes = c.notes(tenant, user=user)
+    notes = conn.client.notes(tenant, user=user)
     if as_json:
         typer.echo(json.dumps(msgspec.to_builtins(notes)))
         return
