@@ -39,7 +39,7 @@ Pairs = Annotated[
 def set_(conn: Connection, tenant: TenantArg, pairs: Pairs) -> None:
     """Set a tenant's caps (turns in flight, active runs) and weight; checked before anything
     is written. A tenant not seen yet is allowed: the settings apply from its first run."""
-    from turnstile.worker.client._client import check_name
+    from turnstile.worker.names import check_name
     from turnstile.worker.scheduling import fair
 
     check_name("tenant", tenant)

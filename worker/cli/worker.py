@@ -82,7 +82,7 @@ def worker(
     task events off unless TURNSTILE_TASK_EVENTS=1. SIGTERM finishes the turns in flight before
     exiting; the exit status is Celery's, so a supervisor restarts a worker that stopped on an
     error."""
-    from turnstile.worker.client._client import QUEUE_NAME
+    from turnstile.worker.names import QUEUE as QUEUE_NAME
 
     if not redis_url:
         fail("no store: set TURNSTILE_REDIS_URL or pass --redis-url", code=2)
