@@ -184,6 +184,10 @@ def from_options(
 with_connection = from_options(
     "conn", (("redis_url", RedisUrl), ("broker_url", BrokerUrl)), Connection, last=True
 )
+# --redis-url alone, last, as the command's `conn`: for a command that never uses the broker.
+with_store_connection = from_options(
+    "conn", (("redis_url", RedisUrl),), functools.partial(Connection, broker_url=None), last=True
+)
 
 
 def register(app: typer.Typer, commands: Sequence[Callable[..., None]]) -> None:

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Column, Table
 
-from turnstile.worker.cli.common import BrokerUrl, JsonFlag, RedisUrl, client, fail
+from turnstile.worker.cli.common import Connection, JsonFlag, fail, with_connection
 
 dead_letters_app = typer.Typer(
     help="Queue entries a worker could not take in (not JSON, a broken envelope, an unknown "
@@ -49,31 +49,28 @@ RAW_SHOWN_CHARS = 60
 
 
 @contextmanager
-def broker(redis_url: str | None, broker_url: str | None) -> Iterator[redis.Redis]:
-    with client(redis_url, broker_url) as c:
-        url = c.config.broker
-        conn = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5)
-        try:
-            yield conn
-        except redis.RedisError as exc:
-            fail(f"broker unreachable: {exc}")
-        finally:
-            conn.close()
+def broker(conn: Connection) -> Iterator[redis.Redis]:
+    """The broker's server, as the command's --broker-url names it (the store's by default)."""
+    url = conn.client.config.broker
+    server = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5)
+    try:
+        yield server
+    except redis.RedisError as exc:
+        fail(f"broker unreachable: {exc}")
+    finally:
+        server.close()
 
 
 @dead_letters_app.command("list")
+@with_connection
 def list_(
-    queue: Queue = None,
-    limit: Limit = 100,
-    as_json: JsonFlag = False,
-    redis_url: RedisUrl = None,
-    broker_url: BrokerUrl = None,
+    conn: Connection, queue: Queue = None, limit: Limit = 100, as_json: JsonFlag = False
 ) -> None:
     """The newest dead letters, newest first: queue, when, why, and the start of the entry."""
     from turnstile.worker.broker import deadletters
 
-    with broker(redis_url, broker_url) as conn:
-        letters = deadletters.listing(conn, queue, limit)
+    with broker(conn) as server:
+        letters = deadletters.listing(server, queue, limit)
     if as_json:
         typer.echo(json.dumps([dataclasses.asdict(d) for d in letters]))
         return
@@ -95,19 +92,19 @@ def list_(
 
 
 @dead_letters_app.command("drop")
+@with_connection
 def drop(
+    conn: Connection,
     ids: Ids = None,
     all_: All = False,
     queue: Queue = None,
     as_json: JsonFlag = False,
-    redis_url: RedisUrl = None,
-    broker_url: BrokerUrl = None,
 ) -> None:
     """Remove dead letters: the ones named by --id, or --all of them (of --queue, if given)."""
     from turnstile.worker.broker import deadletters
 
     if bool(ids) == all_:
         fail("say which: --id ID (repeatable) or --all", code=2)
-    with broker(redis_url, broker_url) as conn:
-        gone = deadletters.drop(conn, queue=queue, ids=None if all_ else list(ids or []))
+    with broker(conn) as server:
+        gone = deadletters.drop(server, queue=queue, ids=None if all_ else list(ids or []))
     typer.echo(json.dumps({"dropped": gone}) if as_json else f"dropped {gone} dead letters")

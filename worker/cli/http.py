@@ -1,5 +1,4 @@
-"""`turnstile api` and `turnstile keys`: the HTTP server and its API keys. `register` mounts
-them on the main command."""
+"""`turnstile api` and `turnstile keys`: the HTTP server and its API keys."""
 
 from __future__ import annotations
 
@@ -10,7 +9,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from turnstile.worker.cli.common import BrokerUrl, JsonFlag, RedisUrl, client, fail
+from turnstile.worker.cli.common import (
+    BrokerUrl,
+    Connection,
+    JsonFlag,
+    RedisUrl,
+    fail,
+    with_store_connection,
+)
 
 keys_app = typer.Typer(
     help="API keys for the HTTP API: shown once, stored as hashes.", no_args_is_help=True
@@ -44,7 +50,9 @@ def api(
 
 
 @keys_app.command("create")
+@with_store_connection
 def keys_create(
+    conn: Connection,
     tenant: Annotated[str, typer.Option("--tenant", envvar="TURNSTILE_KEY_TENANT")],
     role: Annotated[
         str,
@@ -64,15 +72,13 @@ def keys_create(
         ),
     ] = None,
     as_json: JsonFlag = False,
-    redis_url: RedisUrl = None,
 ) -> None:
     """Create an API key. The key is printed once and stored only as its hash."""  # fmt: skip
     from turnstile.worker.http.apikeys import Role, create
 
     if role not in {r.value for r in Role}:
         fail(f"unknown role {role!r}; service or operator", code=2)
-    with client(redis_url) as c:
-        record, secret = create(c.client, tenant=tenant, role=Role(role), name=name)
+    record, secret = create(conn.client.client, tenant=tenant, role=Role(role), name=name)
     if as_json:
         typer.echo(json.dumps({**record.public(), "key": secret}))
         return
@@ -82,18 +88,18 @@ def keys_create(
 
 
 @keys_app.command("list")
+@with_store_connection
 def keys_list(
+    conn: Connection,
     tenant: Annotated[
         str | None, typer.Option("--tenant", envvar="TURNSTILE_KEY_TENANT", show_default=False)
     ] = None,
     as_json: JsonFlag = False,
-    redis_url: RedisUrl = None,
 ) -> None:
     """List API keys (never the keys themselves)."""
     from turnstile.worker.http.apikeys import listed
 
-    with client(redis_url) as c:
-        records = [r.public() for r in listed(c.client, tenant)]
+    records = [r.public() for r in listed(conn.client.client, tenant)]
     if as_json:
         typer.echo(json.dumps(records))
         return
@@ -104,19 +110,14 @@ def keys_list(
 
 
 @keys_app.command("revoke")
+@with_store_connection
 def keys_revoke(
+    conn: Connection,
     key_id: Annotated[str, typer.Argument(help="The key's id (from `keys list`).")],
     as_json: JsonFlag = False,
-    redis_url: RedisUrl = None,
 ) -> None:
     """Revoke an API key: every server refuses it from its next request."""
     from turnstile.worker.http.apikeys import revoke
 
-    with client(redis_url) as c:
-        record = revoke(c.client, key_id)
+    record = revoke(conn.client.client, key_id)
     typer.echo(json.dumps(record.public()) if as_json else f"{record.id} revoked")
-
-
-def register(app: typer.Typer) -> None:
-    app.command()(api)
-    app.add_typer(keys_app, name="keys")

@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from turnstile.ledger.cli import HandedOn
-from turnstile.worker.cli.common import BrokerUrl, JsonFlag, RedisUrl, client
+from turnstile.worker.cli.common import Connection, JsonFlag, client, with_connection
 from turnstile.worker.store import keys
 
 tenants_app = typer.Typer(
@@ -35,18 +35,16 @@ Pairs = Annotated[
 
 
 @tenants_app.command("set")
-def set_(
-    tenant: TenantArg, pairs: Pairs, redis_url: RedisUrl = None, broker_url: BrokerUrl = None
-) -> None:
+@with_connection
+def set_(conn: Connection, tenant: TenantArg, pairs: Pairs) -> None:
     """Set a tenant's caps (turns in flight, active runs) and weight; checked before anything
     is written. A tenant not seen yet is allowed: the settings apply from its first run."""
-    from turnstile.worker.client._client import check_name
+    from turnstile.worker.names import check_name
     from turnstile.worker.scheduling import fair
 
     check_name("tenant", tenant)
     caps = fair.parse_caps(pairs)
-    with client(redis_url, broker_url) as c:
-        fair.set_caps(c.client, tenant, caps)
+    fair.set_caps(conn.client.client, tenant, caps)
     typer.echo(_shown(tenant, caps))
 
 
@@ -82,19 +80,19 @@ HANDED_ON = HandedOn(names=_names, check=_check, write=_write)
 
 
 @tenants_app.command("show")
+@with_connection
 def show(
+    conn: Connection,
     tenant: Annotated[str | None, typer.Argument(help="One tenant; default every tenant.")] = None,
     as_json: JsonFlag = False,
-    redis_url: RedisUrl = None,
-    broker_url: BrokerUrl = None,
 ) -> None:
     """Each tenant's steps waiting for the dispatcher, turns in flight, cap and weight."""
     from turnstile.worker.scheduling import fair
 
-    with client(redis_url, broker_url) as c:
-        names = [tenant] if tenant else sorted(str(t) for t in c.client.smembers(keys.TENANTS))
-        queues = sorted(str(q) for q in c.client.smembers(keys.FAIR_QUEUES))
-        views = [fair.tenant_view(c.client, name, queues) for name in names]
+    c = conn.client
+    names = [tenant] if tenant else sorted(str(t) for t in c.client.smembers(keys.TENANTS))
+    queues = sorted(str(q) for q in c.client.smembers(keys.FAIR_QUEUES))
+    views = [fair.tenant_view(c.client, name, queues) for name in names]
     if as_json:
         typer.echo(json.dumps([dataclasses.asdict(v) for v in views]))
         return

@@ -41,12 +41,11 @@ from turnstile.ledger.inputs import DEFAULT_DIMENSIONS
 from turnstile.ledger.results import DimensionState
 from turnstile.providers import budget_for, unpriced
 from turnstile.providers.prices import PRICES_FILE_ENV
-from turnstile.worker import names
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.broker.producer import sender
 from turnstile.worker.client._memory import Memory
 from turnstile.worker.client._reading import FOLLOW_BLOCK_MS, Reading
-from turnstile.worker.names import check_run_id
+from turnstile.worker.names import check_name, check_run_id
 from turnstile.worker.registry import Registry
 from turnstile.worker.scheduling.fair import route
 from turnstile.worker.scheduling.limits import next_hold, time_limits
@@ -66,11 +65,6 @@ from turnstile.worker.store.runs import (
 MAX_IDEMPOTENCY_KEY_CHARS = 255
 CANCEL_TRIES = 5  # a run that moves on under a cancel this often is refused; try again
 RUN_TENANTS = keys.RUN_TENANTS
-
-
-# The operator library and the CLI name these here; the rule is worker/names.py's.
-check_name = names.check_name
-QUEUE_NAME = names.QUEUE
 
 
 def idempotent_run_id(tenant: str, key: str) -> str:

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from turnstile.worker.client._client import Client, check_name
+from turnstile.worker.client._client import Client
+from turnstile.worker.names import check_name
 from turnstile.worker.ops.errors import ControlError
 from turnstile.worker.store import keys
 from turnstile.worker.store.values import server_ms, text

@@ -1,0 +1,159 @@
+"""`turnstile worker`: start a Celery worker for Turnstile's steps, its flags checked and
+parsed into one Settings before Celery starts (or, with --reload, a supervisor that restarts
+it on a job's change)."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Annotated
+
+import typer
+
+from turnstile.worker.cli.common import BrokerUrl, RedisUrl, fail
+from turnstile.worker.settings import Settings
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+WORKER_NAME = re.compile(r"^[A-Za-z0-9_.%-]{1,100}(@[A-Za-z0-9_.%-]{1,200})?$")
+
+
+def node_name(name: str | None) -> str:
+    """The worker's Celery node name: `name@host` (`name` may carry its own `@host`), or by
+    default `turnstile-<pid>@<host>`, so two workers on one machine are two nodes."""
+    if not name:
+        return f"turnstile-{os.getpid()}@%h"
+    if not WORKER_NAME.match(name):
+        fail(f"bad worker name {name!r}: letters, digits, '.', '_', '-', one '@' at most", code=2)
+    return name if "@" in name else f"{name}@%h"
+
+
+def worker(
+    queues: Annotated[
+        str,
+        typer.Option(
+            "--queues", "-Q", envvar="TURNSTILE_QUEUES", help="Comma-separated queues to consume."
+        ),
+    ] = "default",
+    concurrency: Annotated[
+        int,
+        typer.Option(
+            "--concurrency",
+            "-c",
+            envvar="TURNSTILE_CONCURRENCY",
+            help="Turns in flight: pool processes (prefork) or greenlets (gevent, hundreds).",
+        ),
+    ] = 2,
+    pool: Annotated[
+        str,
+        typer.Option(
+            "--pool",
+            "-P",
+            envvar="TURNSTILE_POOL",
+            help="prefork (a process per turn, for CPU-bound tools) or gevent (hundreds of "
+            "waiting turns in one process).",
+        ),
+    ] = "prefork",
+    name: Annotated[
+        str | None,
+        typer.Option(
+            "--name",
+            "-n",
+            envvar="TURNSTILE_WORKER_NAME",
+            show_default=False,
+            help="Node name (NAME or NAME@HOST); turnstile-<pid>@<host> by default.",
+        ),
+    ] = None,
+    loglevel: Annotated[
+        str, typer.Option("--loglevel", envvar="TURNSTILE_CELERY_LOG_LEVEL")
+    ] = "WARNING",
+    redis_url: RedisUrl = None,
+    broker_url: BrokerUrl = None,
+    reload: Annotated[
+        bool,
+        typer.Option(
+            "--reload",
+            envvar="TURNSTILE_WORKER_RELOAD",
+            help="Development only: restart the worker when a job's module changes (its "
+            "files are looked at twice a second), so an edited job runs without a rebuild.",
+        ),
+    ] = False,
+) -> None:
+    """Start a Celery worker for Turnstile's steps: acks late, prefetch 1, JSON only; Celery's
+    task events off unless TURNSTILE_TASK_EVENTS=1. SIGTERM finishes the turns in flight before
+    exiting; the exit status is Celery's, so a supervisor restarts a worker that stopped on an
+    error."""
+    from turnstile.worker.names import QUEUE as QUEUE_NAME
+
+    if not redis_url:
+        fail("no store: set TURNSTILE_REDIS_URL or pass --redis-url", code=2)
+    names = [q.strip() for q in queues.split(",")]
+    if not all(QUEUE_NAME.match(q) for q in names):
+        fail(f"bad --queues {queues!r}: comma-separated names of letters, digits, '.', '_', '-'",
+             code=2)  # fmt: skip
+    from turnstile.worker.registry import Registry
+    from turnstile.worker.runtime import pools
+
+    problem = pools.check(pool, concurrency, lambda: Registry(None).names())
+    if problem is not None:
+        fail(problem, code=2)
+    if pool == pools.Pool.GEVENT and not pools.green():
+        fail("--pool gevent: start the worker as `turnstile worker`, which patches first", code=2)
+    if loglevel.upper() not in LOG_LEVELS:
+        fail(f"bad --loglevel {loglevel!r}: one of {', '.join(LOG_LEVELS)}", code=2)
+    node = node_name(name)
+    if reload:  # the same command, without --reload, as a child this process restarts
+        child = ["worker", "-Q", ",".join(names), "-c", str(concurrency), "-P", pool,
+                 "--loglevel", loglevel, *(["-n", name] if name else [])]  # fmt: skip
+        raise typer.Exit(_supervise(child, redis_url, broker_url))
+    config = worker_settings(redis_url, broker_url, pool, concurrency)
+    _check_durable(config)
+    from turnstile.worker.runtime.app import build_worker
+
+    worker = build_worker(config)
+    events = ["-E"] if config.task_events else []  # Celery's task events: see settings
+    code: int | None = worker.app.start(
+        ["worker", "-Q", ",".join(names), "-c", str(concurrency), "-P", pool, "-n", node,
+         *events, "-l", loglevel.upper(), "--without-gossip", "--without-mingle"]
+    )  # fmt: skip
+    raise typer.Exit(code or worker.announced_exitcode())
+
+
+def _supervise(child: list[str], redis_url: str, broker_url: str | None) -> int:
+    """`turnstile worker --reload`: run the worker as a child, restarted on a job's change."""
+    from turnstile.worker.dev.reload import supervise
+
+    env = {**os.environ, "TURNSTILE_REDIS_URL": redis_url}
+    env |= {"TURNSTILE_BROKER_URL": broker_url} if broker_url else {}
+    return supervise(child, env)
+
+
+def _check_durable(config: Settings) -> None:
+    """A durable mode the store cannot keep refuses the worker before Celery starts, so the
+    refusal is the only line (the worker's DurabilityHook checks again, for a worker Celery
+    starts itself)."""
+    from turnstile.worker.store.connect import connect
+    from turnstile.worker.store.durability import DurabilityRefusedError, check_server
+
+    store = connect(str(config.redis_url), config)
+    try:
+        check_server(store, config.wait_for)
+    except DurabilityRefusedError as exc:
+        fail(str(exc), code=2)
+    finally:
+        store.close()
+
+
+def worker_settings(
+    redis_url: str, broker_url: str | None, pool: str, concurrency: int
+) -> Settings:
+    """The worker's Settings: its flags, and every other setting from its `TURNSTILE_*`
+    variable; a bad one is one line and exit 2."""
+    from pydantic import ValidationError
+
+    try:
+        return Settings(redis_url=redis_url, broker_url=broker_url or None, pool=pool,
+                        concurrency=concurrency)  # fmt: skip
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = "TURNSTILE_" + str(first["loc"][0]).upper() if first["loc"] else "settings"
+        fail(f"bad {where}: {first['msg']}", code=2)
