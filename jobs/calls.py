@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import json
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -232,9 +233,17 @@ class Invoker:
     `step` is the run's turn, for the log line of a tool that raised (`log`: whether to)."""
 
     def __init__(
-        self, trace: Trace, clock: Clock, pool: ThreadPoolExecutor, step: int, *, log: bool = True
+        self,
+        trace: Trace,
+        clock: Clock,
+        pool: ThreadPoolExecutor,
+        step: int,
+        *,
+        log: bool = True,
+        recorded_s: Callable[[str], float | None] | None = None,
     ) -> None:
         self.trace, self.clock, self.pool, self.step, self.log = trace, clock, pool, step, log
+        self.recorded_s = recorded_s  # a replay's: the time each call took where it ran
 
     def _in_thread(
         self, planned: Planned, ctx: ToolContext, span_id: str
@@ -247,7 +256,9 @@ class Invoker:
             output: object = planned.tool.fn(ctx)
         except Exception as exc:  # a tool that raises is an observation, not a crash
             output = exc
-        return span, output, self.clock.now() - t0
+        measured_s = self.clock.now() - t0
+        recorded_s = self.recorded_s(span_id) if self.recorded_s is not None else None
+        return span, output, measured_s if recorded_s is None else recorded_s
 
     def submit(
         self, planned: Planned, ctx: ToolContext, span_id: str

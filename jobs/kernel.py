@@ -8,6 +8,7 @@ with an outcome, or suspended for a decision. Starting and resuming are the same
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,6 +90,9 @@ class Runtime:
     # Log a tool's unexpected exception with its traceback (once, where the run runs); a
     # replay, which re-runs the tools of a run that ran, says nothing more.
     log_tool_raises: bool = True
+    # A replay: how long each tool call took where the run ran (by span id), charged instead
+    # of what the replay measures, which a worker's wall clock cannot give twice.
+    recorded_s: Callable[[str], float | None] | None = None
     _own_pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
 
     @property
@@ -163,7 +167,14 @@ def _run_reads(state: RunState, rt: Runtime, batch: Batch, reads: list[Planned])
     longest of them, since their times overlap."""
     if not reads:
         return
-    invoker = Invoker(rt.trace, rt.clock, rt.executor, batch.step, log=rt.log_tool_raises)
+    invoker = Invoker(
+        rt.trace,
+        rt.clock,
+        rt.executor,
+        batch.step,
+        log=rt.log_tool_raises,
+        recorded_s=rt.recorded_s,
+    )
     t0 = rt.clock.now()
     pending = []
     for planned in reads:
@@ -190,7 +201,9 @@ def _run_write(
     *,
     approved: bool = False,
 ) -> dict[str, Any]:
-    invoker = Invoker(rt.trace, rt.clock, rt.executor, step, log=rt.log_tool_raises)
+    invoker = Invoker(
+        rt.trace, rt.clock, rt.executor, step, log=rt.log_tool_raises, recorded_s=rt.recorded_s
+    )
     ctx = _context(state, planned, approved=approved)
     t0 = rt.clock.now()
     done = invoker.collect(planned, ctx, span_id, invoker.submit(planned, ctx, span_id), 0.0)

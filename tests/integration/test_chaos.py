@@ -261,6 +261,16 @@ def test_chaos(durable_server: EmbeddedServer, unique: str) -> None:
         problems += _ledger_problems(
             client, tenant, [r for r, t in drill.runs.items() if t == tenant]
         )
+    # Eager continuation was on (the default) for the two workers that do not duplicate: some
+    # turns ran from their commit's claim, under the same kills and restarts.
+    eager = sum(
+        1
+        for run_id, tenant in drill.runs.items()
+        for _, e in client.store.events(tenant, run_id)
+        if e["type"] == "turn" and e.get("eager")
+    )
+    if not eager:
+        problems.append("no turn ran from a claim: eager continuation was not exercised")
     kept = [_raw_bytes(letter) for letter in deadletters.listing(client.client, drill.queue, 1000)]
     problems += [f"not in the dead letters: {entry!r}" for entry in MALFORMED if entry not in kept]
     assert problems == [], "\n".join(problems)

@@ -12,7 +12,7 @@ import os
 import signal
 import uuid
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 
 import pytest
 
@@ -95,6 +95,8 @@ def test_a_run_chains_its_turns_on_the_worker_that_committed_them(
         ["email", "ord_1001"],
     ]
     assert sorted(_turn_times(client, tenant, run_id)) == [2, 3, 4, 5, 6]
+    turns = [e for _, e in client.store.events(tenant, run_id) if e["type"] == "turn"]
+    assert [bool(e.get("eager")) for e in turns] == [False, True, True, True, True]
     ledger_is_the_runs_usage(client, tenant, [run_id])
 
 
@@ -158,18 +160,15 @@ def test_another_tenants_run_gets_its_turn_within_one_turn_of_a_chain(
     run_a = client.submit(a, USER, "support", GOAL, {"model_sleep_s": TURN_S}, queue=queue)
     wait_until(lambda: _claimed_turn_in_flight(client, a, run_a), what="A's run chains")
     run_b = client.submit(b, USER, "support", GOAL, {"model_sleep_s": TURN_S}, queue=queue)
+    queued = datetime.now(UTC)  # B's first step is in its pending list
     wait_until(lambda: settled(client, [run_a, run_b]), what="both runs end")
     times_a, times_b = _turn_times(client, a, run_a), _turn_times(client, b, run_b)
-    submitted = next(
-        datetime.fromisoformat(e["at"])
-        for _, e in client.store.events(b, run_b)
-        if e["type"] == "submitted"
-    )
-    # The first of A's turns to commit after B's submission is the one that was in flight;
-    # the next one comes only after B's first turn.
-    after = sorted(t for t in times_a.values() if t > submitted)
-    assert len(after) >= 2, (submitted, sorted(times_a.items()))
-    assert times_b[2] < after[1], (submitted, sorted(times_a.items()), sorted(times_b.items()))
+    # The first of A's turns to end after B's step was queued is the one that was in flight
+    # (its commit sees B waiting and queues A's next step); the next one comes only after B's
+    # first turn.
+    after = sorted(t for t in times_a.values() if t > queued)
+    assert len(after) >= 2, (queued, sorted(times_a.items()))
+    assert times_b[2] < after[1], (queued, sorted(times_a.items()), sorted(times_b.items()))
     assert client.state(run_a).outcome == client.state(run_b).outcome == "completed"
 
 

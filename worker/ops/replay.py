@@ -128,9 +128,10 @@ class _Replaying:
         recorded = msgspec.convert(event.get("spans") or [], list[Span])
         model = Replay(responses_from_spans(recorded))
         clock = SimClock(self.state.usage.elapsed_ms / 1000)
+        took = {s.id: s.duration_s for s in recorded if s.kind == "tool" and s.t1 is not None}
         runtime = Runtime(job=self.job, model=model, clock=clock, trace=Trace(clock),
                           gate=_gate_as_recorded(event, after),
-                          log_tool_raises=False)  # fmt: skip
+                          log_tool_raises=False, recorded_s=took.get)  # fmt: skip
         self.turns += 1
         try:
             turn(self.state, runtime)

@@ -439,6 +439,8 @@ class Step:
             "spans": msgspec.to_builtins(trace.spans), "at": now_iso(),
         }  # fmt: skip
         event.update(answered_by(trace))
+        if self.claimed is not None:
+            event["eager"] = True  # run at once by the worker whose commit claimed it
         committed = self.finish_now(loaded, state, job, [event], settlements=settlements)
         done = self._next(committed, state, move)
         spec = job.model_spec(state.params) or str(state.params.get("model") or "") or None

@@ -98,6 +98,9 @@ class Dispatcher:
         self.gauged = 0.0
         self.weights: dict[str, int] = {}
         self.gauge_tenants: set[str] = set()
+        # Tenants sent a step since the last gauges: a tenant whose runs then chain (eager
+        # continuation) has turns in flight and nothing pending, and is shown all the same.
+        self.sent_tenants: set[str] = set()
         self.weights_at = 0.0
         # This worker, as it announces itself: its name, its queues, its turns in flight.
         self.capacity: tuple[str, list[str], int] | None = None
@@ -305,17 +308,20 @@ class Dispatcher:
             pipe.zremrangebyscore(keys.fair_sent(queue), "-inf", now - self.sent_window_ms)
         for msg, _, _ in batch:
             pipe.zadd(keys.fair_sent(msg.queue), {f"{msg.tenant}|{msg.run_id}:{msg.version}": now})
+            self.sent_tenants.add(msg.tenant)
         pipe.execute()
 
     def _gauges(self) -> None:
-        """Each tenant's share as metrics, once a second: the tenants with steps waiting, and
-        those shown last time (so a tenant whose backlog emptied is shown at zero once)."""
+        """Each tenant's share as metrics, once a second: the tenants with steps waiting or
+        sent since, and those shown last time (so a tenant whose work ended is shown at zero
+        once)."""
         now = time.monotonic()
         if not metrics.enabled() or now - self.gauged < GAUGES_EVERY_S:
             return
         self.gauged = now
         queues = sorted(str(q) for q in self.client.smembers(keys.FAIR_QUEUES))
-        shown = set(self.gauge_tenants)
+        shown = self.gauge_tenants | self.sent_tenants
+        self.sent_tenants = set()
         for queue in queues:
             shown |= {str(t) for t in self.client.smembers(keys.fair_active(queue))}
         self.gauge_tenants = set()
