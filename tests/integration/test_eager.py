@@ -50,8 +50,9 @@ def worker(redis_url: str, queue: str) -> Iterator[WorkerProcess]:
 
 
 @pytest.fixture
-def client(redis_url: str, worker: WorkerProcess) -> Client:
-    return client_for(redis_url)
+def client(redis_url: str, worker: WorkerProcess) -> Iterator[Client]:
+    with client_for(redis_url) as client:
+        yield client
 
 
 def _in_flight(client: Client, tenant: str, run_id: str) -> tuple[int, str, int] | None:
@@ -179,7 +180,11 @@ def test_a_worker_told_to_stop_ends_its_chain_at_the_turn_in_flight(
     run's next step instead of claiming it, so the warm shutdown waits for one turn; the step
     waits in the tenant's pending list, and another worker finishes the run."""
     queue, tenant = f"stop-{unique}", f"t-{unique}"
-    client = client_for(redis_url)
+    with client_for(redis_url) as client:
+        _stop_mid_chain(client, redis_url, queue, tenant)
+
+
+def _stop_mid_chain(client: Client, redis_url: str, queue: str, tenant: str) -> None:
     with running_workers(redis_url, [queue], 1, prefix="stopping") as (stopping,):
         run_id = client.submit(
             tenant, USER, "support", GOAL, {"model_sleep_s": 2 * TURN_S}, queue=queue

@@ -54,7 +54,9 @@ def test_a_green_worker_renews_the_lease_of_every_turn_in_flight(
             timeout_s=60,
             what="every run ends",
         )
-        assert worker.events("step_resent") == []
+        # This test's own runs: the sweeper also serves the runs other tests left on the
+        # session's server, whose leases lapse when their workers stop.
+        assert [e for e in worker.events("step_resent") if e.get("tenant") == tenant] == []
         assert {client.state(r).outcome for r in runs} == {"completed"}
 
 

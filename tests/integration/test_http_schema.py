@@ -90,6 +90,7 @@ def _fuzz(operation: Any, mode: GenerationMode, key: str) -> None:
         assert mode is GenerationMode.NEGATIVE, operation.label
 
 
+@pytest.mark.slow  # the schema fuzz: 50 s of one core, in the serial part
 def test_no_generated_input_gets_a_server_error(api_server: tuple[ApiServer, str]) -> None:
     """Every operation of /openapi.json, with inputs that fit its schema and inputs that break
     it: never a 5xx, always a documented status code, content type and body, and every input
@@ -124,6 +125,7 @@ def _follow_briefly(case: Any, headers: dict[str, str]) -> Response:
         return Response.from_requests(reply, verify=True)
 
 
+@pytest.mark.slow  # 80 scenarios along the links: 20-odd s, in the serial part
 def test_no_sequence_of_linked_calls_gets_a_server_error(
     api_server: tuple[ApiServer, str],
 ) -> None:

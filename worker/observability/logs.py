@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Literal
+from typing import Any, Literal
 
 import structlog
 
@@ -28,6 +28,13 @@ def configure(fmt: Literal["auto", "json", "console"] = "auto", level: str = "IN
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )
+
+
+def _stderr_logger(*args: Any) -> structlog.PrintLogger:
+    """A line printer on the process's standard error as it is when the line is written, not
+    when logging was configured: a command run in process (a test's CliRunner) swaps it for a
+    while, and a line logged after it is put back must not go to the closed stand-in."""
+    return structlog.PrintLogger(sys.stderr)

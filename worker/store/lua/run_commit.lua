@@ -15,8 +15,9 @@ Eager continuation: a commit that would queue the next step may instead claim it
 committing worker (which asks only when it is free to run it at once: see runtime/task.py),
 when fair share would pick this run anyway: no other tenant has steps pending on the queue
 (KEYS 20) or sent to the broker and not yet loaded (KEYS 21, entries younger than the window),
-the tenant is under its cap on turns in flight, and neither the tenant nor the queue is paused
-or draining. The claimed step takes the slot the queued one would (the previous step's is
+no other continuation of the tenant's waits (pending, KEYS 14, or sent), the tenant is under
+its cap on turns in flight, and neither the tenant nor the queue is paused or draining (the
+tenant's new runs wait: fair share sends a tenant's continuations before its first steps). The claimed step takes the slot the queued one would (the previous step's is
 given back), then is loaded here, by the very function run_load.lua runs (`run_load_at`), with
 its in-flight lease, attempt token and ledger hold: the worker runs that turn at once, and a
 worker that dies before the turn commits leaves a lease that lapses, as for any delivery.
@@ -92,9 +93,14 @@ local function may_claim(claim, give_back, now)
   end
   local own = claim.tenant .. '|'
   for _, entry in ipairs(sent) do
-    if string.sub(entry, 1, #own) ~= own then
+    -- Another tenant's step, or a continuation of this tenant's (which fair share sends
+    -- before this one); this tenant's first steps come after its continuations anyway.
+    if string.sub(entry, 1, #own) ~= own or string.match(entry, ':(%d+)$') ~= '1' then
       return false
     end
+  end
+  if redis.call('LLEN', KEYS[14]) > 0 then
+    return false  -- a continuation of this tenant's waits in its pending list: it goes first
   end
   local cap = tonumber(redis.call('HGET', KEYS[18], 'turns_in_flight') or '')
   if cap then
