@@ -44,7 +44,15 @@ def test_a_support_run_on_a_provider_completes_through_workers_and_replays(
             )  # fmt: skip
             wait_until(lambda: settled(client, [run_id]), timeout_s=60, what="the run to end")
         tokens, cost = wire.billed()
-        assert len(wire.received()) == 5
+        asked = wire.received()
+        # On a failure: each request's retry count (the SDK's own retries) and time, and the
+        # run's turn events (a turn run twice shows as two deliveries of one version).
+        assert len(asked) == 5, (
+            [(r.get("headers", {}).get("x-stainless-retry-count"), round(r["t"], 2))
+             for r in asked],
+            [(e["type"], e.get("version"), e.get("at"))
+             for _, e in client.store.events(tenant, run_id)],
+        )  # fmt: skip
     state = client.state(run_id)
     assert state.outcome is Outcome.COMPLETED, state.reason
     assert RedisShop(client.client).effects(run_id) == [
