@@ -207,7 +207,7 @@ def test_a_killed_server_keeps_every_acknowledged_write(
     env = {"TURNSTILE_DURABILITY": "aof"}
     client = client_for(aof_server.url, durability="aof")
     g = BY_LETTER["G"].params
-    with running_workers(aof_server.url, [queue], 1, env=env, concurrency=2):
+    with running_workers(aof_server.url, [queue], 1, env=env, concurrency=2) as (worker,):
         held = [client.submit(tenant, USER, "support", GOAL, g, queue=queue) for _ in range(4)]
         plain = [client.submit(tenant, USER, "support", GOAL, {}, queue=queue) for _ in range(4)]
         wait_until(
@@ -236,9 +236,15 @@ def test_a_killed_server_keeps_every_acknowledged_write(
         for run_id in late:
             assert _outcome(after, run_id) == ("running", "")
         assert _runs(aof_server.url, tenant) == len(held) + len(plain) + len(late)
+        # The worker reconnects (Celery's broker backoff), the sweeper re-sends what the kill
+        # lost: seconds alone, more after the other drills of the serial part.
         wait_until(
             lambda: all(_outcome(after, r) == ("stopped", "completed") for r in held[2:]),
-            what="the approved runs to complete after the restart",
+            timeout_s=120,
+            what=lambda: (
+                f"the approved runs to complete after the restart: "
+                f"{[_outcome(after, r) for r in held[2:]]}; worker log: {worker.log()[-3000:]}"
+            ),
         )
     for run_id in late:
         after.store.fail_run(tenant, run_id, "the test is over")

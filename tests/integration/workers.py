@@ -199,14 +199,21 @@ def client_for(redis_url: str, broker_url: str | None = None, **overrides: Any) 
 
 
 def wait_until(
-    predicate: Callable[[], bool], *, timeout_s: float = 60.0, every_s: float = 0.05, what: str = ""
+    predicate: Callable[[], bool],
+    *,
+    timeout_s: float = 60.0,
+    every_s: float = 0.05,
+    what: str | Callable[[], str] = "",
 ) -> None:
+    """Wait for `predicate`; `what` names it in the failure (a callable: read at the failure,
+    to say what was seen then)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
             return
         time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what or predicate}")
+    said = what() if callable(what) else what
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {said or predicate}")
 
 
 def expected_rows() -> dict[str, dict[str, Any]]:
