@@ -17,9 +17,10 @@ when fair share would pick this run anyway: no other tenant has steps pending on
 (KEYS 20) or sent to the broker and not yet loaded (KEYS 21, entries younger than the window),
 no other continuation of the tenant's waits (pending, KEYS 14, or sent), the tenant is under
 its cap on turns in flight, and neither the tenant nor the queue is paused or draining (the
-tenant's new runs wait: fair share sends a tenant's continuations before its first steps). The claimed step takes the slot the queued one would (the previous step's is
-given back), then is loaded here, by the very function run_load.lua runs (`run_load_at`), with
-its in-flight lease, attempt token and ledger hold: the worker runs that turn at once, and a
+tenant's new runs wait: fair share sends a tenant's continuations before its first steps).
+The claimed step takes the slot the queued one would (the previous step's is given back),
+then is loaded here, by the very function run_load.lua runs (`run_load_at`), with its
+in-flight lease, attempt token and ledger hold: the worker runs that turn at once, and a
 worker that dies before the turn commits leaves a lease that lapses, as for any delivery.
 
 Holds: every hold taken for the version being replaced is in the run's field `holds` (see
