@@ -92,7 +92,6 @@ class Loaded:
     hold_reply: Any = ""  # ledger_reserve's reply, or the unfit dimension
     hold_id: str = ""  # the reservation id, when the load took a hold
     gap_ms: int = 0  # since the run last changed: for a continuing run, since its commit
-    claimed: bool = False  # loaded by the commit before it, which claimed the step (eager)
 
 
 @dataclass
@@ -177,7 +176,6 @@ def loaded_from(reply: Any, version: int, queue_flags: Any) -> Loaded:
         hold_reply=reply[8],
         hold_id=text(reply[9]),
         gap_ms=int(reply[10]),
-        claimed=queue_flags is None,
     )
 
 
