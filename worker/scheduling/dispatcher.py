@@ -25,7 +25,7 @@ import structlog
 from turnstile.worker.broker.layout import PRIORITY_SEP, PRIORITY_STEPS
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.observability import metrics
-from turnstile.worker.scheduling.fair import sent_window_ms, tenant_view
+from turnstile.worker.scheduling.fair import sent_window_ms, slot_extra_ms, tenant_view
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 from turnstile.worker.store.durability import Durability
@@ -107,8 +107,7 @@ class Dispatcher:
         self.announced = 0.0
         self.depths: dict[str, tuple[float, int]] = {}  # queue -> (when read, depth wanted)
         self.linger_s = LINGER_S if config.durability == Durability.NONE else 0.0
-        # A slot outlives its step's hard limit by the pickup lease: time to wait on the queue.
-        self.slot_extra_ms = int(config.pickup_lease_s * 1000)
+        self.slot_extra_ms = slot_extra_ms(config)
         self.sent_window_ms = sent_window_ms(config)
 
     def depth(self, queue: str) -> int:

@@ -124,8 +124,14 @@ def claim(msg: StepMessage, hard_s: float, config: Settings, token: str) -> Clai
               keys.FAIR_WAKE],
         args=[msg.tenant, str(int(config.inflight_lease_s * 1000)), inflight_tag(msg.queue),
               token, str(sent_window_ms(config)),
-              str(int(config.pickup_lease_s * 1000) + int(hard_s * 1000)), msg.queue],
+              str(slot_extra_ms(config) + int(hard_s * 1000)), msg.queue],
     )  # fmt: skip
+
+
+def slot_extra_ms(config: Settings) -> int:
+    """How long a step's slot outlives its hard time limit: time to wait on the queue (the
+    pickup lease), whether the dispatcher took the step (fair_take.lua) or a commit claimed it."""
+    return int(config.pickup_lease_s * 1000)
 
 
 def sent_window_ms(config: Settings) -> int:
