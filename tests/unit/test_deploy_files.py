@@ -1,20 +1,28 @@
-"""The deploy files agree with each other and with the code: they parse, the worker's stop
-grace outlasts its longest turn, Valkey fsyncs before every reply as durability `aof` needs,
-and the dashboard queries only metrics the worker defines."""
+"""The deploy files agree with each other and with the code: they are valid against the
+Kubernetes, KEDA and Compose schemas (offline: kubernetes-validate bundles Kubernetes' own, KEDA's
+and Compose's are in tests/fixtures/schemas/), the worker's stop grace outlasts its longest turn,
+the autoscaler counts every list a queue lies in, Valkey fsyncs before every reply as durability
+`aof` needs, and the dashboard queries only metrics the worker defines."""
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import re
 import tomllib
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
+import jsonschema
+import kubernetes_validate
 import pytest
 import yaml
+from kombu.transport.redis import Channel as RedisChannel
 from prometheus_client import CollectorRegistry
 
+from turnstile.worker.broker.layout import priority_lists
 from turnstile.worker.observability.metrics import Metrics
 from turnstile.worker.settings import Settings
 from turnstile.worker.store.durability import FSYNC_POLICY, aof_refusal
@@ -22,6 +30,15 @@ from turnstile.worker.store.durability import FSYNC_POLICY, aof_refusal
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
+SCHEMAS = ROOT / "tests" / "fixtures" / "schemas"
+# The Kubernetes versions the manifests must be valid for: the oldest KEDA 2.20 supports and the
+# newest kubernetes-validate bundles.
+KUBERNETES = ("1.32", kubernetes_validate.latest_version())
+# KEDA's kinds, each validated against the openAPIV3Schema of its CRD (tests/fixtures/schemas/).
+KEDA_SCHEMAS = {
+    "ScaledObject": "keda-scaledobject-v1alpha1.json",
+    "TriggerAuthentication": "keda-triggerauthentication-v1alpha1.json",
+}
 
 
 def load(path: Path) -> Any:
@@ -155,6 +172,8 @@ def test_manifests_parse_with_the_expected_kinds(
     assert kinds["valkey.yaml"] == ["Service", "StatefulSet"]
     assert kinds["configmap.yaml"] == ["ConfigMap"]
     assert kinds.get("flower.yaml", ["Deployment", "Service"]) == ["Deployment", "Service"]
+    assert kinds["keda-redis.yaml"] == ["ScaledObject"]
+    assert kinds["keda-rabbitmq.yaml"] == ["ScaledObject", "TriggerAuthentication"]
     for docs in manifests.values():
         for doc in docs:
             assert doc["apiVersion"] and doc["metadata"]["name"]
@@ -222,6 +241,194 @@ def test_valkey_fsyncs_every_reply_to_a_persistent_volume(
     assert service["spec"]["selector"].items() <= labels.items()
     url = one(manifests, "ConfigMap", "turnstile-config")["data"]["TURNSTILE_REDIS_URL"]
     assert url.startswith("redis://turnstile-valkey:6379/")
+
+
+# -- against the schemas ------------------------------------------------------------------------
+
+
+def strict(schema: dict[str, Any]) -> dict[str, Any]:
+    """A CRD's structural schema that refuses unknown fields, as kubeconform's strict mode
+    does: the API server would drop them silently, so a misspelt field would do nothing."""
+    out = dict(schema)
+    if "properties" in out:
+        out["properties"] = {name: strict(sub) for name, sub in out["properties"].items()}
+        open_ended = out.get("x-kubernetes-preserve-unknown-fields", False)
+        if "additionalProperties" not in out and not open_ended:
+            out["additionalProperties"] = False
+    if isinstance(out.get("additionalProperties"), dict):
+        out["additionalProperties"] = strict(out["additionalProperties"])
+    if isinstance(out.get("items"), dict):
+        out["items"] = strict(out["items"])
+    for key in ("allOf", "anyOf", "oneOf"):
+        if key in out:
+            out[key] = [strict(sub) for sub in out[key]]
+    return out
+
+
+def keda_errors(doc: dict[str, Any]) -> list[str]:
+    """What KEDA's CRD schema (strict) finds wrong with one of its objects."""
+    assert doc["apiVersion"] == "keda.sh/v1alpha1", doc["apiVersion"]
+    schema = strict(json.loads((SCHEMAS / KEDA_SCHEMAS[doc["kind"]]).read_text()))
+    errors = jsonschema.Draft7Validator(schema).iter_errors(doc)
+    return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in errors]
+
+
+def kubernetes_error(doc: dict[str, Any]) -> str | None:
+    """What the Kubernetes schemas (strict) of each version in KUBERNETES find wrong."""
+    for version in KUBERNETES:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            return f"{version}: {'.'.join(map(str, exc.path))}: {exc.message}"
+    return None
+
+
+def test_every_manifest_is_valid_against_its_schema(
+    manifests: dict[str, list[dict[str, Any]]],
+) -> None:
+    """Every object in deploy/k8s/ is valid, unknown fields refused: KEDA's against the CRD
+    schema of KEDA 2.20.2, every other against Kubernetes' own (kubernetes-validate's bundled
+    schemas) for each version in KUBERNETES."""
+    checked = 0
+    for name, docs in manifests.items():
+        for doc in docs:
+            where = f"{name}: {doc['kind']}/{doc['metadata']['name']}"
+            assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", doc["metadata"]["name"]), where
+            if doc["kind"] in KEDA_SCHEMAS:
+                assert keda_errors(doc) == [], where
+            else:
+                assert kubernetes_error(doc) is None, where
+            checked += 1
+    assert checked >= 11
+
+
+def test_compose_is_valid_against_the_compose_specification() -> None:
+    """compose.yaml, its anchors and merge keys resolved, is valid against the Compose
+    specification's JSON schema (tests/fixtures/schemas/compose-spec.json)."""
+    schema = json.loads((SCHEMAS / "compose-spec.json").read_text())
+    validator = jsonschema.Draft7Validator(schema)
+    errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+              for e in validator.iter_errors(load(ROOT / "compose.yaml"))]  # fmt: skip
+    assert errors == []
+
+
+def test_the_schemas_refuse_what_would_be_dropped_or_refused(
+    manifests: dict[str, list[dict[str, Any]]], compose: dict[str, Any]
+) -> None:
+    """The checks above have teeth: a misspelt field in a Deployment, in a ScaledObject
+    (`horizontalPodScalerConfig` for `horizontalPodAutoscalerConfig`) and in the compose file,
+    and a trigger without its type, are each refused."""
+    worker = copy.deepcopy(one(manifests, "Deployment", "turnstile-worker"))
+    worker["spec"]["template"]["spec"]["terminationGracePeriod"] = 300
+    assert "terminationGracePeriod" in str(kubernetes_error(worker))
+    scaled = copy.deepcopy(manifests["keda-redis.yaml"][0])
+    advanced = scaled["spec"]["advanced"]
+    advanced["horizontalPodScalerConfig"] = advanced.pop("horizontalPodAutoscalerConfig")
+    assert any("horizontalPodScalerConfig" in e for e in keda_errors(scaled))
+    del scaled["spec"]["triggers"][0]["type"]
+    assert any("'type' is a required property" in e for e in keda_errors(scaled))
+    broken = copy.deepcopy(compose)
+    broken["services"]["worker"]["stop_grace"] = broken["services"]["worker"].pop(
+        "stop_grace_period"
+    )
+    schema = json.loads((SCHEMAS / "compose-spec.json").read_text())
+    assert not jsonschema.Draft7Validator(schema).is_valid(broken)
+
+
+# -- autoscaling (KEDA) ------------------------------------------------------------------------
+
+
+def scaled_object(manifests: dict[str, list[dict[str, Any]]], file: str) -> dict[str, Any]:
+    (found,) = [doc for doc in manifests[file] if doc["kind"] == "ScaledObject"]
+    return found
+
+
+def worker_pod_env(manifests: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
+    worker = one(manifests, "Deployment", "turnstile-worker")
+    (container,) = worker["spec"]["template"]["spec"]["containers"]
+    return container_env(manifests, container)
+
+
+def scales_the_worker(manifests: dict[str, list[dict[str, Any]]], scaled: dict[str, Any]) -> None:
+    """The ScaledObject scales the worker Deployment, never to zero (the dispatcher and the
+    sweeper run in the workers)."""
+    worker = one(manifests, "Deployment", "turnstile-worker")
+    assert scaled["metadata"]["name"] == worker["metadata"]["name"]
+    assert scaled["spec"]["scaleTargetRef"] == {
+        "apiVersion": worker["apiVersion"], "kind": "Deployment", "name": worker["metadata"]["name"]
+    }  # fmt: skip
+    assert 1 <= scaled["spec"]["minReplicaCount"] < scaled["spec"]["maxReplicaCount"]
+
+
+def test_redis_autoscaler_sums_every_priority_list_and_the_turns_in_flight(
+    manifests: dict[str, list[dict[str, Any]]],
+) -> None:
+    """keda-redis.yaml has one trigger per list each queue of TURNSTILE_QUEUES lies in on the
+    broker (worker/broker/layout.py) and one on kombu's unacked hash, all on the workers' broker,
+    and its formula sums each once, against TURNSTILE_CONCURRENCY turns per pod."""
+    scaled = scaled_object(manifests, "keda-redis.yaml")
+    scales_the_worker(manifests, scaled)
+    env = worker_pod_env(manifests)
+    broker = urlparse(env.get("TURNSTILE_BROKER_URL") or env["TURNSTILE_REDIS_URL"])
+    lists: dict[str, str] = {}
+    for trigger in scaled["spec"]["triggers"]:
+        meta = trigger["metadata"]
+        assert trigger["type"] == "redis"
+        assert meta["address"] == f"{broker.hostname}:{broker.port or 6379}"
+        assert meta["databaseIndex"] == (broker.path.strip("/") or "0")
+        lists[trigger["name"]] = meta["listName"]
+    queues = env["TURNSTILE_QUEUES"].split(",")
+    expected = [name for queue in queues for name in priority_lists(queue)]
+    assert sorted(lists.values()) == sorted([*expected, RedisChannel.unacked_key])
+    assert "default\x06\x169" in expected  # the separator kombu writes, not its escape
+    modifiers = scaled["spec"]["advanced"]["scalingModifiers"]
+    formula = modifiers["formula"]
+    assert re.fullmatch(r"\s*\w+(\s*\+\s*\w+)*\s*", formula), f"not a plain sum: {formula}"
+    assert sorted(term.strip() for term in formula.split("+")) == sorted(lists)
+    assert float(modifiers["target"]) == int(env["TURNSTILE_CONCURRENCY"])
+    assert modifiers["metricType"] == "AverageValue"
+
+
+def test_rabbitmq_autoscaler_counts_ready_and_unacknowledged(
+    manifests: dict[str, list[dict[str, Any]]],
+) -> None:
+    """keda-rabbitmq.yaml counts each queue of TURNSTILE_QUEUES through the management API
+    (messages ready and unacknowledged), against TURNSTILE_CONCURRENCY turns per pod, its
+    credentials from the TriggerAuthentication beside it."""
+    scaled = scaled_object(manifests, "keda-rabbitmq.yaml")
+    scales_the_worker(manifests, scaled)
+    env = worker_pod_env(manifests)
+    triggers = scaled["spec"]["triggers"]
+    assert sorted(t["metadata"]["queueName"] for t in triggers) == sorted(
+        env["TURNSTILE_QUEUES"].split(",")
+    )
+    (auth,) = [d for d in manifests["keda-rabbitmq.yaml"] if d["kind"] == "TriggerAuthentication"]
+    assert {ref["parameter"] for ref in auth["spec"]["secretTargetRef"]} == {"host"}
+    for trigger in triggers:
+        meta = trigger["metadata"]
+        assert trigger["type"] == "rabbitmq" and meta["protocol"] == "http"
+        assert meta["mode"] == "QueueLength" and meta.get("excludeUnacknowledged") != "true"
+        assert float(meta["value"]) == int(env["TURNSTILE_CONCURRENCY"])
+        assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
+
+
+def test_scale_down_waits_out_a_drain(manifests: dict[str, list[dict[str, Any]]]) -> None:
+    """Both autoscalers remove pods only after the demand has stayed lower for as long as a
+    pod's drain may take (its terminationGracePeriodSeconds, itself above the longest turn),
+    a part of them at a time, and behave alike."""
+    worker = one(manifests, "Deployment", "turnstile-worker")
+    grace = worker["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace > longest_turn_s(worker_pod_env(manifests))
+    behaviors = []
+    for file in ("keda-redis.yaml", "keda-rabbitmq.yaml"):
+        behavior = scaled_object(manifests, file)["spec"]["advanced"][
+            "horizontalPodAutoscalerConfig"
+        ]["behavior"]
+        down = behavior["scaleDown"]
+        assert down["stabilizationWindowSeconds"] >= grace
+        assert all(p["type"] == "Percent" and p["value"] < 100 for p in down["policies"])
+        behaviors.append(behavior)
+    assert behaviors[0] == behaviors[1]
 
 
 # -- Prometheus, Grafana, the image ------------------------------------------------------------
