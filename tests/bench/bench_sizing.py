@@ -16,7 +16,8 @@ after, on each server:
   - INFO cpu used_cpu_user + used_cpu_sys: the server's CPU (a Valkey shard's commands run on
     one thread, so this bounds the turns/s one shard can carry);
   - INFO memory used_memory: the store's memory per finished run kept (retention removes a
-    run TURNSTILE_RETAIN_FINISHED_S after it ends, 3 days by default; nothing expires here);
+    run TURNSTILE_RETAIN_FINISHED_S after it ends, 3 days by default; nothing expires here),
+    and after the runs every key's MEMORY USAGE (exact: SAMPLES 0), grouped by the key's shape;
 and the worker processes' CPU time and memory (main and pool processes, from /proc through
 psutil). A sampler reads the queue's broker lists, kombu's unacked hash and the tenants'
 pending lists every 0.25 s (its commands are taken out of the counts; its bytes are not,
@@ -216,18 +217,14 @@ def main() -> None:
             after[0].minus(before[0], INFO_CALLS + sampler.store_commands() + Counter(scard=polls)),
             after[1].minus(before[1], INFO_CALLS + sampler.broker_commands()),
         )
-        turns, run_bytes = 0, list[int]()
+        turns = 0
         for tenant in tenants:
             for run_id in client.client.zrange(keys.runs(tenant), 0, -1):
-                run_key = keys.run(tenant, str(run_id))
-                state = json.loads(str(client.client.hget(run_key, "state")))
+                state = json.loads(str(client.client.hget(keys.run(tenant, str(run_id)), "state")))
                 turns += state["usage"]["steps"]
-                if len(run_bytes) < 20:
-                    kept = (run_key, keys.events(tenant, str(run_id)))
-                    run_bytes.append(sum(int(store.memory_usage(k) or 0) for k in kept))
         trips = [json.loads(p.read_text()) for p in work.glob("*.json")]
         groups = key_groups(store, tenants, client)
-    report(Measured(args, seconds, turns, idle, load, cpu1 - cpu0, memory, run_bytes, trips,
+    report(Measured(args, seconds, turns, idle, load, cpu1 - cpu0, memory, trips,
                     sampler, groups))  # fmt: skip
 
 
@@ -264,7 +261,6 @@ class Measured:
     load: tuple[Snapshot, Snapshot]  # store, broker: the runs
     worker_cpu: float
     memory: tuple[int, int, int]  # the workers' processes, USS, RSS
-    run_bytes: list[int]  # MEMORY USAGE of a run's hash and events, for some runs
     trips: list[dict[str, Any]]  # the counted workers' round trips
     sampler: Sampler
     groups: dict[str, list[int]]  # the store's keys by shape: [count, bytes, stream entries]
@@ -294,10 +290,10 @@ def report(m: Measured) -> None:
         idle_cmds = sum(base.commands.values()) / args.idle_s / WORKERS
         print(f"{name} idle, per worker: {idle_cmds:.1f} commands/s, "
               f"{(base.net_in + base.net_out) / args.idle_s / WORKERS:.0f} B/s")  # fmt: skip
-    print(f"store memory: {m.load[0].used_memory / runs:.0f} B a finished run kept "
-          f"(used_memory {m.load[0].used_memory / 2**20:.1f} MiB more after {runs} runs); "
-          f"the run's hash + event stream (MEMORY USAGE, {len(m.run_bytes)} runs): "
-          f"{sum(m.run_bytes) / max(1, len(m.run_bytes)):.0f} B")  # fmt: skip
+    print(
+        f"store memory: {m.load[0].used_memory / runs:.0f} B a finished run kept "
+        f"(used_memory {m.load[0].used_memory / 2**20:.1f} MiB more after {runs} runs)"
+    )
     print("the store's keys after the runs, by shape: keys, bytes a run (stream entries a run)")
     for shape, (count, size, entries) in sorted(m.groups.items(), key=lambda g: -g[1][1])[:12]:
         more = f" ({entries / runs:.1f} entries, {size / entries:.0f} B each)" if entries else ""
