@@ -7,6 +7,7 @@ the autoscaler counts every list a queue lies in, Valkey fsyncs before every rep
 from __future__ import annotations
 
 import copy
+import fnmatch
 import itertools
 import json
 import re
@@ -491,12 +492,49 @@ def test_dockerfile_runs_the_worker_as_a_non_root_user() -> None:
     assert re.search(r"^STOPSIGNAL SIGTERM$", text, re.M)
 
 
-def test_dockerfile_copies_every_code_package_and_the_build_hook() -> None:
-    """The image installs the project, so it needs each package the wheel lists and the
-    build hook pyproject.toml names (hatchling loads it for every build)."""
-    project = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())
+def sent_by_the_context(name: str) -> bool:
+    """Whether the build context sends the top-level file or folder `name`, by
+    deploy/Dockerfile.dockerignore: its patterns in order, the last that matches decides,
+    `!` re-includes (Docker's rule; a leading `**/` also matches at the top)."""
+    sent = True
+    for line in (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines():
+        pattern = line.strip()
+        if not pattern or pattern.startswith("#"):
+            continue
+        keep = pattern.startswith("!")
+        pattern = pattern.removeprefix("!")
+        if fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(
+            name, pattern.removeprefix("**/")
+        ):
+            sent = keep
+    return sent
+
+
+def test_dockerfile_copies_what_the_build_needs_and_the_context_sends() -> None:
+    """The image builds the project's wheel, so it copies each package the wheel lists and
+    every folder those packages link to (turnstile/ holds links to jobs/, ledger/, ...), and
+    each file pyproject.toml names (its readme); every COPY source exists and is sent by the
+    build context (deploy/Dockerfile.dockerignore). The install is not editable: an editable
+    install of this project needs `editables`, a dev dependency, at run time."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     packages = project["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
     text = (DEPLOY / "Dockerfile").read_text()
-    for package in packages:
-        assert re.search(rf"^COPY {package} \./{package}$", text, re.M), package
-    assert re.search(r"^COPY .*\bhatch_build\.py\b.* \./$", text, re.M)
+    sources = [
+        word
+        for line in re.findall(r"^COPY (?!--from)(.+) \S+$", text, re.M)
+        for word in line.split()
+    ]
+    linked = {
+        link.resolve().relative_to(ROOT).parts[0]
+        for package in packages
+        for link in (ROOT / package).iterdir()
+        if link.is_symlink()
+    }
+    assert linked, "turnstile/ links to the code's folders"
+    needed = {*packages, *linked, project["project"]["readme"], "pyproject.toml", "uv.lock"}
+    assert needed <= set(sources), f"not copied: {needed - set(sources)}"
+    for source in sources:
+        assert (ROOT / source).exists(), f"COPY {source}: no such file in the repository"
+        assert sent_by_the_context(source), f"COPY {source}: the .dockerignore leaves it out"
+    assert not sent_by_the_context("tests") and not sent_by_the_context(".venv")
+    assert re.search(r"^RUN uv sync --locked --no-dev --no-editable$", text, re.M)
