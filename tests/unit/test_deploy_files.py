@@ -32,9 +32,10 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 SCHEMAS = ROOT / "tests" / "fixtures" / "schemas"
-# The Kubernetes versions the manifests must be valid for: the oldest KEDA 2.20 supports and the
-# newest kubernetes-validate bundles.
-KUBERNETES = ("1.32", kubernetes_validate.latest_version())
+# The Kubernetes versions the manifests must be valid for: the oldest KEDA 2.20 is tested on
+# (1.33 to 1.35, KEDA's "Kubernetes Compatibility" table) and the newest kubernetes-validate
+# bundles.
+KUBERNETES = ("1.33", kubernetes_validate.latest_version())
 # KEDA's kinds, each validated against the openAPIV3Schema of its CRD (tests/fixtures/schemas/).
 KEDA_SCHEMAS = {
     "ScaledObject": "keda-scaledobject-v1alpha1.json",
