@@ -18,11 +18,13 @@ import argparse
 import statistics
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 from playwright.sync_api import sync_playwright
 
+from tests.integration import apiserver
 from tests.integration.apiserver import make_key, running_api
 from tests.integration.workers import client_for
 from turnstile.jobs.outcomes import Outcome, Status
@@ -41,15 +43,14 @@ NAVIGATION = """() => {
 
 
 def _store_runs(client: Client, tenants: list[str], runs: int, held: int, queue: str) -> list[str]:
-    """`runs` runs over the tenants: `held` suspended with a refund held, a tenth left
-    running, the rest ended by the store."""
+    """`runs` runs over the tenants, stored from a few threads: `held` suspended with a
+    refund held, a tenth left running, the rest ended by the store."""
     held_state = run_scenario(BY_LETTER["G"]).state  # suspended, holding issue_refund
     assert held_state.pending is not None
-    ids = []
-    for i in range(runs):
+
+    def one(i: int) -> str:
         tenant = tenants[i % len(tenants)]
         run_id = client.submit(tenant, USER, "support", GOAL, {}, queue=queue)
-        ids.append(run_id)
         if i < held:
             stored = client.store.hash(tenant, run_id)
             state = RunState.from_json(stored["state"])
@@ -65,7 +66,10 @@ def _store_runs(client: Client, tenants: list[str], runs: int, held: int, queue:
             assert done.kind == "ok", done
         elif i % 10:
             client.store.fail_run(tenant, run_id, "ended for the benchmark")
-    return ids
+        return run_id
+
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(one, range(runs)))
 
 
 def _ttfb(http: httpx.Client, url: str, samples: int) -> list[float]:
@@ -97,6 +101,7 @@ def main() -> None:
     parser.add_argument("--held", type=int, default=50)
     parser.add_argument("--samples", type=int, default=15)
     args = parser.parse_args()
+    apiserver.READY_TIMEOUT_S = 180  # a loaded machine starts the server slowly; not timed
     with EmbeddedServer() as server:
         client = client_for(server.url)
         tenants = [f"bench-{uuid.uuid4().hex[:6]}" for _ in range(2)]
