@@ -13,9 +13,11 @@ import re
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import itsdangerous
 import pytest
 import redis
@@ -283,8 +285,18 @@ def test_pause_and_resume_a_tenant_and_a_queue(
     )
     console.go(f"/runs?tenant={tenant}&status=parked")
     assert console.page.locator("#rows tr[data-run]").count() == 3
+    client.ledger.set_ceiling(tenant, "cost_microusd", 50_000_000)
+    client.ledger.set_ceiling(tenant, "tokens", 900_000, hard=False, period="day")
     console.go(f"/tenants?tenant={tenant}")
-    assert "paused" in console.page.inner_text(f"article[data-tenant='{tenant}'] .flags")
+    card = console.page.locator(f"article[data-tenant='{tenant}']")
+    assert "paused" in card.locator(".flags").inner_text()
+    history = card.locator("table.history tbody tr")  # the ceilings' history, newest first
+    assert [history.nth(i).inner_text().split("\t")[1:] for i in range(2)] == [
+        ["tokens", "900000", "0", "day"],
+        ["cost_microusd", "50000000", "1", "none"],
+    ]
+    ledger = card.locator("table.ledger").inner_text()
+    assert "50000000" in ledger and "900000 (soft)" in ledger
     console.shot("tenants")
     console.press(f"#resume-{tenant}")
     console.press("#confirm")
@@ -332,6 +344,40 @@ def test_a_tenant_key_cannot_reach_another_tenants_pages(
     reply = _post_form(console, f"/runs/{theirs}/approve", {"digest": digest})
     assert reply == 404
     assert _status(client, b, theirs) == "suspended"
+
+
+def test_two_approvals_sent_at_once_pay_one_refund(
+    *, redis_url: str, api: ApiServer, client: Client, console: Console, queue: str, unique: str
+) -> None:
+    """The same approve form sent twice at the same moment (a double click that got through):
+    one approval, one refund; the other is told it was refused."""
+    tenant = f"t-{unique}"
+    run_id = _submit(client, tenant, queue, BY_LETTER["G"].params)
+    _wait_suspended(client, tenant, run_id)
+    console.login(make_key(redis_url, tenant))
+    console.go(f"/runs/{run_id}")
+    form = {"csrf": console.page.input_value("#pending input[name=csrf] >> nth=0"),
+            "digest": client.state(run_id).pending.digest}  # type: ignore[union-attr]  # fmt: skip
+    cookies = {c["name"]: c["value"] for c in console.context.cookies()}
+    server = redis.Redis.from_url(redis_url, decode_responses=True)
+    flashes = itsdangerous.URLSafeTimedSerializer(str(server.get(SECRET)), salt="flash")
+    server.close()
+
+    def approve(_: int) -> str:
+        with httpx.Client(base_url=api.url, cookies=cookies, timeout=60) as web:
+            reply = web.post(f"/console/runs/{run_id}/approve", data=form)
+        assert reply.status_code == 303
+        return str(flashes.loads(reply.cookies["turnstile_console_flash"])[1])
+
+    with ThreadPoolExecutor(2) as pool:
+        said = sorted(pool.map(approve, range(2)))
+    assert said[0].startswith("approved run") and said[1].startswith("not approved"), said
+    wait_until(lambda: _status(client, tenant, run_id) == "stopped", what="the run ends")
+    assert [d.kind for d in client.state(run_id).decisions] == ["approved"]
+    assert RedisShop(client.client).effects(run_id) == [
+        ["refund", "ord_1004", 8000],
+        ["email", "ord_1004"],
+    ]
 
 
 def _post_form(console: Console, path: str, fields: dict[str, str], csrf: str | None = None) -> int:

@@ -312,7 +312,9 @@ def approve(
     try:
         decisions.approve(con.api.client, run_id, by=by, digest=digest or None, tenant=tenant)
     except DecisionRefusedError as exc:
+        log.info("console_refused", action="approve", run_id=run_id, by=by, why=str(exc))
         return redirect(request, to, ("error", f"not approved: {exc}; nothing was changed"))
+    log.info("console_decided", action="approve", run_id=run_id, tenant=tenant, by=by)
     return redirect(request, to, ("ok", f"approved run {run_id} as {by}"))
 
 
@@ -335,7 +337,9 @@ def deny(
     try:
         decisions.deny(con.api.client, run_id, by=by, reason=reason.strip(), tenant=tenant)
     except DecisionRefusedError as exc:
+        log.info("console_refused", action="deny", run_id=run_id, by=by, why=str(exc))
         return redirect(request, to, ("error", f"not denied: {exc}; nothing was changed"))
+    log.info("console_decided", action="deny", run_id=run_id, tenant=tenant, by=by)
     return redirect(request, to, ("ok", f"denied run {run_id} as {by}"))
 
 
@@ -415,6 +419,7 @@ def control(
     subjects.check_known(con.api.client, subject)
     by = _who(viewer.key, person)
     done = ACTIONS[kind, verb](con.api.client, subject, by=by)
+    log.info("console_control", kind=kind, verb=verb, name=name, by=by)
     said = dataclasses.asdict(done)
     if said.get("already"):
         text = f"{kind} {name} was already {said['flag']} (by {said['by']} at {said['at']})"
@@ -480,16 +485,20 @@ async def _on_unexpected(request: Request, exc: Exception) -> Response:
                         "request; it is logged.</p>", status_code=500)  # fmt: skip
 
 
-def create(api: Api, settings: ConsoleSettings | None = None) -> FastAPI:
-    """The console as an app of its own, mounted under /console by the API's app."""
-    settings = settings or ConsoleSettings()
-    templates = jinja2.Environment(
+def templates() -> jinja2.Environment:
+    """The pages' templates: every value escaped, an undefined name an error."""
+    return jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
         autoescape=True, undefined=jinja2.StrictUndefined,
         trim_blocks=True, lstrip_blocks=True,
     )  # fmt: skip
+
+
+def create(api: Api, settings: ConsoleSettings | None = None) -> FastAPI:
+    """The console as an app of its own, mounted under /console by the API's app."""
+    settings = settings or ConsoleSettings()
     console = FastAPI(openapi_url=None, docs_url=None, redoc_url=None, redirect_slashes=False)
-    console.state.console = Console(api, settings, Sessions(api.redis, settings), templates)
+    console.state.console = Console(api, settings, Sessions(api.redis, settings), templates())
     console.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     console.include_router(router)
     console.add_exception_handler(Exception, _on_unexpected)
