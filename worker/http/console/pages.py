@@ -353,7 +353,7 @@ def inbox(
     tenant = _opt(tenant)
     items, next_cursor = views.inbox(
         con.api.client, tenant=_listing_scope(viewer, tenant), cursor=_opt(cursor),
-        limit=con.settings.rows,
+        limit=con.settings.inbox_rows,
     )  # fmt: skip
     more = urlencode({"tenant": tenant or "", "cursor": next_cursor}) if next_cursor else None
     return render(request, "inbox.html", viewer=viewer, items=items, tenant=tenant or "",

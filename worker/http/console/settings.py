@@ -16,4 +16,5 @@ class ConsoleSettings(BaseSettings):
     secret: str = ""
     # Send the cookies only over HTTPS (set it when the console is served over HTTPS).
     secure_cookie: bool = False
-    rows: int = Field(default=50, ge=1, le=500)  # runs per page and held runs per inbox page
+    rows: int = Field(default=50, ge=1, le=500)  # runs per page of the runs page
+    inbox_rows: int = Field(default=20, ge=1, le=200)  # held runs per page of the inbox

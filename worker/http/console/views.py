@@ -213,12 +213,15 @@ def inbox(
     got, next_cursor = listing.page_keys(
         c, tenant=tenant, status="suspended", outcome=None, limit=limit, cursor=cursor
     )
+    rows = listing.rows(c, got, "suspended")
+    pipe = c.client.pipeline(transaction=False)
+    for row in rows:
+        pipe.hget(keys.run(row.tenant, row.run_id), "state")
     out = []
-    for row in listing.rows(c, got, "suspended"):
+    for row, state_json in zip(rows, pipe.execute(), strict=True):
         try:
             view = views.run_view(c, row.run_id, row.tenant)
-            _, stored = decisions.resolve(c, row.run_id, row.tenant)
-            goal = RunState.from_json(stored["state"]).goal
+            goal = RunState.from_json(state_json).goal if state_json else ""
         except (RunNotFoundError, StateFormatError):
             continue  # gone since the index was read, or a state this code cannot read
         pending = view.get("pending")
