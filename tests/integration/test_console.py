@@ -270,7 +270,7 @@ def test_pause_and_resume_a_tenant_and_a_queue(
     The queues page pauses and resumes a queue the same way."""
     tenant = f"p-{unique}"
     console.login(make_key(redis_url, f"ops-{unique}", Role.OPERATOR, name=f"ops-{unique}"))
-    run_ids = [_submit(client, tenant, queue, SLOW) for _ in range(3)]
+    run_ids = [_submit(client, tenant, queue, {"model_sleep_s": 2.0}) for _ in range(3)]
     console.go(f"/tenants?tenant={tenant}")
     console.press(f"#pause-{tenant}")
     assert "Pause tenant" in console.page.inner_text("h1")
@@ -279,12 +279,16 @@ def test_pause_and_resume_a_tenant_and_a_queue(
     console.press("#confirm")
     assert f"tenant {tenant} paused by ops-{unique} (Bo)" in console.flash()
     assert client.client.hget(keys.control(tenant), "paused_by") == f"ops-{unique} (Bo)"
+    # Each run parks at its next turn boundary (one that a loaded machine let finish before
+    # the pause simply ended: it is not counted).
     wait_until(
-        lambda: all(_status(client, tenant, r) == "parked" for r in run_ids),
+        lambda: all(_status(client, tenant, r) in ("parked", "stopped") for r in run_ids),
         what=lambda: f"the runs park: {[_status(client, tenant, r) for r in run_ids]}",
     )
+    parked = [r for r in run_ids if _status(client, tenant, r) == "parked"]
+    assert parked, "no run was still going when the tenant was paused"
     console.go(f"/runs?tenant={tenant}&status=parked")
-    assert console.page.locator("#rows tr[data-run]").count() == 3
+    assert console.page.locator("#rows tr[data-run]").count() == len(parked)
     client.ledger.set_ceiling(tenant, "cost_microusd", 50_000_000)
     client.ledger.set_ceiling(tenant, "tokens", 900_000, hard=False, period="day")
     console.go(f"/tenants?tenant={tenant}")
@@ -300,12 +304,15 @@ def test_pause_and_resume_a_tenant_and_a_queue(
     console.shot("tenants")
     console.press(f"#resume-{tenant}")
     console.press("#confirm")
-    assert "3 parked run(s) sent back" in console.flash()
+    assert f"{len(parked)} parked run(s) sent back" in console.flash()
     wait_until(
         lambda: all(_status(client, tenant, r) == "stopped" for r in run_ids),
         what="the resumed runs end", timeout_s=90,
     )  # fmt: skip
     assert {client.state(r).outcome.value for r in run_ids} == {"completed"}  # type: ignore[union-attr]
+    for run_id in parked:  # each came back once, by the resume pressed on the page
+        kinds = [e["type"] for _, e in client.store.events(tenant, run_id)]
+        assert kinds.count("parked") == kinds.count("resumed") == 1, kinds
     console.go("/queues")
     console.press(f"tr[data-queue='{queue}'] a:text('Pause…')")
     console.press("#confirm")
