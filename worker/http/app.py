@@ -12,11 +12,13 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from fastapi import Depends, FastAPI
+from fastapi.responses import RedirectResponse
 
 from turnstile.worker.broker.producer import sender
 from turnstile.worker.client._client import Client
 from turnstile.worker.http import context, problems, routes_ops, routes_runs, webhook_delivery
 from turnstile.worker.http import routes_webhooks as webhooks
+from turnstile.worker.http.console import pages as console
 from turnstile.worker.http.context import Api
 from turnstile.worker.http.problems import response
 from turnstile.worker.http.ratelimit import RateLimiter
@@ -129,5 +131,11 @@ def create_app(config: Settings, api_settings: ApiSettings | None = None) -> Fas
     app.include_router(routes_runs.router)
     app.include_router(routes_ops.router)
     app.include_router(webhooks.router)
+
+    @app.get("/console", include_in_schema=False)
+    def console_home() -> RedirectResponse:
+        return RedirectResponse("/console/runs", status_code=303)
+
+    app.mount("/console", console.create(api))  # the browser's console: worker/http/console
     app.add_middleware(BodyCap, max_bytes=api_settings.max_body_bytes)
     return app
