@@ -234,6 +234,14 @@ def settled(client: Client, run_ids: list[str]) -> bool:
     return all(client.run_hash(r)[1]["status"] in ("stopped", "suspended") for r in run_ids)
 
 
+def ended_once(client: Client, tenant: str, run_id: str) -> None:
+    """The run ended exactly once, and every version was committed by one turn only."""
+    stream = [e for _, e in client.store.events(tenant, run_id)]
+    assert [e["type"] for e in stream].count("finished") == 1, run_id
+    versions = [e["version"] for e in stream if e["type"] == "turn"]
+    assert len(versions) == len(set(versions)), run_id
+
+
 def ledger_is_the_runs_usage(client: Client, tenant: str, run_ids: list[str]) -> None:
     """Nothing is held for the tenant any more, and what it was charged is exactly what its
     runs recorded as used."""
