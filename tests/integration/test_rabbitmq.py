@@ -94,7 +94,8 @@ def test_a_queue_is_a_quorum_queue_whose_depth_is_read_by_amqp(
         assert dispatcher.depth(f"nobody-{unique}") == 0  # never declared: nothing waits there
         assert dispatcher.depth(queue) == 3  # the reader goes on after the 404
     with Connection(AMQP_URL) as conn, pytest.raises(Exception, match="inequivalent arg"):
-        conn.channel().queue_declare(queue, durable=True, arguments={"x-queue-type": "classic"})
+        channel: Any = conn.channel()
+        channel.queue_declare(queue, durable=True, arguments={"x-queue-type": "classic"})
     with running_workers(redis_url, [queue], 1, broker_url=AMQP_URL):
         wait_until(lambda: settled(client, runs), timeout_s=60, what="the three runs end")
     assert layout.broker_depth(AMQP_URL, queue) == 0
