@@ -158,6 +158,7 @@ def test_the_broker_down_and_back_loses_nothing_and_runs_nothing_twice(
                 what=lambda: f"every run ends after the broker is back; {worker.log()[-3000:]}",
             )  # fmt: skip
             assert worker.process is not None and worker.process.poll() is None, worker.log()
+            assert "Connection to broker lost" in worker.log()  # the cut was felt
     shop = RedisShop(client.client)
     for run_id in runs:
         assert client.state(run_id).outcome == "completed", run_id

@@ -21,7 +21,7 @@ from turnstile.worker.client._client import Client, connect_client
 from turnstile.worker.dev.shop import RedisShop
 from turnstile.worker.settings import Settings
 
-READY_TIMEOUT_S = 30.0
+READY_TIMEOUT_S = 60.0  # a loaded 2-core machine takes 30 s to import a worker
 
 # Fast timers for tests: a lapsed lease is found within a second.
 FAST = {
