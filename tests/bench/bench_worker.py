@@ -60,6 +60,8 @@ from turnstile.worker.store.connect import connect
 from turnstile.worker.store.durability import Durability
 
 Config = tuple[str, str, str]  # (durability setting, eager turns, broker: redis or amqp)
+# A loaded machine takes a while to import a worker; the clock starts once they are ready.
+READY_S = 180.0
 TASK_EVENTS = ["0"]  # TURNSTILE_TASK_EVENTS for both workloads' workers (--task-events)
 POOL = ["prefork", "1"]  # both workloads' pool and its concurrency (--pool, --concurrency)
 ZERO_LATENCY = {
@@ -86,10 +88,13 @@ def _workers(
                 "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING",
             ]  # fmt: skip
             procs.append(subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT))
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + READY_S
     while log.read_text(errors="replace").count('"worker_ready"') < count:
         if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-            raise RuntimeError(log.read_text(errors="replace")[-2000:])
+            for p in procs:  # none is left behind
+                p.kill()
+                p.wait(10)
+            raise RuntimeError(f"workers not ready: {log.read_text(errors='replace')[-2000:]}")
         time.sleep(0.05)
     return procs
 

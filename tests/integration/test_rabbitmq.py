@@ -249,6 +249,22 @@ def test_a_broker_that_refuses_or_does_not_answer_is_one_line_at_worker_start(
     assert WRONG not in result.stderr
 
 
+@pytest.mark.parametrize(("url", "code", "said"), BAD_BROKERS, ids=["password", "vhost", "host"])
+def test_the_queue_views_say_in_one_line_that_the_broker_cannot_be_read(
+    redis_url: str, unique: str, url: str, code: int, said: str
+) -> None:
+    """`turnstile queues` reads each queue's depth from the broker: one that refuses or does
+    not answer is one line and exit 1, the password masked."""
+    client = client_for(redis_url, fair_share=False)
+    client.submit(f"t-{unique}", USER, "support", GOAL, {}, queue=f"rmq-{unique}")  # a queue
+    result = runner.invoke(
+        app, ["queues"], env={"TURNSTILE_REDIS_URL": redis_url, "TURNSTILE_BROKER_URL": url}
+    )
+    assert result.exit_code == 1, result.output
+    assert result.stderr.count("\n") == 1 and said in result.stderr, result.stderr
+    assert WRONG not in result.stderr
+
+
 def test_a_celery_started_worker_with_a_wrong_vhost_exits_with_one_line(
     redis_url: str, unique: str
 ) -> None:
