@@ -62,6 +62,7 @@ from turnstile.worker.store.durability import Durability
 Config = tuple[str, str, str]  # (durability setting, eager turns, broker: redis or amqp)
 # A loaded machine takes a while to import a worker; the clock starts once they are ready.
 READY_S = 180.0
+AMQP_QUEUES: list[tuple[str, str]] = []  # (url, queue) made on RabbitMQ, deleted at the end
 TASK_EVENTS = ["0"]  # TURNSTILE_TASK_EVENTS for both workloads' workers (--task-events)
 POOL = ["prefork", "1"]  # both workloads' pool and its concurrency (--pool, --concurrency)
 ZERO_LATENCY = {
@@ -188,8 +189,8 @@ def support_round(
         seconds = time.perf_counter() - started
     finally:
         _stop(procs)
-        if amqp.is_amqp(broker_url):
-            delete_queues(queue, url=broker_url)
+        if amqp.is_amqp(broker_url):  # deleted at the end: a later round's dispatcher may
+            AMQP_QUEUES.append((broker_url, queue))  # still send a stray step of this one
     turns = 0
     for run_id in client.client.zrange(keys.runs(tenant), 0, -1):
         state = json.loads(str(client.client.hget(keys.run(tenant, str(run_id)), "state")))
@@ -247,6 +248,11 @@ def noop_round(broker: EmbeddedServer, chains: int, length: int, work: Path) -> 
         _stop(procs)
 
 
+def _delete_amqp_queues() -> None:
+    for url, queue in AMQP_QUEUES:
+        delete_queues(queue, url=url)
+
+
 def _follow(primary: EmbeddedServer, replica: EmbeddedServer) -> None:
     follower = redis.Redis.from_url(replica.url)
     follower.replicaof("127.0.0.1", primary.port)
@@ -296,6 +302,7 @@ def main() -> None:
     gaps: dict[Config, dict[str, list[float]]] = {c: {"eager": [], "queued": []} for c in configs}
     policies = sorted({setting(d)[1] for d in durabilities} | {"everysec"})
     with contextlib.ExitStack() as stack:
+        stack.callback(_delete_amqp_queues)  # however the rounds end
         servers = {
             policy: (
                 stack.enter_context(EmbeddedServer(appendonly=True, appendfsync=policy)),
