@@ -16,6 +16,7 @@ import pytest
 from kombu import Connection
 
 from turnstile.worker.broker import amqp
+from turnstile.worker.dev.embedded import EmbeddedServer
 
 AMQP_URL = os.environ.get("TURNSTILE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 
@@ -151,15 +152,17 @@ BROKERS = ("redis", "amqp")
 
 
 @contextlib.contextmanager
-def broker_for(kind: str, *queues: str) -> Iterator[str | None]:
-    """The broker URL a test parametrized over BROKERS runs on: None (the store's own Redis)
-    or the tests' RabbitMQ, whose `queues` are deleted afterwards; skipped with one line when
-    RabbitMQ is not reachable."""
+def broker_for(kind: str, redis_url: str, *queues: str) -> Iterator[tuple[str, str | None]]:
+    """(store URL, broker URL) for a test parametrized over BROKERS: the suite's store with
+    its own Redis as the broker (None), or RabbitMQ, whose `queues` are deleted afterwards,
+    with a store of the test's own (a worker's dispatcher serves every queue of its store: one
+    on RabbitMQ must not take the steps of the Redis-broker tests sharing the suite's store);
+    skipped with one line when RabbitMQ is not reachable."""
     if kind == "redis":
-        yield None
+        yield redis_url, None
         return
     reason = unreachable()
     if reason is not None:
         pytest.skip(reason)
-    with own_queues(*queues):
-        yield AMQP_URL
+    with own_queues(*queues), EmbeddedServer() as store:
+        yield store.url, AMQP_URL

@@ -79,11 +79,16 @@ def test_a_paused_tenant_stops_at_the_next_boundary_and_resumes_exactly_once(
     50 finishes exactly once with the outcome, numbers and effects it has without a pause.
     On the store's Redis as the broker and on RabbitMQ: the pause is the store's gate."""
     queue, paused, other = f"pause-{unique}", f"p-{unique}", f"o-{unique}"
-    with (
-        broker_for(broker, queue) as broker_url,
-        workers(redis_url, queue, count=2, concurrency=3, broker_url=broker_url),
-    ):
-        client = client_for(redis_url, broker_url)
+    with broker_for(broker, redis_url, queue) as (store, broker_url):
+        pause_then_resume(store, broker_url, queue, paused, other)
+
+
+def pause_then_resume(
+    store: str, broker_url: str | None, queue: str, paused: str, other: str
+) -> None:
+    """The pause test's body, on a store and a broker (None: the store's own server)."""
+    with workers(store, queue, count=2, concurrency=3, broker_url=broker_url):
+        client = client_for(store, broker_url)
         letters = [MIXED[i % len(MIXED)] for i in range(50)]
         ids: list[str] = []
         others: list[str] = []
@@ -135,11 +140,12 @@ def test_drain_wait_returns_when_nothing_is_in_flight_and_killing_workers_loses_
     killed: nothing is lost, and new workers plus `resume` finish every run exactly once. On
     the store's Redis as the broker and on RabbitMQ (whose queue the views read by AMQP)."""
     queue, tenant = f"drain-{unique}", f"t-{unique}"
-    with broker_for(broker, queue) as broker_url:
-        drain_kill_resume(redis_url, broker_url, queue, tenant)
+    with broker_for(broker, redis_url, queue) as (store, broker_url):
+        drain_kill_resume(store, broker_url, queue, tenant)
 
 
 def drain_kill_resume(redis_url: str, broker_url: str | None, queue: str, tenant: str) -> None:
+    """The drain test's body, on a store and a broker (None: the store's own server)."""
     env = {"TURNSTILE_REDIS_URL": redis_url, "TURNSTILE_BROKER_URL": broker_url or redis_url}
     slow = {"sleep_s": {"get_order": 1.0, "send_status_email": 1.0}}
     with workers(redis_url, queue, count=2, concurrency=2, broker_url=broker_url) as first:

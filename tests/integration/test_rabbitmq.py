@@ -3,7 +3,7 @@ SIGKILLed mid-turn, every message delivered twice, the store down and back, the 
 and back), dead letters of unreadable messages, and a broker that refuses or does not answer.
 
 These tests use RabbitMQ 3 at 127.0.0.1:5672 (guest/guest) and skip when it is not reachable.
-Each works on queues of its own, deleted afterwards; the store is the suite's Valkey. The
+Each works on queues of its own, deleted afterwards, and the module on a store of its own. The
 pause and drain controls on RabbitMQ are test_controls.py's, run on both brokers.
 """
 
@@ -52,6 +52,15 @@ pytestmark = [
 ]
 
 runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    """A store of this module's own: a worker's dispatcher serves every queue of its store,
+    and one publishing to RabbitMQ must not take the steps of the Redis-broker tests that
+    share the suite's store."""
+    with EmbeddedServer() as server:
+        yield server.url
 
 
 @pytest.fixture
