@@ -5,6 +5,7 @@ the client round trips to the store per turn, beyond the broker's own.
     uv run python -m tests.bench.bench_worker [--runs 200] [--rounds 3]
         [--durability none,none@always,aof,replica]
         [--task-events] [--pool prefork|gevent] [--concurrency N]
+        [--brokers redis,amqp] [--amqp-url amqp://guest:guest@127.0.0.1:5672//]
 
 Broker and store are two servers, both with AOF; the round trips are counted on the client
 for the store's port only. Work is enqueued first and
@@ -21,6 +22,10 @@ first is the one compared with the no-op). Each runs on the servers' fsync polic
 for: `aof` on `appendfsync always` (the one it accepts), `none` and `replica` on `everysec`
 (`replica` adds a replica following the store); `setting@policy` picks another, e.g.
 `none@always` for the cost of the policy alone. The no-op runs on the everysec broker.
+
+`--brokers redis,amqp` measures each setting on both brokers side by side in each round: the
+store's own kind of server (Redis) and RabbitMQ (`--amqp-url`, quorum queues, publisher
+confirms), the store the same; it prints the ratio RabbitMQ/Redis per setting and round.
 """
 
 from __future__ import annotations
@@ -43,7 +48,9 @@ import redis
 
 from tests.bench.noop_app import HARD_LIMIT_S, SOFT_LIMIT_S
 from tests.bench.noop_app import app as noop_app
+from tests.integration.rabbitmq import AMQP_URL, delete_queues
 from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.broker import amqp
 from turnstile.worker.broker.producer import sender
 from turnstile.worker.client._client import Client
 from turnstile.worker.dev.embedded import EmbeddedServer
@@ -52,6 +59,10 @@ from turnstile.worker.store import keys
 from turnstile.worker.store.connect import connect
 from turnstile.worker.store.durability import Durability
 
+Config = tuple[str, str, str]  # (durability setting, eager turns, broker: redis or amqp)
+# A loaded machine takes a while to import a worker; the clock starts once they are ready.
+READY_S = 180.0
+AMQP_QUEUES: list[tuple[str, str]] = []  # (url, queue) made on RabbitMQ, deleted at the end
 TASK_EVENTS = ["0"]  # TURNSTILE_TASK_EVENTS for both workloads' workers (--task-events)
 POOL = ["prefork", "1"]  # both workloads' pool and its concurrency (--pool, --concurrency)
 ZERO_LATENCY = {
@@ -78,10 +89,13 @@ def _workers(
                 "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING",
             ]  # fmt: skip
             procs.append(subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT))
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + READY_S
     while log.read_text(errors="replace").count('"worker_ready"') < count:
         if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-            raise RuntimeError(log.read_text(errors="replace")[-2000:])
+            for p in procs:  # none is left behind
+                p.kill()
+                p.wait(10)
+            raise RuntimeError(f"workers not ready: {log.read_text(errors='replace')[-2000:]}")
         time.sleep(0.05)
     return procs
 
@@ -143,7 +157,7 @@ class Round:
 
 
 def support_round(
-    broker: EmbeddedServer,
+    broker_url: str,
     store: EmbeddedServer,
     runs: int,
     work: Path,
@@ -157,13 +171,13 @@ def support_round(
     first, and each run is submitted when the one before has ended (an idle system)."""
     queue, tenant = f"s-{uuid.uuid4().hex[:6]}", f"bench-{uuid.uuid4().hex[:6]}"
     counts = Path(tempfile.mkdtemp(dir=work))
-    config = Settings(redis_url=store.url, broker_url=broker.url, durability=Durability(durability))
+    config = Settings(redis_url=store.url, broker_url=broker_url, durability=Durability(durability))
     client = Client(connect(store.url, config), config, sender(config))
     stopped = keys.by_status(tenant, "stopped")
     if not one_at_a_time:
         for _ in range(runs):
             client.submit(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue)
-    env = _env(broker.url, store.url, counts, store.port, durability=durability, eager=eager)
+    env = _env(broker_url, store.url, counts, store.port, durability=durability, eager=eager)
     procs = _workers("turnstile.worker.runtime.app:app", queue, env, 2, work / f"{queue}.log")
     try:
         started = time.perf_counter()
@@ -175,6 +189,8 @@ def support_round(
         seconds = time.perf_counter() - started
     finally:
         _stop(procs)
+        if amqp.is_amqp(broker_url):  # deleted at the end: a later round's dispatcher may
+            AMQP_QUEUES.append((broker_url, queue))  # still send a stray step of this one
     turns = 0
     for run_id in client.client.zrange(keys.runs(tenant), 0, -1):
         state = json.loads(str(client.client.hget(keys.run(tenant, str(run_id)), "state")))
@@ -232,6 +248,11 @@ def noop_round(broker: EmbeddedServer, chains: int, length: int, work: Path) -> 
         _stop(procs)
 
 
+def _delete_amqp_queues() -> None:
+    for url, queue in AMQP_QUEUES:
+        delete_queues(queue, url=url)
+
+
 def _follow(primary: EmbeddedServer, replica: EmbeddedServer) -> None:
     follower = redis.Redis.from_url(replica.url)
     follower.replicaof("127.0.0.1", primary.port)
@@ -261,22 +282,27 @@ def main() -> None:
     )
     parser.add_argument("--pool", choices=["prefork", "gevent"], default="prefork")
     parser.add_argument("--concurrency", type=int, default=1, help="per worker process")
+    parser.add_argument(
+        "--brokers", default="redis", help="redis, amqp or both (comma-separated), side by side"
+    )
+    parser.add_argument("--amqp-url", default=AMQP_URL, help="RabbitMQ for --brokers amqp")
     args = parser.parse_args()
     TASK_EVENTS[0] = "1" if args.task_events else "0"
     POOL[:] = [args.pool, str(args.concurrency)]
     durabilities = [d.strip() for d in args.durability.split(",") if d.strip()]
     eagers = [e.strip() for e in args.eager.split(",") if e.strip()]
-    configs = [(d, e) for d in durabilities for e in eagers]  # the first is the one compared
-    label = {c: f"{c[0]} eager {c[1]}" for c in configs}
+    brokers = [b.strip() for b in args.brokers.split(",") if b.strip()]
+    # The first is the one compared with the no-op.
+    configs = [(d, e, b) for b in brokers for d in durabilities for e in eagers]
+    label = {c: f"{c[0]} eager {c[1]}" + (f" {c[2]}" if len(brokers) > 1 else "") for c in configs}
     work = Path(tempfile.mkdtemp(prefix="turnstile-bench-"))
     ratios: list[float] = []
-    rates: dict[tuple[str, str], list[float]] = {c: [] for c in configs}
-    trips: dict[tuple[str, str], list[tuple[float, float]]] = {c: [] for c in configs}
-    gaps: dict[tuple[str, str], dict[str, list[float]]] = {
-        c: {"eager": [], "queued": []} for c in configs
-    }
+    rates: dict[Config, list[float]] = {c: [] for c in configs}
+    trips: dict[Config, list[tuple[float, float]]] = {c: [] for c in configs}
+    gaps: dict[Config, dict[str, list[float]]] = {c: {"eager": [], "queued": []} for c in configs}
     policies = sorted({setting(d)[1] for d in durabilities} | {"everysec"})
     with contextlib.ExitStack() as stack:
+        stack.callback(_delete_amqp_queues)  # however the rounds end
         servers = {
             policy: (
                 stack.enter_context(EmbeddedServer(appendonly=True, appendfsync=policy)),
@@ -294,8 +320,9 @@ def main() -> None:
             for c in configs:
                 durability, policy = setting(c[0])
                 broker, store = servers[policy]
+                broker_url = args.amqp_url if c[2] == "amqp" else broker.url
                 measured = support_round(
-                    broker, store, args.runs, work, durability=durability, eager=c[1]
+                    broker_url, store, args.runs, work, durability=durability, eager=c[1]
                 )
                 rates[c].append(measured.rate)
                 turns_by[c] = measured.turns
@@ -315,7 +342,7 @@ def main() -> None:
             for e in eagers:
                 durability = setting(durabilities[0])[0]
                 idle[e] = support_round(
-                    broker, store, args.idle_runs, work, durability=durability, eager=e,
+                    broker.url, store, args.idle_runs, work, durability=durability, eager=e,
                     one_at_a_time=True,
                 ).gaps  # fmt: skip
     report(Measured(durabilities, configs, label, ratios, rates, trips, gaps, idle, args.idle_runs))
@@ -324,12 +351,12 @@ def main() -> None:
 @dataclass
 class Measured:
     durabilities: list[str]
-    configs: list[tuple[str, str]]  # (durability, eager turns); the first is the base
-    label: dict[tuple[str, str], str]
+    configs: list[Config]  # (durability, eager turns, broker); the first is the base
+    label: dict[Config, str]
     ratios: list[float]
-    rates: dict[tuple[str, str], list[float]]
-    trips: dict[tuple[str, str], list[tuple[float, float]]]
-    gaps: dict[tuple[str, str], dict[str, list[float]]]
+    rates: dict[Config, list[float]]
+    trips: dict[Config, list[tuple[float, float]]]
+    gaps: dict[Config, dict[str, list[float]]]
     idle: dict[str, dict[str, list[float]]]
     idle_runs: int
 
@@ -354,10 +381,18 @@ def report(m: Measured) -> None:
         print(line)  # fmt: skip
     for c in m.configs:
         # The aof goal compares like with like: each durability over none at the same eager.
-        none = (m.durabilities[0], c[1])
+        none = (m.durabilities[0], c[1], c[2])
         if c[0] != m.durabilities[0] and none in m.rates:
             per_round = [r / b for r, b in zip(m.rates[c], m.rates[none], strict=True)]
             print(f"{m.label[c]} over {m.label[none]}: median {statistics.median(per_round):.2f} "
+                  f"(per round: {', '.join(f'{x:.2f}' for x in per_round)})")  # fmt: skip
+    for c in m.configs:
+        # RabbitMQ over Redis as the broker, the same setting, round by round.
+        redis_broker = (c[0], c[1], "redis")
+        if c[2] == "amqp" and redis_broker in m.rates:
+            per_round = [r / b for r, b in zip(m.rates[c], m.rates[redis_broker], strict=True)]
+            print(f"RabbitMQ/Redis broker, {c[0]} eager {c[1]}: median "
+                  f"{statistics.median(per_round):.2f} turns/s ratio "
                   f"(per round: {', '.join(f'{x:.2f}' for x in per_round)})")  # fmt: skip
     for c in m.configs:
         print(gap_line(f"under load, {m.label[c]}", m.gaps[c]))

@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from tests.integration.rabbitmq import BROKERS, broker_for
 from tests.integration.workers import (
     WorkerProcess,
     client_for,
+    ended_once,
     expected_rows,
     running_workers,
     settled,
@@ -42,12 +44,13 @@ MIXED = "ABCEFH"  # scenarios that end on their own (G waits for a person)
 
 
 def workers(
-    redis_url: str, queue: str, count: int, concurrency: int
+    redis_url: str, queue: str, count: int, concurrency: int, broker_url: str | None = None
 ) -> AbstractContextManager[list[WorkerProcess]]:
     """`count` worker processes with `concurrency` pool processes each, on `queue`."""
     return running_workers(
-        redis_url, [queue], count, prefix="c", concurrency=concurrency, stop_timeout_s=15
-    )
+        redis_url, [queue], count, prefix="c", concurrency=concurrency, stop_timeout_s=15,
+        broker_url=broker_url,
+    )  # fmt: skip
 
 
 def _kinds(client: Client, tenant: str, run_id: str) -> list[str]:
@@ -62,28 +65,30 @@ def _ledger(client: Client, tenant: str) -> dict[str, tuple[int, int]]:
     return {d: (s.committed, s.reserved) for d, s in client.ledger.read(tenant).items()}
 
 
-def _once(client: Client, tenant: str, run_id: str) -> None:
-    """The run ended exactly once, and every version was committed by one turn only."""
-    stream = [e for _, e in client.store.events(tenant, run_id)]
-    assert [e["type"] for e in stream].count("finished") == 1, run_id
-    versions = [e["version"] for e in stream if e["type"] == "turn"]
-    assert len(versions) == len(set(versions)), run_id
-
-
 def _status(client: Client, run_id: str) -> str:
     return client.run_hash(run_id)[1]["status"]
 
 
+@pytest.mark.parametrize("broker", BROKERS)
 def test_a_paused_tenant_stops_at_the_next_boundary_and_resumes_exactly_once(
-    redis_url: str, unique: str
+    redis_url: str, unique: str, broker: str
 ) -> None:
     """50 runs of one tenant in flight on two workers (six pool processes) when the tenant is
     paused: once every turn that was running has committed, no turn of that tenant starts and
     its ledger stops moving, while another tenant's runs all finish. Resumed, every one of the
-    50 finishes exactly once with the outcome, numbers and effects it has without a pause."""
+    50 finishes exactly once with the outcome, numbers and effects it has without a pause.
+    On the store's Redis as the broker and on RabbitMQ: the pause is the store's gate."""
     queue, paused, other = f"pause-{unique}", f"p-{unique}", f"o-{unique}"
-    with workers(redis_url, queue, count=2, concurrency=3):
-        client = client_for(redis_url)
+    with broker_for(broker, redis_url, queue) as (store, broker_url):
+        pause_then_resume(store, broker_url, queue, paused, other)
+
+
+def pause_then_resume(
+    store: str, broker_url: str | None, queue: str, paused: str, other: str
+) -> None:
+    """The pause test's body, on a store and a broker (None: the store's own server)."""
+    with workers(store, queue, count=2, concurrency=3, broker_url=broker_url):
+        client = client_for(store, broker_url)
         letters = [MIXED[i % len(MIXED)] for i in range(50)]
         ids: list[str] = []
         others: list[str] = []
@@ -120,23 +125,31 @@ def test_a_paused_tenant_stops_at_the_next_boundary_and_resumes_exactly_once(
     expected = expected_rows()
     for letter, run_id in zip(letters, ids, strict=True):
         assert stored_row(client, run_id) == expected[letter], (letter, run_id)
-        _once(client, paused, run_id)
+        ended_once(client, paused, run_id)
         kinds = _kinds(client, paused, run_id)
         assert kinds.count("resumed") == (1 if run_id in parked else 0)
         assert kinds.count("parked") == (1 if run_id in parked else 0)
 
 
+@pytest.mark.parametrize("broker", BROKERS)
 def test_drain_wait_returns_when_nothing_is_in_flight_and_killing_workers_loses_nothing(
-    redis_url: str, unique: str
+    redis_url: str, unique: str, broker: str
 ) -> None:
     """`drain --wait` refuses new submissions and returns only when no turn of the queue is in
     flight; the turns that were running finish and their runs park. Every worker is then
-    killed: nothing is lost, and new workers plus `resume` finish every run exactly once."""
+    killed: nothing is lost, and new workers plus `resume` finish every run exactly once. On
+    the store's Redis as the broker and on RabbitMQ (whose queue the views read by AMQP)."""
     queue, tenant = f"drain-{unique}", f"t-{unique}"
-    env = {"TURNSTILE_REDIS_URL": redis_url}
+    with broker_for(broker, redis_url, queue) as (store, broker_url):
+        drain_kill_resume(store, broker_url, queue, tenant)
+
+
+def drain_kill_resume(redis_url: str, broker_url: str | None, queue: str, tenant: str) -> None:
+    """The drain test's body, on a store and a broker (None: the store's own server)."""
+    env = {"TURNSTILE_REDIS_URL": redis_url, "TURNSTILE_BROKER_URL": broker_url or redis_url}
     slow = {"sleep_s": {"get_order": 1.0, "send_status_email": 1.0}}
-    with workers(redis_url, queue, count=2, concurrency=2) as first:
-        client = client_for(redis_url)
+    with workers(redis_url, queue, count=2, concurrency=2, broker_url=broker_url) as first:
+        client = client_for(redis_url, broker_url)
         ids = [client.submit(tenant, USER, "support", GOAL, slow, queue=queue) for _ in range(12)]
         subject = Subject(queue=queue)
         wait_until(lambda: len(subjects.live_inflight(client, subject)) >= 2, what="turns run")
@@ -165,7 +178,7 @@ def test_drain_wait_returns_when_nothing_is_in_flight_and_killing_workers_loses_
         leased = client.client.zscore(keys.leases(tenant), run_id) is not None
         assert stored["status"] in ("parked", "stopped") or leased, (run_id, stored["status"])
     assert any(_status(client, r) == "parked" for r in ids)
-    with workers(redis_url, queue, count=2, concurrency=2):
+    with workers(redis_url, queue, count=2, concurrency=2, broker_url=broker_url):
         result = runner.invoke(app, ["resume", "--queue", queue], env=env)
         assert result.exit_code == 0, result.output
         wait_until(lambda: settled(client, ids), timeout_s=90, what="every run ends")
@@ -174,7 +187,7 @@ def test_drain_wait_returns_when_nothing_is_in_flight_and_killing_workers_loses_
         assert RedisShop(client.client).effects(run_id) == [
             ["refund", "ord_1001", 3000], ["email", "ord_1001"],
         ]  # fmt: skip
-        _once(client, tenant, run_id)
+        ended_once(client, tenant, run_id)
 
 
 def _loaded_versions(

@@ -136,7 +136,12 @@ def test_sigkill_in_the_middle_of_a_turn_does_not_refund_twice(
     """A worker process killed after the refund and before the commit: the message comes back
     (acks late, reject on worker lost), the turn runs again from the old version, the refund
     replays by its key, and the run ends once, completed, with one refund."""
-    tenant = f"t-{unique}"
+    sigkill_after_the_refund(client, queue, f"t-{unique}")
+
+
+def sigkill_after_the_refund(client: Client, queue: str, tenant: str) -> None:
+    """SIGKILL the pool process running a turn after its refund, before its commit: the run
+    still ends once, completed, with one refund, one turn per version, and the ledger exact."""
     run_id = client.submit(
         tenant, USER, "support", GOAL, {"sleep_s": {"issue_refund": 3.0}}, queue=queue
     )
@@ -153,6 +158,7 @@ def test_sigkill_in_the_middle_of_a_turn_does_not_refund_twice(
     versions = _versions(client, tenant, run_id)
     assert versions == list(range(2, 2 + len(versions)))  # one committed turn per version
     assert shop.orders(run_id)["ord_1001"].refunded_cents == 3000
+    ledger_is_the_runs_usage(client, tenant, [run_id])
 
 
 def test_a_step_that_keeps_killing_its_worker_ends_the_run_error(
@@ -264,13 +270,22 @@ def test_a_state_that_does_not_parse_ends_the_run_error(
     assert stored["outcome"] == "error" and "schema version 42" in stored["reason"]
 
 
-def _scenarios_end_as_in_process(
-    redis_url: str, queue: str, tenant: str, env: dict[str, str], worker_pool: str
+def scenarios_end_as_in_process(
+    redis_url: str,
+    queue: str,
+    tenant: str,
+    env: dict[str, str],
+    worker_pool: str,
+    *,
+    broker_url: str | None = None,
 ) -> list[WorkerProcess]:
-    """Run A-H through workers started with `env`; every run must end as it does in process,
-    with one committed turn per version. Returns the workers, stopped, for their logs."""
-    with running_workers(redis_url, [queue], 2, env=env, pool=worker_pool) as workers:
-        client = client_for(redis_url)
+    """Run A-H through workers started with `env` (on `broker_url`, the store's server by
+    default); every run must end as it does in process, with one committed turn per version.
+    Returns the workers, stopped, for their logs."""
+    with running_workers(
+        redis_url, [queue], 2, env=env, pool=worker_pool, broker_url=broker_url
+    ) as workers:
+        client = client_for(redis_url, broker_url)
         ids = _submit_all(client, tenant, queue)
         wait_until(
             lambda: settled(client, list(ids.values())), timeout_s=120, what="scenarios settle"
@@ -288,7 +303,7 @@ def test_every_message_delivered_twice_gives_the_same_results(
 ) -> None:
     """With every step message sent twice, two workers get each step; one turn runs per
     version, so final states and effects are those of a single delivery."""
-    _scenarios_end_as_in_process(
+    scenarios_end_as_in_process(
         redis_url, f"dup-{unique}", f"t-{unique}", {"TURNSTILE_CHAOS_SEND_COPIES": "2"}, worker_pool
     )
 
@@ -299,7 +314,7 @@ def test_a_crash_after_commit_before_enqueue_is_finished_by_the_sweeper(
     """Every second send is dropped, as if the worker died between its commit and its
     enqueue: the sweeper finds the lapsed leases and every run still ends as in process."""
     env = {"TURNSTILE_CHAOS_DROP_EVERY": "2", "TURNSTILE_PICKUP_LEASE_S": "1"}
-    workers = _scenarios_end_as_in_process(
+    workers = scenarios_end_as_in_process(
         redis_url, f"drop-{unique}", f"t-{unique}", env, worker_pool
     )
     # Sends were dropped, and only a sweeper (any worker's: one holds the lock at a time)
@@ -313,37 +328,40 @@ def test_store_and_ledger_down_no_turn_runs_and_runs_continue_after(
     """The store (which holds the ledger) stops while runs are under way: steps retry, no turn
     runs, nothing is admitted; when the server is back every run finishes."""
     with EmbeddedServer() as broker, EmbeddedServer(appendonly=True) as store:
-        queue = f"down-{unique}"
-        with running_workers(
-            store.url, [queue], 2, broker_url=broker.url, pool=worker_pool
-        ) as workers:
-            client = client_for(store.url, broker_url=broker.url)
-            runs = [
-                client.submit(
-                    "t", USER, "support", GOAL, {"sleep_s": {"get_order": 0.5}}, queue=queue
-                )
-                for _ in range(4)
-            ]
-            # Stop the store once turns are under way (a turn is in flight, its tool sleeping),
-            # and start it again once the workers have seen it gone (a step retried).
-            wait_until(
-                lambda: client.client.hlen(keys.inflight("t")) > 0, what="a turn is in flight"
+        store_down_then_back(store, broker.url, f"down-{unique}", f"t-{unique}", worker_pool)
+
+
+def store_down_then_back(
+    store: EmbeddedServer, broker_url: str, queue: str, tenant: str, worker_pool: str
+) -> None:
+    """Runs under way when the store stops: steps retry (a countdown on the broker), and
+    every run finishes once the store is back, with nothing left reserved."""
+    with running_workers(store.url, [queue], 2, broker_url=broker_url, pool=worker_pool) as workers:
+        client = client_for(store.url, broker_url=broker_url)
+        runs = [
+            client.submit(
+                tenant, USER, "support", GOAL, {"sleep_s": {"get_order": 0.5}}, queue=queue
             )
-            store.stop()
-            wait_until(
-                lambda: sum(len(w.events("step_retry")) for w in workers) > 0,
-                timeout_s=30, what="a step retries while the store is down",
-            )  # fmt: skip
-            store.start()
-            client = client_for(store.url, broker_url=broker.url)
-            wait_until(
-                lambda: settled(client, runs), timeout_s=90, what="runs finish after the outage"
-            )
-            assert {client.state(r).outcome for r in runs} == {"completed"}
-            shop = RedisShop(client.client)
-            for run_id in runs:
-                assert shop.effects(run_id) == [["refund", "ord_1001", 3000], ["email", "ord_1001"]]
-            assert client.ledger.read("t")["cost_microusd"].reserved == 0
+            for _ in range(4)
+        ]
+        # Stop the store once turns are under way (a turn is in flight, its tool sleeping),
+        # and start it again once the workers have seen it gone (a step retried).
+        wait_until(
+            lambda: client.client.hlen(keys.inflight(tenant)) > 0, what="a turn is in flight"
+        )
+        store.stop()
+        wait_until(
+            lambda: sum(len(w.events("step_retry")) for w in workers) > 0,
+            timeout_s=30, what="a step retries while the store is down",
+        )  # fmt: skip
+        store.start()
+        client = client_for(store.url, broker_url=broker_url)
+        wait_until(lambda: settled(client, runs), timeout_s=90, what="runs finish after the outage")
+        assert {client.state(r).outcome for r in runs} == {"completed"}
+        shop = RedisShop(client.client)
+        for run_id in runs:
+            assert shop.effects(run_id) == [["refund", "ord_1001", 3000], ["email", "ord_1001"]]
+        assert client.ledger.read(tenant)["cost_microusd"].reserved == 0
 
 
 def test_a_hung_model_is_stopped_from_outside(

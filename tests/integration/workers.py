@@ -21,7 +21,7 @@ from turnstile.worker.client._client import Client, connect_client
 from turnstile.worker.dev.shop import RedisShop
 from turnstile.worker.settings import Settings
 
-READY_TIMEOUT_S = 30.0
+READY_TIMEOUT_S = 60.0  # a loaded 2-core machine takes 30 s to import a worker
 
 # Fast timers for tests: a lapsed lease is found within a second.
 FAST = {
@@ -232,6 +232,14 @@ def stored_row(client: Client, run_id: str) -> dict[str, Any]:
 def settled(client: Client, run_ids: list[str]) -> bool:
     """Every run has stopped or is waiting for a person."""
     return all(client.run_hash(r)[1]["status"] in ("stopped", "suspended") for r in run_ids)
+
+
+def ended_once(client: Client, tenant: str, run_id: str) -> None:
+    """The run ended exactly once, and every version was committed by one turn only."""
+    stream = [e for _, e in client.store.events(tenant, run_id)]
+    assert [e["type"] for e in stream].count("finished") == 1, run_id
+    versions = [e["version"] for e in stream if e["type"] == "turn"]
+    assert len(versions) == len(set(versions)), run_id
 
 
 def ledger_is_the_runs_usage(client: Client, tenant: str, run_ids: list[str]) -> None:

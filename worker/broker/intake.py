@@ -9,11 +9,13 @@ on. Here every such entry is dead-lettered, in two places:
 - `Transport` / `Channel`: kombu's Redis transport, except that an entry which is not JSON or
   not a well-formed envelope (properties, delivery tag, body that decodes) is dead-lettered
   where it is read, before kombu builds a message from it (`broker_transport`).
-- `Consumer`: Celery's consumer (`worker_consumer`), whose handlers for a body it cannot
-  decode, a message of no known format, an unknown task and an invalid task dead-letter and
-  ack instead of logging and dropping; a message whose headers or body would break the
-  strategy or the pool (a time limit that is not two numbers, a body that is not
-  `[args, kwargs, embed]`) is caught before it is handed on.
+- `Consumer`: Celery's consumer (`worker_consumer`), on every broker (on RabbitMQ it is the
+  only guard: py-amqp hands over whatever bytes a message carries, and a body that does not
+  decode reaches these handlers; its dead letters are kept in the store), whose handlers
+  for a body it cannot decode, a message of no known format, an unknown task and an invalid
+  task dead-letter and ack instead of logging and dropping; a message whose headers or body
+  would break the strategy or the pool (a time limit that is not two numbers, a body that
+  is not `[args, kwargs, embed]`) is caught before it is handed on.
 """
 
 from __future__ import annotations
@@ -27,12 +29,18 @@ from datetime import datetime
 from queue import Empty
 from typing import Any
 
+import redis
 from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads as kombu_loads
 
+from turnstile.worker.broker import amqp
 from turnstile.worker.broker.deadletters import Reason, make, record
+
+# The app's setting that names the store's URL, where the consumer keeps the dead letters of a
+# broker that is not Redis (kombu's Redis transport keeps them on the broker's server).
+DEAD_LETTER_STORE = "turnstile_dead_letter_store"
 
 
 def _info_ok(props: Mapping[str, Any]) -> bool:
@@ -287,9 +295,19 @@ class Consumer(CeleryConsumer):
         if isinstance(message.channel, kombu_redis.Channel):
             with message.channel.conn_or_acquire() as client:
                 record(client, letter)
-        else:  # another broker: the log line is the record
-            record(None, letter)
+        else:  # RabbitMQ: kept in the store (or, with none named, the log line is the record)
+            record(self._dead_letter_store(), letter)
         message.ack()
+
+    def _dead_letter_store(self) -> redis.Redis | None:
+        """The store's server, where a broker that is not Redis has its dead letters kept
+        (DEAD_LETTER_STORE in the app's settings); one client for the consumer's life."""
+        client: redis.Redis | None = getattr(self, "_turnstile_dead_letters", None)
+        url = self.app.conf.get(DEAD_LETTER_STORE)
+        if client is None and url:
+            client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+            self._turnstile_dead_letters = client
+        return client
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
         self.dead_letter(message, Reason.BAD_BODY, f"{type(exc).__name__}: {exc}")
@@ -326,9 +344,20 @@ class Consumer(CeleryConsumer):
         return on_task_received
 
 
-def celery_config(broker_url: str) -> dict[str, Any]:
-    """The Celery settings that put these in place, for a Redis broker."""
+def celery_config(broker_url: str, store_url: str | None = None) -> dict[str, Any]:
+    """The Celery settings that put these in place: the consumer on every broker, the guarded
+    transport on Redis; on RabbitMQ the quorum queues and their settings (amqp.py), and the
+    store the consumer keeps its dead letters in (`store_url`). Transport options are
+    returned apart (`transport_options`), for the app to merge with its own."""
     config: dict[str, Any] = {"worker_consumer": f"{__name__}:Consumer"}
     if broker_url.startswith(("redis://", "rediss://")):
         config["broker_transport"] = f"{__name__}:Transport"
+    elif amqp.is_amqp(broker_url):
+        config |= amqp.celery_config()
+        config[DEAD_LETTER_STORE] = store_url
     return config
+
+
+def transport_options(broker_url: str) -> dict[str, Any]:
+    """kombu's transport options for this broker, besides the app's own."""
+    return amqp.transport_options() if amqp.is_amqp(broker_url) else {}

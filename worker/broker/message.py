@@ -15,6 +15,10 @@ STEP_TASK = "turnstile.step"
 # steps, so a tenant at its cap finishes the runs it started instead of leaving many half done.
 CONTINUE_PRIORITY = 0
 START_PRIORITY = 9
+# AMQP counts the other way: the higher is served first. A quorum queue on RabbitMQ 4 has two
+# levels (5 and above is high); on RabbitMQ 3 it has none and ignores them (see amqp.py).
+AMQP_CONTINUE_PRIORITY = 9
+AMQP_START_PRIORITY = 0
 MAX_TRACEPARENT_CHARS = 128
 
 
@@ -57,12 +61,23 @@ def parse_message(args: tuple[Any, ...], kwargs: dict[str, Any]) -> StepMessage 
     return StepMessage(tenant, run_id, version, queue, traceparent)
 
 
-def publish_options(msg: StepMessage, soft_s: float, hard_s: float) -> dict[str, Any]:
-    """The arguments of `send_task` for this step: its queue, priority and time limits."""
+def priority(msg: StepMessage, *, amqp: bool = False) -> int:
+    """The step's broker priority: a run's next step ahead of a new run's first, in the
+    Redis transport's order or in AMQP's (`amqp`)."""
+    if amqp:
+        return AMQP_CONTINUE_PRIORITY if msg.version > 1 else AMQP_START_PRIORITY
+    return CONTINUE_PRIORITY if msg.version > 1 else START_PRIORITY
+
+
+def publish_options(
+    msg: StepMessage, soft_s: float, hard_s: float, *, amqp: bool = False
+) -> dict[str, Any]:
+    """The arguments of `send_task` for this step: its queue, priority (for a RabbitMQ broker
+    with `amqp`) and time limits."""
     return {
         "kwargs": msg.as_kwargs(),
         "queue": msg.queue,
-        "priority": CONTINUE_PRIORITY if msg.version > 1 else START_PRIORITY,
+        "priority": priority(msg, amqp=amqp),
         "soft_time_limit": math.ceil(soft_s),
         "time_limit": math.ceil(hard_s),
     }

@@ -13,6 +13,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from turnstile.worker.broker import amqp
 from turnstile.worker.broker.message import STEP_TASK, StepMessage, publish_options
 from turnstile.worker.settings import Settings
 
@@ -37,13 +38,14 @@ def producer(config: Settings) -> Celery:
     from turnstile.worker.runtime.app import make_app  # noqa: PLC0415 - Celery at first send
 
     made = make_app(config, main=False)
+    timeouts = (  # py-amqp's socket timeouts, or the Redis client's
+        {"read_timeout": 5.0, "write_timeout": 5.0}
+        if amqp.is_amqp(config.broker)
+        else {"socket_connect_timeout": PUBLISH_CONNECT_TIMEOUT_S, "socket_timeout": 5.0}
+    )
     made.conf.update(
         broker_connection_timeout=PUBLISH_CONNECT_TIMEOUT_S,
-        broker_transport_options={
-            **made.conf.broker_transport_options,
-            "socket_connect_timeout": PUBLISH_CONNECT_TIMEOUT_S,
-            "socket_timeout": 5.0,
-        },
+        broker_transport_options={**made.conf.broker_transport_options, **timeouts},
         task_publish_retry_policy=PUBLISH_RETRY_POLICY,
     )
     return made
@@ -59,13 +61,20 @@ def sender(config: Settings) -> Send:
     return send
 
 
+def _on_amqp(app: Celery) -> bool:
+    return amqp.is_amqp(app.conf.broker_url)
+
+
 def send_step(app: Celery, msg: StepMessage, soft_s: float, hard_s: float) -> None:
-    app.send_task(STEP_TASK, **publish_options(msg, soft_s, hard_s))
+    app.send_task(STEP_TASK, **publish_options(msg, soft_s, hard_s, amqp=_on_amqp(app)))
 
 
 def send_steps(app: Celery, batch: list[tuple[StepMessage, float, float]]) -> None:
     """Send several step messages on one producer, batched: kombu's Redis transport writes
-    a batch in one pipeline, one round trip for all (another broker publishes them in turn)."""
+    a batch in one pipeline, one round trip for all (RabbitMQ publishes them in turn, each
+    confirmed)."""
+    on_amqp = _on_amqp(app)
     with app.producer_or_acquire() as producer, producer.batch():
         for msg, soft_s, hard_s in batch:
-            app.send_task(STEP_TASK, producer=producer, **publish_options(msg, soft_s, hard_s))
+            options = publish_options(msg, soft_s, hard_s, amqp=on_amqp)
+            app.send_task(STEP_TASK, producer=producer, **options)

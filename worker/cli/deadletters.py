@@ -1,7 +1,7 @@
 """`turnstile dead-letters list|drop`: the queue entries workers could not take in.
 
-They live on the broker (`--broker-url`, the store's server by default), beside the queues;
-`worker.deadletters` says how they get there.
+They live on the broker (`--broker-url`, the store's server by default), beside the queues,
+or in the store with a RabbitMQ broker; `worker.deadletters` says how they get there.
 """
 
 from __future__ import annotations
@@ -50,8 +50,17 @@ RAW_SHOWN_CHARS = 60
 
 @contextmanager
 def broker(conn: Connection) -> Iterator[redis.Redis]:
-    """The broker's server, as the command's --broker-url names it (the store's by default)."""
+    """Where the dead letters are kept: the broker's server, as the command's --broker-url
+    names it (the store's by default), or the store with a RabbitMQ broker."""
+    from turnstile.worker.broker import amqp
+
     url = conn.client.config.broker
+    if amqp.is_amqp(url):
+        try:
+            yield conn.client.client
+        except redis.RedisError as exc:
+            fail(f"store unreachable: {exc}")
+        return
     server = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5)
     try:
         yield server

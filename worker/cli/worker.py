@@ -107,6 +107,7 @@ def worker(
         raise typer.Exit(_supervise(child, redis_url, broker_url))
     config = worker_settings(redis_url, broker_url, pool, concurrency)
     _check_durable(config)
+    _check_broker(config)
     from turnstile.worker.runtime.app import build_worker
 
     worker = build_worker(config)
@@ -141,6 +142,22 @@ def _check_durable(config: Settings) -> None:
         fail(str(exc), code=2)
     finally:
         store.close()
+
+
+def _check_broker(config: Settings) -> None:
+    """A RabbitMQ broker that refuses the worker (wrong user or password, no such vhost) or
+    does not answer refuses it before Celery starts: one line, exit 2 for a refusal (no
+    restart mends it), 1 for a broker that does not answer (a supervisor's restart may)."""
+    from turnstile.worker.broker import amqp
+
+    if not amqp.is_amqp(config.broker):
+        return
+    try:
+        amqp.check(config.broker)
+    except amqp.BrokerRefusedError as exc:
+        fail(str(exc), code=2)
+    except amqp.BrokerError as exc:
+        fail(str(exc), code=1)
 
 
 def worker_settings(

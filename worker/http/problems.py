@@ -29,6 +29,7 @@ from turnstile.errors import (
 )
 from turnstile.jobs.errors import KernelError, UnknownJobError
 from turnstile.ledger.errors import LedgerError, LedgerInputError
+from turnstile.worker.broker.amqp import BrokerError
 from turnstile.worker.ops.errors import ControlError
 
 log = structlog.get_logger("turnstile.api")
@@ -92,6 +93,7 @@ ANSWERS: tuple[tuple[type[Exception], int, str], ...] = (
     (StoreUnavailableError, 503, "store_unavailable"),
     (redis.ConnectionError, 503, "store_unavailable"),
     (redis.TimeoutError, 503, "store_unavailable"),
+    (BrokerError, 503, "broker_unavailable"),  # a RabbitMQ broker's queue depth, unread
     (RunNotFoundError, 404, "run_not_found"),
     (SubmissionConflictError, 409, "run_id_conflict"),
     (SubmissionError, 422, "invalid_submission"),  # "unknown_job" when that is the cause

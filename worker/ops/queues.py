@@ -29,7 +29,7 @@ class QueueView:
     paused_by: str
     draining: str
     draining_by: str
-    dead_letters: int | None = None  # entries workers could not take in (on a Redis broker)
+    dead_letters: int | None = None  # entries workers could not take in
     # Fair share: per tenant with steps waiting for the dispatcher on this queue or turns in
     # flight, {tenant, waiting (on this queue), in_flight (every queue), cap, weight}.
     tenants: list[dict[str, Any]] = field(default_factory=list)
@@ -56,7 +56,7 @@ def queue_view(c: Client, queue: str) -> QueueView:
         len(runs_in(c, subject, "running")),
         len(parked_runs(c, subject)),
         paused, paused_by, draining, draining_by,
-        dead_letter_count(c.config.broker, queue),
+        dead_letter_count(c.config.broker, queue, c.client),
         _fair_tenants(c, queue),
     )  # fmt: skip
 

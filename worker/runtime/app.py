@@ -21,7 +21,7 @@ from typing import Any
 
 from celery import Celery
 
-from turnstile.worker.broker import intake
+from turnstile.worker.broker import amqp, intake
 from turnstile.worker.runtime import hooks, pools, task
 from turnstile.worker.runtime.pools import Pool
 from turnstile.worker.runtime.services import WorkerServices
@@ -33,9 +33,14 @@ def make_app(config: Settings, *, main: bool = True) -> Celery:
     (`main`: made the current app) or a client's private producer (never made current)."""
     celery = Celery("turnstile", set_as_current=main)
     url = config.broker_url or config.redis_url
+    transport = (
+        intake.transport_options(url or "")
+        if amqp.is_amqp(url)
+        else {"visibility_timeout": config.visibility_timeout_s}
+    )
     celery.conf.update(
         broker_url=url,
-        broker_transport_options={"visibility_timeout": config.visibility_timeout_s},
+        broker_transport_options=transport,
         broker_connection_retry_on_startup=True,
         task_serializer="json",
         accept_content=["json"],
@@ -53,8 +58,9 @@ def make_app(config: Settings, *, main: bool = True) -> Celery:
         worker_redirect_stdouts=False,  # structlog writes its own lines to stderr
         # A producer per turn in flight on a green worker (each publishes its next step).
         broker_pool_limit=broker_pool_limit(config),
-        # A queue entry the worker cannot take in goes to the dead letters, not the worker down.
-        **intake.celery_config(url or ""),
+        # A queue entry the worker cannot take in goes to the dead letters, not the worker
+        # down; on RabbitMQ, quorum queues and publisher confirms (worker/broker/amqp.py).
+        **intake.celery_config(url or "", config.redis_url),
     )
     return celery
 

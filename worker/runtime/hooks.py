@@ -8,11 +8,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import redis
 import structlog
 from celery import signals
 
-from turnstile.worker.broker import producer
+from turnstile.worker.broker import amqp, layout, producer
 from turnstile.worker.observability import metrics
 from turnstile.worker.observability.logs import configure as configure_logging
 from turnstile.worker.registry import Registry
@@ -105,6 +104,24 @@ class DurabilityHook(Hook):
             client.close()
 
 
+class BrokerCheckHook(Hook):
+    """A worker whose RabbitMQ broker refuses it (wrong user or password, a vhost that is not
+    there) or does not answer does not start: one line and an exit status, before Celery's
+    consumer would retry a login that cannot succeed, or print a traceback."""
+
+    def __init__(self, config: Settings) -> None:
+        self.config = config
+
+    def worker_init(self, **kwargs: Any) -> None:
+        url = self.config.broker_url or self.config.redis_url
+        if not amqp.is_amqp(url):
+            return
+        try:
+            amqp.check(str(url))
+        except amqp.BrokerError as exc:
+            raise SystemExit(f"error: {exc}") from None
+
+
 class SweeperHook(Hook):
     """The sweeper: a thread in each worker's main process that sends again the steps whose
     leases lapsed (worker/scheduling/sweeper.py)."""
@@ -140,8 +157,9 @@ class DispatcherHook(Hook):
         config = self.config
         if config.redis_url is None or not config.fair_share:
             return
+        depth = layout.depth_reader(config.broker, lambda url: connect(url, config))
         dispatcher = fair_dispatcher.Dispatcher(
-            connect(config.redis_url, config), _broker_client(config), config, self.send_many
+            connect(config.redis_url, config), depth, config, self.send_many
         )
         dispatcher.capacity = _capacity(sender)
         self.stop.clear()
@@ -162,15 +180,6 @@ def _capacity(consumer: Any) -> tuple[str, list[str], int] | None:
     except (AttributeError, TypeError, ValueError) as exc:
         log.warning("capacity_unknown", error=str(exc))
         return None
-
-
-def _broker_client(config: Settings) -> redis.Redis | None:
-    """The broker's lists, read to keep each queue short; None for a broker that is not
-    Redis (the dispatcher then keeps `dispatch_depth` steps moving without reading them)."""
-    url = config.broker
-    if not url.startswith(("redis://", "rediss://", "unix://")):
-        return None
-    return connect(url, config)
 
 
 class WatchdogHook(Hook):
@@ -253,6 +262,7 @@ def worker_hooks(worker: WorkerServices) -> list[Hook]:
     return [
         LoggingHook(config),
         DurabilityHook(config),
+        BrokerCheckHook(config),
         SweeperHook(config, worker.send),
         DispatcherHook(config, worker.send_many),
         WatchdogHook(config),

@@ -22,7 +22,7 @@ from typing import Any
 import redis
 import structlog
 
-from turnstile.worker.broker.layout import PRIORITY_SEP, PRIORITY_STEPS
+from turnstile.worker.broker.layout import Depth
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.observability import metrics
 from turnstile.worker.scheduling.fair import sent_window_ms, slot_extra_ms, tenant_view
@@ -86,11 +86,12 @@ class Dispatcher:
     def __init__(
         self,
         client: redis.Redis,
-        broker: redis.Redis | None,
+        broker_depth: Depth | None,
         config: Settings,
         publish: PublishMany,
     ) -> None:
-        self.client, self.broker, self.config, self.publish = client, broker, config, publish
+        self.client, self.broker_depth, self.config = client, broker_depth, config
+        self.publish = publish
         self.take = register(client, "fair_take")
         self.rr: dict[str, RoundRobin] = {}
         self.token = secrets.token_hex(8)
@@ -111,12 +112,10 @@ class Dispatcher:
         self.sent_window_ms = sent_window_ms(config)
 
     def depth(self, queue: str) -> int:
-        if self.broker is None:
-            return 0
-        pipe = self.broker.pipeline(transaction=False)
-        for pri in PRIORITY_STEPS:
-            pipe.llen(f"{queue}{PRIORITY_SEP}{pri}" if pri else queue)
-        return sum(int(n) for n in pipe.execute())
+        """Steps waiting on the queue's broker (worker/broker/layout.py: the priority lists'
+        lengths on Redis, a passive declare's message count on RabbitMQ); 0 when it is not
+        known (the dispatcher then keeps `dispatch_depth` steps moving without reading)."""
+        return 0 if self.broker_depth is None else self.broker_depth(queue)
 
     def leader(self) -> bool:
         """Whether this dispatcher holds the lock (taken or renewed here)."""
