@@ -29,8 +29,9 @@ from turnstile.errors import TurnstileError
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
+from turnstile.worker.store.connect import is_cluster
 from turnstile.worker.store.runs import Claim, inflight_tag
-from turnstile.worker.store.scripts import FAIR, register, with_scripts
+from turnstile.worker.store.scripts import FAIR, evalsha, register, with_scripts
 from turnstile.worker.store.values import server_ms
 
 Publish = Callable[[StepMessage, float, float], None]
@@ -61,7 +62,7 @@ def route(
         queued = pending_entry(msg, soft_s, hard_s)
 
         def build(pipe: Any) -> None:
-            pipe.evalsha(push.sha, len(queued.keys), *queued.keys, *queued.args)
+            evalsha(pipe, push, queued.keys, queued.args)
             queued.announce(pipe)
 
         with_scripts(client, (push,), build)
@@ -118,14 +119,44 @@ def claim(msg: StepMessage, hard_s: float, config: Settings, token: str) -> Clai
     the pickup lease; another tenant's step sent to the broker counts as waiting for a pickup
     lease, after which it is taken as lost (the sweeper sends it again, through its pending
     list)."""
+    args = [msg.tenant, str(int(config.inflight_lease_s * 1000)), inflight_tag(msg.queue),
+            token, str(sent_window_ms(config)), str(slot_extra_ms(config) + int(hard_s * 1000)),
+            msg.queue]  # fmt: skip
+    tenant_keys = [keys.control(msg.tenant), keys.caps(msg.tenant)]
+    if config.redis_url is not None and is_cluster(config.redis_url):
+        # The queue's keys are in no tenant's slot: read before the commit (queue_allows).
+        window = sent_window_ms(config)
+        return Claim(
+            keys=tenant_keys, args=[*args, "1"],
+            queue_allows=lambda client: queue_allows_claim(client, msg.tenant, msg.queue, window),
+        )  # fmt: skip
     return Claim(
-        keys=[keys.control(msg.tenant), keys.caps(msg.tenant), keys.queue_control(msg.queue),
-              keys.fair_active(msg.queue), keys.fair_sent(msg.queue), keys.FAIR_QUEUES,
-              keys.FAIR_WAKE],
-        args=[msg.tenant, str(int(config.inflight_lease_s * 1000)), inflight_tag(msg.queue),
-              token, str(sent_window_ms(config)),
-              str(slot_extra_ms(config) + int(hard_s * 1000)), msg.queue],
+        keys=[*tenant_keys, keys.queue_control(msg.queue), keys.fair_active(msg.queue),
+              keys.fair_sent(msg.queue), keys.FAIR_QUEUES, keys.FAIR_WAKE],
+        args=[*args, ""],
     )  # fmt: skip
+
+
+def queue_allows_claim(client: redis.Redis, tenant: str, queue: str, window_ms: int) -> bool:
+    """The queue's part of an eager commit's check (run_commit.lua's `may_claim`), read in one
+    round trip on a cluster, where the script cannot: the queue is neither paused nor
+    draining, no other tenant has steps pending on it, and no step sent to the broker in the
+    last `window_ms` waits there but this tenant's own first steps."""
+    pipe = client.pipeline(transaction=False)
+    pipe.hmget(keys.queue_control(queue), "paused", "draining")
+    pipe.scard(keys.fair_active(queue))
+    pipe.sismember(keys.fair_active(queue), tenant)
+    pipe.zrevrangebyscore(keys.fair_sent(queue), "+inf", "-inf", start=0, num=257,
+                          withscores=True)  # fmt: skip
+    flags, active, own, sent = pipe.execute()
+    if any(flags) or int(active) - int(bool(own)) > 0:
+        return False
+    since = server_ms(client) - window_ms
+    recent = [str(member) for member, score in sent if score >= since]
+    if len(recent) > 256:
+        return False
+    mine = f"{tenant}|"
+    return all(m.startswith(mine) and m.rpartition(":")[2] == "1" for m in recent)
 
 
 def slot_extra_ms(config: Settings) -> int:

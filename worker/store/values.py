@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import redis
+from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
 
 
 def text(value: Any) -> str:
@@ -19,3 +20,14 @@ def server_ms(client: redis.Redis) -> int:
     whatever their machines' clocks say."""
     seconds, micros = client.time()
     return int(seconds) * 1000 + int(micros) // 1000
+
+
+# What a store that is down, or a cluster in the middle of a failover, raises: the caller
+# retries later (every write is a versioned script, so running one again is a no-op).
+UNAVAILABLE: tuple[type[Exception], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    ClusterDownError,
+    TryAgainError,
+    SlotNotCoveredError,
+)
