@@ -5,14 +5,27 @@ disagree, a primary killed mid-run)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import uuid
 from collections.abc import Iterator
 
 import pytest
+from typer.testing import CliRunner
 
 from tests.integration import test_worker as on_one_server
-from tests.integration.workers import WorkerProcess, client_for, running_workers
+from tests.integration.workers import (
+    TURNSTILE,
+    WorkerProcess,
+    client_for,
+    running_workers,
+)
+from turnstile.errors import StoreMismatchError
+from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.cli.main import app
 from turnstile.worker.client._client import Client
+from turnstile.worker.dev.embedded import EmbeddedServer, free_port
+from turnstile.worker.store import keys
 
 pytestmark = pytest.mark.integration
 
@@ -47,3 +60,64 @@ test_a_step_that_keeps_killing_its_worker_ends_the_run_error = (
     on_one_server.test_a_step_that_keeps_killing_its_worker_ends_the_run_error
 )
 test_the_tenant_cap_holds_across_workers = on_one_server.test_the_tenant_cap_holds_across_workers
+
+
+# -- a URL and a server that disagree: one line, exit 2, nothing written -------------------------
+
+
+def _worker_refusal(store_url: str, broker_url: str | None = None) -> list[str]:
+    """What `turnstile worker` says when it refuses to start, line by line (it must exit 2)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    started = subprocess.run(
+        [TURNSTILE, "worker", "--redis-url", store_url, "-Q", "q-refused",
+         *(["--broker-url", broker_url] if broker_url else [])],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert started.returncode == 2, (started.returncode, started.stderr[-2000:])
+    return started.stderr.strip().splitlines()
+
+
+def test_a_url_and_a_server_that_disagree_are_refused_in_one_line(
+    cluster_url: str, redis_url: str, unique: str
+) -> None:
+    """A cluster URL naming a single server, a single server's URL naming a cluster node, a
+    cluster as the broker: the worker does not start, the CLI and the client say so in one
+    line, and nothing is written."""
+    single = redis_url.partition("://")[2].partition("/")[0]
+    node = cluster_url.partition("://")[2]
+    assert _worker_refusal(f"redis+cluster://{single}", redis_url) == [
+        f"error: {single} is not a cluster node (cluster mode is not enabled on it): use "
+        f"redis://{single} for a single server"
+    ]
+    assert _worker_refusal(f"redis://{node}", redis_url) == [
+        f"error: the store at {node} is a cluster node: use redis+cluster://{node} (a single "
+        "server's URL would send most keys to a node that does not serve them)"
+    ]
+    assert _worker_refusal(cluster_url) == [
+        "error: a cluster is no broker (kombu's Redis transport needs one server): set "
+        "TURNSTILE_BROKER_URL to a single Redis/Valkey server or to RabbitMQ"
+    ]
+    with pytest.raises(StoreMismatchError, match="is not a cluster node"):
+        client_for(f"redis+cluster://{single}")
+    result = CliRunner().invoke(
+        app, ["submit", "--tenant", f"t-{unique}", "--user", USER, "--goal", GOAL],
+        env={"TURNSTILE_REDIS_URL": f"redis://{node}", "TURNSTILE_BROKER_URL": redis_url},
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert result.stderr.count("\n") == 1 and "is a cluster node" in result.stderr
+    store = client_for(cluster_url, broker_url=redis_url)
+    try:
+        assert store.client.exists(keys.runs(f"t-{unique}")) == 0  # nothing was written
+        assert not store.client.sismember(keys.TENANTS, f"t-{unique}")
+    finally:
+        store.close()
+
+
+def test_a_cluster_with_slots_no_node_serves_is_refused_in_one_line(redis_url: str) -> None:
+    """A cluster node that serves no slot (a cluster never set up, or one that lost a shard):
+    the worker does not start, and says which."""
+    lone = EmbeddedServer(args=["--cluster-enabled", "yes", "--cluster-port", str(free_port())])
+    with lone:
+        (line,) = _worker_refusal(f"redis+cluster://127.0.0.1:{lone.port}", redis_url)
+    assert line.startswith(f"error: the cluster at 127.0.0.1:{lone.port} does not serve every slot")
+    assert "valkey-cli --cluster fix" in line
