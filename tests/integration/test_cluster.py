@@ -5,6 +5,7 @@ disagree, a primary killed mid-run)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import uuid
@@ -13,18 +14,24 @@ from collections.abc import Iterator
 import pytest
 from typer.testing import CliRunner
 
+from tests.cluster import EmbeddedCluster
 from tests.integration import test_worker as on_one_server
 from tests.integration.workers import (
     TURNSTILE,
     WorkerProcess,
     client_for,
+    ledger_is_the_runs_usage,
     running_workers,
+    settled,
+    wait_until,
 )
 from turnstile.errors import StoreMismatchError
+from turnstile.jobs.budget import Budget
 from turnstile.jobs.support.scenarios import GOAL, USER
 from turnstile.worker.cli.main import app
 from turnstile.worker.client._client import Client
 from turnstile.worker.dev.embedded import EmbeddedServer, free_port
+from turnstile.worker.dev.shop import RedisShop
 from turnstile.worker.store import keys
 
 pytestmark = pytest.mark.integration
@@ -121,3 +128,76 @@ def test_a_cluster_with_slots_no_node_serves_is_refused_in_one_line(redis_url: s
         (line,) = _worker_refusal(f"redis+cluster://127.0.0.1:{lone.port}", redis_url)
     assert line.startswith(f"error: the cluster at 127.0.0.1:{lone.port} does not serve every slot")
     assert "valkey-cli --cluster fix" in line
+
+
+# -- a primary killed mid-run ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_primary_killed_mid_run_every_run_ends_once_with_no_overspend(
+    redis_url: str, unique: str
+) -> None:
+    """40 runs of one tenant on two workers, under a cost ceiling that admits about half, the
+    store and the ledger on a cluster whose primaries each have a replica. Mid-run the
+    primary serving the tenant's slot is SIGKILLed and its replica takes over (a commit not
+    yet replicated is lost with it, and its step runs again, as after any lost write). Every
+    run still ends exactly once: one `finished` event, its turns one per version, each effect
+    of the shop once; the ledger never passes the ceiling and is exactly what the runs used,
+    nothing left held."""
+    tenant, queue = f"fo-{unique}", f"qfo-{unique}"
+    env = {"TURNSTILE_PICKUP_LEASE_S": "10", "TURNSTILE_INFLIGHT_LEASE_S": "6",
+           "TURNSTILE_SWEEP_INTERVAL_S": "1", "TURNSTILE_RETRY_MAX_S": "3"}  # fmt: skip
+    with (
+        EmbeddedCluster(replicas=1) as cluster,
+        running_workers(cluster.url, [queue], 2, broker_url=redis_url, env=env) as workers,
+    ):
+        client = client_for(cluster.url, broker_url=redis_url, pickup_lease_s=10)
+        try:
+            ceiling = 400_000
+            client.ledger.set_ceiling(tenant, "cost_microusd", ceiling)
+            budget = Budget(max_cost_microusd=50_000)
+            runs = [
+                client.submit(
+                    tenant,
+                    USER,
+                    "support",
+                    GOAL,
+                    {"model_latency_s": 0.2},
+                    budget=budget,
+                    queue=queue,
+                )
+                for _ in range(40)
+            ]
+            primary = cluster.primary_of(keys.runs(tenant))
+            wait_until(
+                lambda: sum(client.run_hash(r)[1]["status"] == "stopped" for r in runs) >= 3,
+                timeout_s=120, what="the first runs end",
+            )  # fmt: skip
+            assert not settled(client, runs), "every run ended before the kill: nothing tested"
+            primary.kill()
+            cluster.wait_ok()
+            assert cluster.primary_of(keys.runs(tenant)) is not primary  # a replica took over
+
+            def what() -> str:
+                left = [r for r in runs if client.run_hash(r)[1]["status"] == "running"]
+                return f"{len(left)} runs still running; {workers[0].log()[-3000:]}"
+
+            wait_until(lambda: settled(client, runs), timeout_s=240, every_s=0.5, what=what)
+            states = [client.state(r) for r in runs]
+            outcomes = {(s.outcome, s.detail) for s in states}
+            assert outcomes <= {("completed", None), ("budget_exhausted", "tenant.cost_microusd")}
+            shop = RedisShop(client.client)
+            for run_id, state in zip(runs, states, strict=True):
+                events = [e for _, e in client.store.events(tenant, run_id)]
+                assert [e["type"] for e in events].count("finished") == 1, run_id
+                versions = [e["version"] for e in events if e["type"] == "turn"]
+                assert versions == sorted(set(versions)), (run_id, versions)
+                effects = shop.effects(run_id)
+                assert len(effects) == len({json.dumps(e) for e in effects}), (run_id, effects)
+                if state.outcome == "completed":
+                    assert effects == [["refund", "ord_1001", 3000], ["email", "ord_1001"]]
+            figures = client.ledger.read(tenant)["cost_microusd"]
+            assert figures.committed <= ceiling
+            ledger_is_the_runs_usage(client, tenant, runs)
+        finally:
+            client.close()
