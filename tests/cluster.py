@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Self
 
@@ -28,13 +29,16 @@ READY_TIMEOUT_S = 60.0
 
 
 class EmbeddedCluster:
-    def __init__(self, *, primaries: int = 3, replicas: int = 0) -> None:
+    def __init__(
+        self, *, primaries: int = 3, replicas: int = 0, node_args: Sequence[str] = ()
+    ) -> None:
         self.primaries, self.replicas = primaries, replicas
         options = [
             "--cluster-enabled", "yes",
             "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
             # A replica takes over however long it was cut off (the test kills its primary).
             "--cluster-replica-validity-factor", "0",
+            *node_args,
         ]  # fmt: skip
         # Each node's bus on a free port of its own (the default, port + 10000, may be taken
         # or past 65535).
@@ -42,6 +46,11 @@ class EmbeddedCluster:
             EmbeddedServer(args=[*options, "--cluster-port", str(free_port())])
             for _ in range(primaries * (1 + replicas))
         ]
+
+    @property
+    def port(self) -> int:
+        """The first node's port."""
+        return self.nodes[0].port
 
     @property
     def url(self) -> str:

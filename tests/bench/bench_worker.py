@@ -4,7 +4,7 @@ the client round trips to the store per turn, beyond the broker's own.
 
     uv run python -m tests.bench.bench_worker [--runs 200] [--rounds 3]
         [--durability none,none@always,aof,replica]
-        [--task-events] [--pool prefork|gevent] [--concurrency N]
+        [--task-events] [--pool prefork|gevent] [--concurrency N] [--cluster]
 
 Broker and store are two servers, both with AOF; the round trips are counted on the client
 for the store's port only. Work is enqueued first and
@@ -21,6 +21,11 @@ first is the one compared with the no-op). Each runs on the servers' fsync polic
 for: `aof` on `appendfsync always` (the one it accepts), `none` and `replica` on `everysec`
 (`replica` adds a replica following the store); `setting@policy` picks another, e.g.
 `none@always` for the cost of the policy alone. The no-op runs on the everysec broker.
+
+`--cluster` also runs the first setting (durability `none`) each round with the store and the
+ledger on a 3-primary Valkey Cluster (AOF, everysec, as the single store), the broker still the
+standalone everysec one, and reports the cluster's turns/s over the single server's, per round
+and the median. Its round trips are not counted (they go to three ports).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import redis
 
 from tests.bench.noop_app import HARD_LIMIT_S, SOFT_LIMIT_S
 from tests.bench.noop_app import app as noop_app
+from tests.cluster import EmbeddedCluster
 from turnstile.jobs.support.scenarios import GOAL, USER
 from turnstile.worker.broker.producer import sender
 from turnstile.worker.client._client import Client
@@ -117,6 +123,9 @@ def _env(
     return env
 
 
+# The cluster's nodes keep an AOF as the single store does (everysec).
+CLUSTER_NODE_ARGS = ["--appendonly", "yes", "--appendfsync", "everysec"]
+
 # The fsync policy each setting runs on unless `setting@policy` says otherwise.
 POLICY = {Durability.NONE: "everysec", Durability.AOF: "always", Durability.REPLICA: "everysec"}
 
@@ -144,7 +153,7 @@ class Round:
 
 def support_round(
     broker: EmbeddedServer,
-    store: EmbeddedServer,
+    store: EmbeddedServer | EmbeddedCluster,
     runs: int,
     work: Path,
     *,
@@ -261,6 +270,9 @@ def main() -> None:
     )
     parser.add_argument("--pool", choices=["prefork", "gevent"], default="prefork")
     parser.add_argument("--concurrency", type=int, default=1, help="per worker process")
+    parser.add_argument(
+        "--cluster", action="store_true", help="the first setting on a cluster store too"
+    )
     args = parser.parse_args()
     TASK_EVENTS[0] = "1" if args.task_events else "0"
     POOL[:] = [args.pool, str(args.concurrency)]
@@ -270,6 +282,7 @@ def main() -> None:
     label = {c: f"{c[0]} eager {c[1]}" for c in configs}
     work = Path(tempfile.mkdtemp(prefix="turnstile-bench-"))
     ratios: list[float] = []
+    cluster_ratios: list[float] = []  # --cluster: turns/s on the cluster over the single server
     rates: dict[tuple[str, str], list[float]] = {c: [] for c in configs}
     trips: dict[tuple[str, str], list[tuple[float, float]]] = {c: [] for c in configs}
     gaps: dict[tuple[str, str], dict[str, list[float]]] = {
@@ -287,8 +300,14 @@ def main() -> None:
         if any(setting(d)[0] == Durability.REPLICA for d in durabilities):
             replica = stack.enter_context(EmbeddedServer(appendonly=True))
             _follow(servers[POLICY[Durability.REPLICA]][1], replica)
+        cluster = None
+        if args.cluster:
+            if setting(durabilities[0]) != (Durability.NONE, "everysec"):
+                parser.error("--cluster compares the first setting, which must be none")
+            cluster = stack.enter_context(EmbeddedCluster(node_args=CLUSTER_NODE_ARGS))
+        on_cluster_head = f" {'cluster turns/s':>16} {'cluster/single':>15}" if cluster else ""
         print(f"{'round':>5} " + " ".join(f"{label[c]:>18}" for c in configs)
-              + f" {'no-op tasks/s':>14} {'ratio':>6}")  # fmt: skip
+              + f" {'no-op tasks/s':>14} {'ratio':>6}" + on_cluster_head)  # fmt: skip
         for i in range(args.rounds):
             turns_by = {}
             for c in configs:
@@ -307,8 +326,15 @@ def main() -> None:
             noop_seconds = noop_round(servers["everysec"][0], args.runs, length, work)
             noop_rate = args.runs * length / noop_seconds
             ratios.append(rates[configs[0]][-1] / noop_rate)
+            extra = ""
+            if cluster is not None:
+                on_cluster = support_round(
+                    servers["everysec"][0], cluster, args.runs, work, eager=configs[0][1]
+                ).rate
+                cluster_ratios.append(on_cluster / rates[configs[0]][-1])
+                extra = f" {on_cluster:>16.1f} {cluster_ratios[-1]:>15.2f}"
             print(f"{i + 1:>5} " + " ".join(f"{rates[c][-1]:>18.1f}" for c in configs)
-                  + f" {noop_rate:>14.1f} {ratios[-1]:>6.2f}")  # fmt: skip
+                  + f" {noop_rate:>14.1f} {ratios[-1]:>6.2f}" + extra)  # fmt: skip
         idle: dict[str, dict[str, list[float]]] = {}
         if args.idle_runs:
             broker, store = servers[setting(durabilities[0])[1]]
@@ -319,6 +345,10 @@ def main() -> None:
                     one_at_a_time=True,
                 ).gaps  # fmt: skip
     report(Measured(durabilities, configs, label, ratios, rates, trips, gaps, idle, args.idle_runs))
+    if cluster_ratios:
+        print(f"cluster over single server ({label[configs[0]]}, zero latency): median "
+              f"{statistics.median(cluster_ratios):.2f} (per round: "
+              f"{', '.join(f'{x:.2f}' for x in cluster_ratios)})")  # fmt: skip
 
 
 @dataclass

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from redis.crc import key_slot
 from typer.testing import CliRunner
 
 from tests.cluster import EmbeddedCluster
@@ -201,3 +202,38 @@ def test_a_primary_killed_mid_run_every_run_ends_once_with_no_overspend(
             ledger_is_the_runs_usage(client, tenant, runs)
         finally:
             client.close()
+
+
+# -- the operator's views across the shards ----------------------------------------------------
+
+
+def test_operator_views_read_across_the_shards(
+    client: Client, queue: str, cluster_url: str, redis_url: str, unique: str
+) -> None:
+    """Runs of tenants whose keys live on different primaries: the run listing (one tenant's
+    and every tenant's), a run's status, the queues and the tenants views, and a pause and a
+    resume of the queue, all from the tenants' registry and each tenant's own indexes."""
+    tenants = [f"v{i}-{unique}" for i in range(6)]
+    slots = {key_slot(keys.runs(t).encode()) // 5462 for t in tenants}
+    assert len(slots) > 1, "the tenants all landed on one primary: nothing read across"
+    ids = {t: client.submit(t, USER, "support", GOAL, {}, queue=queue) for t in tenants}
+    wait_until(lambda: settled(client, list(ids.values())), what="the runs end")
+    env = {"TURNSTILE_REDIS_URL": cluster_url, "TURNSTILE_BROKER_URL": redis_url}
+    runner = CliRunner()
+
+    def cli(*args: str) -> str:
+        result = runner.invoke(app, list(args), env=env)
+        assert result.exit_code == 0, (args, result.output)
+        return result.stdout
+
+    every = cli("runs", "--json", "--limit", "1000")
+    assert all(run_id in every for run_id in ids.values())
+    for tenant, run_id in ids.items():
+        assert run_id in cli("runs", "--tenant", tenant, "--json")
+        assert tenant in cli("status", run_id)
+    assert queue in cli("queues")
+    shown = cli("tenants", "show")
+    assert all(t in shown for t in tenants)
+    cli("pause", "--queue", queue)
+    assert "paused" in cli("queues")
+    cli("resume", "--queue", queue)
