@@ -33,6 +33,8 @@ from turnstile.worker.cli.main import app
 from turnstile.worker.client._client import Client
 from turnstile.worker.dev.embedded import EmbeddedServer, free_port
 from turnstile.worker.dev.shop import RedisShop
+from turnstile.worker.http import apikeys
+from turnstile.worker.scheduling import fair
 from turnstile.worker.store import keys
 
 pytestmark = pytest.mark.integration
@@ -237,3 +239,15 @@ def test_operator_views_read_across_the_shards(
     cli("pause", "--queue", queue)
     assert "paused" in cli("queues")
     cli("resume", "--queue", queue)
+    cli("tenants", "set", tenants[0], "turns_in_flight=3")
+    assert fair.tenant_view(client.client, tenants[0], [queue]).cap == 3
+
+
+def test_api_keys_are_made_checked_and_revoked_on_a_cluster(client: Client, unique: str) -> None:
+    """An API key's record and its hash are in two slots: made, it lets its holder in;
+    revoked, it no longer does."""
+    record, secret = apikeys.create(client.client, tenant=f"k-{unique}")
+    assert apikeys.verify(client.client, secret) == record
+    apikeys.revoke(client.client, record.id)
+    assert apikeys.verify(client.client, secret) is None
+    assert apikeys.listed(client.client, f"k-{unique}")[0].revoked_at

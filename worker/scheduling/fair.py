@@ -222,12 +222,14 @@ def _least(name: str) -> int:
 def set_caps(client: redis.Redis, tenant: str, caps: Mapping[str, int | None]) -> None:
     """Write a tenant's settings (a tenant not seen yet is allowed: they apply from its first
     submission). Removing a cap wakes the dispatcher, so steps waiting on it go at once."""
-    pipe = client.pipeline(transaction=True)
+    pipe = client.pipeline(transaction=True)  # the tenant's settings: one key, one slot
     for name, value in caps.items():
         if value is None:
             pipe.hdel(keys.caps(tenant), name)
         else:
             pipe.hset(keys.caps(tenant), name, value)
+    pipe.execute()
+    pipe = client.pipeline(transaction=False)  # then the nudge (another slot on a cluster)
     _nudge(pipe)
     pipe.execute()
 

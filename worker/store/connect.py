@@ -15,6 +15,7 @@ from typing import Any, cast
 import redis
 import redis.asyncio as aioredis
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from turnstile.errors import StoreMismatchError
@@ -23,7 +24,9 @@ from turnstile.worker.settings import Settings
 from turnstile.worker.store.runs import StoreUnavailable
 from turnstile.worker.store.values import UNAVAILABLE
 
-__all__ = ["UNAVAILABLE", "check", "connect", "connect_async", "is_cluster"]
+__all__ = [
+    "UNAVAILABLE", "check", "connect", "connect_async", "is_cluster", "is_cluster_client",
+]  # fmt: skip
 
 # A cluster client's own retries of a command a node did not answer (it re-reads the slot
 # map between tries): long enough to ride out a primary's failover (the cluster's node
@@ -35,6 +38,11 @@ CLUSTER_RETRY_CAP_S = 1.0
 def is_cluster(url: str) -> bool:
     """Whether the store URL names a cluster (`redis+cluster://`, `rediss+cluster://`)."""
     return cluster_seed(url) is not None
+
+
+def is_cluster_client(client: redis.Redis) -> bool:
+    """Whether `client` is a cluster's (see `connect`): a transaction there takes one slot."""
+    return isinstance(client, RedisCluster)
 
 
 def connect(url: str, config: Settings, *, max_connections: int | None = None) -> redis.Redis:
