@@ -32,7 +32,7 @@ from turnstile.worker.store import keys
 from turnstile.worker.store.connect import is_cluster
 from turnstile.worker.store.runs import Claim, inflight_tag
 from turnstile.worker.store.scripts import FAIR, evalsha, register, with_scripts
-from turnstile.worker.store.values import server_ms
+from turnstile.worker.store.values import is_cluster_client, server_ms
 
 Publish = Callable[[StepMessage, float, float], None]
 CAPS = ("turns_in_flight", "active_runs", "weight")  # what `turnstile tenants set` accepts
@@ -58,14 +58,21 @@ def route(
     # that does not have the script yet says NOSCRIPT, and it is loaded then).
     push = register(client, "fair_push", FAIR)
 
+    in_order = is_cluster_client(client)
+
     def send(msg: StepMessage, soft_s: float, hard_s: float) -> None:
         queued = pending_entry(msg, soft_s, hard_s)
 
         def build(pipe: Any) -> None:
             evalsha(pipe, push, queued.keys, queued.args)
-            queued.announce(pipe)
+            if not in_order:
+                queued.announce(pipe)
 
         with_scripts(client, (push,), build)
+        if in_order:  # a cluster's pipeline keeps no order across nodes: the entry first
+            pipe = client.pipeline(transaction=False)
+            queued.announce(pipe)
+            pipe.execute()
 
     return send
 

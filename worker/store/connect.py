@@ -15,14 +15,13 @@ from typing import Any, cast
 import redis
 import redis.asyncio as aioredis
 from redis.backoff import ExponentialWithJitterBackoff
-from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from turnstile.errors import StoreMismatchError
 from turnstile.ledger.client import cluster_client, cluster_seed
 from turnstile.worker.settings import Settings
 from turnstile.worker.store.runs import StoreUnavailable
-from turnstile.worker.store.values import UNAVAILABLE
+from turnstile.worker.store.values import UNAVAILABLE, is_cluster_client
 
 __all__ = [
     "UNAVAILABLE", "check", "connect", "connect_async", "is_cluster", "is_cluster_client",
@@ -38,11 +37,6 @@ CLUSTER_RETRY_CAP_S = 1.0
 def is_cluster(url: str) -> bool:
     """Whether the store URL names a cluster (`redis+cluster://`, `rediss+cluster://`)."""
     return cluster_seed(url) is not None
-
-
-def is_cluster_client(client: redis.Redis) -> bool:
-    """Whether `client` is a cluster's (see `connect`): a transaction there takes one slot."""
-    return isinstance(client, RedisCluster)
 
 
 def connect(url: str, config: Settings, *, max_connections: int | None = None) -> redis.Redis:

@@ -35,7 +35,7 @@ from turnstile.worker.registry import Jobs
 from turnstile.worker.store import keys
 from turnstile.worker.store.durability import WaitFor
 from turnstile.worker.store.scripts import FAIR, LEDGER, RUN, evalsha, register, with_scripts
-from turnstile.worker.store.values import UNAVAILABLE, text
+from turnstile.worker.store.values import UNAVAILABLE, is_cluster_client, text
 
 HOST = socket.gethostname()
 EVENTS_MAXLEN = 10_000  # per run; a run of this many events has long hit its step limit
@@ -195,6 +195,7 @@ class RunStore:
         self.client = client
         self.ledger = ledger
         self.wait_for = wait_for or WaitFor()  # what a create or a commit reaches first
+        self.cluster = is_cluster_client(client)
         self._create = register(client, "run_create")
         self._load = register(client, "run_load", LEDGER, RUN)
         self._renew = register(client, "run_renew")
@@ -390,6 +391,10 @@ class RunStore:
                 args += claim.args
                 then = None
                 announce_after = claim.queue_allows is not None
+            if then is not None and self.cluster:
+                # The entry, then its announcement, in that order (see fair.Pending.announce):
+                # a cluster's pipeline sends the two to their nodes in no set order.
+                then, announce_after = None, True
         try:
             reply = self._durable_call(
                 self._commit,
@@ -427,9 +432,9 @@ class RunStore:
             return None  # the commit itself says whether the store is there
 
     def _announce(self, step: NextStep | None) -> None:
-        """On a cluster, a step an eager commit queued after all, announced after the reply. A
-        crash before this leaves the step in its pending list unannounced: its lease lapses and
-        the sweeper sends it again, which announces it."""
+        """On a cluster, a step the commit queued, announced after the reply. A crash before
+        this leaves the step in its pending list unannounced: its lease lapses and the sweeper
+        sends it again, which announces it."""
         if step is None:
             return
         with contextlib.suppress(*UNAVAILABLE):

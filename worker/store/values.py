@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
 
 
@@ -31,3 +32,9 @@ UNAVAILABLE: tuple[type[Exception], ...] = (
     TryAgainError,
     SlotNotCoveredError,
 )
+
+
+def is_cluster_client(client: Any) -> bool:
+    """Whether `client` is a cluster's (a `redis+cluster://` URL): there a transaction takes
+    one slot, and a pipeline's commands for different nodes run in no set order."""
+    return isinstance(client, RedisCluster)
