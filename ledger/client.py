@@ -6,20 +6,23 @@ import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Self
+from typing import Any, Self, cast
 
 import redis
 import structlog
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
 from redis.exceptions import (
     ClusterDownError,
     OutOfMemoryError,
     ReadOnlyError,
+    RedisClusterException,
     ResponseError,
     TryAgainError,
 )
 from redis.retry import Retry
 
+from turnstile.errors import StoreMismatchError
 from turnstile.ledger import replies
 from turnstile.ledger.errors import LedgerError, LedgerInputError, LedgerUnavailable
 from turnstile.ledger.inputs import (
@@ -98,6 +101,54 @@ def _items_at(reply: object, index: int) -> object:
     return items[index] if len(items) > index else []
 
 
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")  # a URL of one of a cluster's nodes
+
+
+def cluster_seed(url: str) -> str | None:
+    """For a cluster's URL (`redis+cluster://host:port`, `rediss+cluster://...` with TLS), the
+    plain URL of the node it names, which the cluster client asks for the others; None for a
+    single server's URL."""
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme.lower() in CLUSTER_SCHEMES:
+        return f"{scheme.lower().removesuffix('+cluster')}://{rest}"
+    return None
+
+
+def _where(url: str) -> str:
+    """A URL's host and port, for a message (never its password)."""
+    return url.partition("://")[2].rpartition("@")[2].partition("/")[0].partition("?")[0]
+
+
+def cluster_client(url: str, **options: Any) -> redis.Redis:
+    """redis-py's cluster client for a cluster URL (see `cluster_seed`), which finds every
+    node from the one named and follows MOVED and ASK itself. It reads the cluster's slot map
+    at once: a server that is not a cluster node, or a cluster with slots no node serves, is
+    refused in one line (StoreMismatchError); a cluster no node of which answers raises
+    redis.ConnectionError, as a single server that is down does at its first command.
+
+    Typed as a `redis.Redis`: RedisCluster answers the same commands (the ones Turnstile
+    sends, each script's keys in one slot) though it is not a subclass."""
+    seed = cluster_seed(url)
+    if seed is None:
+        raise ValueError(f"not a cluster URL: {url!r}")
+    try:
+        client = RedisCluster.from_url(seed, **options)
+    except RedisClusterException as exc:
+        detail = str(exc).split("\n")[0]
+        if "not enabled" in detail:
+            raise StoreMismatchError(
+                f"{_where(url)} is not a cluster node (cluster mode is not enabled on it): "
+                f"use redis://{_where(url)} for a single server"
+            ) from None
+        if "not covered" in detail:
+            raise StoreMismatchError(
+                f"the cluster at {_where(url)} does not serve every slot ({detail.strip()}): "
+                f"fix the cluster (valkey-cli --cluster fix) before starting"
+            ) from None
+        raise redis.ConnectionError(f"cluster at {_where(url)} unreachable: {detail}") from None
+    return cast(redis.Redis, client)
+
+
 def connect(
     url: str,
     *,
@@ -107,15 +158,22 @@ def connect(
     """A client that gives up fast: short timeouts and no retries of its own.
 
     redis-py retries a failed command ten times with backoff by default, which turns a dead
-    server into seconds of waiting; the ledger's callers retry with the same id instead.
+    server into seconds of waiting; the ledger's callers retry with the same id instead. On a
+    cluster (a `redis+cluster://` URL) the client still follows MOVED and ASK, and re-reads
+    the slot map when a node fails.
     """
-    return redis.Redis.from_url(
-        url,
-        socket_connect_timeout=connect_timeout_s,
-        socket_timeout=timeout_s,
-        retry=Retry(NoBackoff(), 0),
-        decode_responses=True,
-    )
+    options: dict[str, Any] = {
+        "socket_connect_timeout": connect_timeout_s,
+        "socket_timeout": timeout_s,
+        "retry": Retry(NoBackoff(), 0),
+        "decode_responses": True,
+    }
+    if cluster_seed(url) is not None:
+        try:
+            return cluster_client(url, **options)
+        except redis.ConnectionError as exc:
+            raise LedgerUnavailable(f"ledger store unavailable: {exc}") from exc
+    return redis.Redis.from_url(url, **options)
 
 
 class Ledger:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.cluster import EmbeddedCluster
 from turnstile.worker.dev.embedded import EmbeddedServer
 
 # Trace allocations in the test process only (PYTHONTRACEMALLOC would reach every worker process
@@ -33,6 +34,18 @@ def redis_url() -> Iterator[str]:
         return
     with EmbeddedServer() as server:
         yield server.url
+
+
+@pytest.fixture(scope="session")
+def cluster_url() -> Iterator[str]:
+    """URL (`redis+cluster://`) of a 3-primary Valkey Cluster for the session, started on first
+    use: the store and the ledger on a cluster. `TURNSTILE_TEST_CLUSTER_URL` names one instead."""
+    named = os.environ.get("TURNSTILE_TEST_CLUSTER_URL")
+    if named:
+        yield named
+        return
+    with EmbeddedCluster() as cluster:
+        yield cluster.url
 
 
 @pytest.fixture

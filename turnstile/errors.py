@@ -44,6 +44,12 @@ class RunNotFoundError(TurnstileError):
     """No such run, or not one the caller's tenant may see."""
 
 
+class StoreMismatchError(TurnstileError):
+    """The store's URL and its server disagree: a cluster URL (`redis+cluster://`) naming a
+    single server, a single server's URL naming a cluster node, or a cluster with slots that
+    no node serves. Nothing was written."""
+
+
 class DecisionRefusedError(TurnstileError):
     """An approve, deny or cancel that does not apply to the run as it stands."""
 

@@ -9,6 +9,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from turnstile.errors import StoreMismatchError
+from turnstile.ledger.client import cluster_seed
 from turnstile.worker.store.durability import Durability, WaitFor
 
 
@@ -140,6 +142,11 @@ class Settings(BaseSettings):
         url = self.broker_url or self.redis_url
         if url is None:
             raise ValueError("no broker: set TURNSTILE_BROKER_URL or TURNSTILE_REDIS_URL")
+        if cluster_seed(url) is not None:
+            raise StoreMismatchError(
+                "a cluster is no broker (kombu's Redis transport needs one server): set "
+                "TURNSTILE_BROKER_URL to a single Redis/Valkey server or to RabbitMQ"
+            )
         return url
 
     @property

@@ -6,6 +6,7 @@ the client round trips to the store per turn, beyond the broker's own.
         [--durability none,none@always,aof,replica]
         [--task-events] [--pool prefork|gevent] [--concurrency N]
         [--brokers redis,amqp] [--amqp-url amqp://guest:guest@127.0.0.1:5672//]
+        [--stores single,cluster]
 
 Broker and store are two servers, both with AOF; the round trips are counted on the client
 for the store's port only. Work is enqueued first and
@@ -26,6 +27,12 @@ for: `aof` on `appendfsync always` (the one it accepts), `none` and `replica` on
 `--brokers redis,amqp` measures each setting on both brokers side by side in each round: the
 store's own kind of server (Redis) and RabbitMQ (`--amqp-url`, quorum queues, publisher
 confirms), the store the same; it prints the ratio RabbitMQ/Redis per setting and round.
+
+`--stores single,cluster` measures each of those with the store and the ledger on one server
+and on a 3-primary Valkey Cluster (AOF, everysec, as the single store), side by side in each
+round, and prints each configuration's turns/s over the single-server, Redis-broker one (so
+`--brokers redis,amqp --stores single,cluster` gives cluster + RabbitMQ over one server). A
+cluster's round trips are not counted (they go to three ports).
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ import redis
 
 from tests.bench.noop_app import HARD_LIMIT_S, SOFT_LIMIT_S
 from tests.bench.noop_app import app as noop_app
+from tests.cluster import EmbeddedCluster
 from tests.integration.rabbitmq import AMQP_URL, delete_queues
 from turnstile.jobs.support.scenarios import GOAL, USER
 from turnstile.worker.broker import amqp
@@ -59,7 +67,8 @@ from turnstile.worker.store import keys
 from turnstile.worker.store.connect import connect
 from turnstile.worker.store.durability import Durability
 
-Config = tuple[str, str, str]  # (durability setting, eager turns, broker: redis or amqp)
+# (durability setting, eager turns, broker: redis or amqp, store: single or cluster)
+Config = tuple[str, str, str, str]
 # A loaded machine takes a while to import a worker; the clock starts once they are ready.
 READY_S = 180.0
 AMQP_QUEUES: list[tuple[str, str]] = []  # (url, queue) made on RabbitMQ, deleted at the end
@@ -132,6 +141,9 @@ def _env(
 
 
 # The fsync policy each setting runs on unless `setting@policy` says otherwise.
+# The cluster's nodes keep an AOF as the single store does (everysec).
+CLUSTER_NODE_ARGS = ["--appendonly", "yes", "--appendfsync", "everysec"]
+
 POLICY = {Durability.NONE: "everysec", Durability.AOF: "always", Durability.REPLICA: "everysec"}
 
 
@@ -158,7 +170,7 @@ class Round:
 
 def support_round(
     broker_url: str,
-    store: EmbeddedServer,
+    store: EmbeddedServer | EmbeddedCluster,
     runs: int,
     work: Path,
     *,
@@ -286,6 +298,9 @@ def main() -> None:
         "--brokers", default="redis", help="redis, amqp or both (comma-separated), side by side"
     )
     parser.add_argument("--amqp-url", default=AMQP_URL, help="RabbitMQ for --brokers amqp")
+    parser.add_argument(
+        "--stores", default="single", help="single, cluster or both (comma-separated)"
+    )
     args = parser.parse_args()
     TASK_EVENTS[0] = "1" if args.task_events else "0"
     POOL[:] = [args.pool, str(args.concurrency)]
@@ -293,8 +308,18 @@ def main() -> None:
     eagers = [e.strip() for e in args.eager.split(",") if e.strip()]
     brokers = [b.strip() for b in args.brokers.split(",") if b.strip()]
     # The first is the one compared with the no-op.
-    configs = [(d, e, b) for b in brokers for d in durabilities for e in eagers]
-    label = {c: f"{c[0]} eager {c[1]}" + (f" {c[2]}" if len(brokers) > 1 else "") for c in configs}
+    stores = [s.strip() for s in args.stores.split(",") if s.strip()]
+    if "cluster" in stores and any(
+        setting(d) != (Durability.NONE, "everysec") for d in durabilities
+    ):
+        parser.error("--stores cluster measures durability none (everysec) only")
+    configs = [(d, e, b, s) for s in stores for b in brokers for d in durabilities for e in eagers]
+    label = {
+        c: f"{c[0]} eager {c[1]}"
+        + (f" {c[2]}" if len(brokers) > 1 else "")
+        + (f" {c[3]}" if len(stores) > 1 else "")
+        for c in configs
+    }
     work = Path(tempfile.mkdtemp(prefix="turnstile-bench-"))
     ratios: list[float] = []
     rates: dict[Config, list[float]] = {c: [] for c in configs}
@@ -313,13 +338,17 @@ def main() -> None:
         if any(setting(d)[0] == Durability.REPLICA for d in durabilities):
             replica = stack.enter_context(EmbeddedServer(appendonly=True))
             _follow(servers[POLICY[Durability.REPLICA]][1], replica)
+        cluster = None
+        if "cluster" in stores:
+            cluster = stack.enter_context(EmbeddedCluster(node_args=CLUSTER_NODE_ARGS))
         print(f"{'round':>5} " + " ".join(f"{label[c]:>18}" for c in configs)
               + f" {'no-op tasks/s':>14} {'ratio':>6}")  # fmt: skip
         for i in range(args.rounds):
             turns_by = {}
             for c in configs:
                 durability, policy = setting(c[0])
-                broker, store = servers[policy]
+                broker, single = servers[policy]
+                store = cluster if c[3] == "cluster" and cluster is not None else single
                 broker_url = args.amqp_url if c[2] == "amqp" else broker.url
                 measured = support_round(
                     broker_url, store, args.runs, work, durability=durability, eager=c[1]
@@ -381,18 +410,26 @@ def report(m: Measured) -> None:
         print(line)  # fmt: skip
     for c in m.configs:
         # The aof goal compares like with like: each durability over none at the same eager.
-        none = (m.durabilities[0], c[1], c[2])
+        none = (m.durabilities[0], c[1], c[2], c[3])
         if c[0] != m.durabilities[0] and none in m.rates:
             per_round = [r / b for r, b in zip(m.rates[c], m.rates[none], strict=True)]
             print(f"{m.label[c]} over {m.label[none]}: median {statistics.median(per_round):.2f} "
                   f"(per round: {', '.join(f'{x:.2f}' for x in per_round)})")  # fmt: skip
     for c in m.configs:
         # RabbitMQ over Redis as the broker, the same setting, round by round.
-        redis_broker = (c[0], c[1], "redis")
+        redis_broker = (c[0], c[1], "redis", c[3])
         if c[2] == "amqp" and redis_broker in m.rates:
             per_round = [r / b for r, b in zip(m.rates[c], m.rates[redis_broker], strict=True)]
             print(f"RabbitMQ/Redis broker, {c[0]} eager {c[1]}: median "
                   f"{statistics.median(per_round):.2f} turns/s ratio "
+                  f"(per round: {', '.join(f'{x:.2f}' for x in per_round)})")  # fmt: skip
+    for c in m.configs:
+        # The cluster store (with either broker) over the single server with the Redis broker.
+        single = (c[0], c[1], "redis", "single")
+        if c[3] == "cluster" and single in m.rates:
+            per_round = [r / b for r, b in zip(m.rates[c], m.rates[single], strict=True)]
+            print(f"cluster store, {c[2]} broker, over single server, redis broker, {c[0]} eager "
+                  f"{c[1]}: median {statistics.median(per_round):.2f} turns/s ratio "
                   f"(per round: {', '.join(f'{x:.2f}' for x in per_round)})")  # fmt: skip
     for c in m.configs:
         print(gap_line(f"under load, {m.label[c]}", m.gaps[c]))

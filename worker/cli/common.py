@@ -32,6 +32,7 @@ from turnstile.jobs.model import ModelError
 from turnstile.ledger.cli import BROKER_URL_META, STORE_URL_META, redact
 from turnstile.worker.client._client import Client, connect_client
 from turnstile.worker.settings import Settings
+from turnstile.worker.store.connect import UNAVAILABLE, check
 
 RedisUrl = Annotated[
     str | None,
@@ -108,11 +109,15 @@ def open_client(redis_url: str | None, broker_url: str | None = None) -> Client:
         fail("no store: set TURNSTILE_REDIS_URL or pass --redis-url", code=2)
     _remember_urls(redis_url, broker_url)
     try:
-        return connect_client(Settings(redis_url=redis_url, broker_url=broker_url))
+        config = Settings(redis_url=redis_url, broker_url=broker_url)
+        made = connect_client(config)
     except pydantic.ValidationError:
         raise
     except ValueError as exc:  # redis-py's word for a malformed URL
         fail(f"bad store URL {redis_url!r}: {exc}", code=2)
+    with contextlib.suppress(*UNAVAILABLE):  # down: the command's first operation says so
+        check(made.client, redis_url, config)
+    return made
 
 
 @contextlib.contextmanager

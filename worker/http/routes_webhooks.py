@@ -169,6 +169,7 @@ def delete_webhook(endpoint_id: EndpointId, key: Caller, ctx: Ctx) -> Response:
         # from its own registration instead of announcing every run made in between.
         pipe = r.pipeline(transaction=False)
         pipe.srem(keys.WEBHOOK_TENANTS, key.tenant)
-        pipe.delete(keys.cursor(key.tenant), keys.watch(key.tenant), keys.done(key.tenant))
+        for gone in (keys.cursor(key.tenant), keys.watch(key.tenant), keys.done(key.tenant)):
+            pipe.delete(gone)  # one key a DEL: a cluster's pipeline takes no more
         pipe.execute()
     return Response(status_code=204)

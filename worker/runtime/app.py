@@ -32,7 +32,7 @@ def make_app(config: Settings, *, main: bool = True) -> Celery:
     """A Celery app configured from `config`, with no task of its own: the worker's
     (`main`: made the current app) or a client's private producer (never made current)."""
     celery = Celery("turnstile", set_as_current=main)
-    url = config.broker_url or config.redis_url
+    url = config.broker if (config.broker_url or config.redis_url) else None
     transport = (
         intake.transport_options(url or "")
         if amqp.is_amqp(url)

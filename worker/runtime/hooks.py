@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -11,6 +12,7 @@ from typing import Any
 import structlog
 from celery import signals
 
+from turnstile.errors import StoreMismatchError, StoreUnavailableError
 from turnstile.worker.broker import amqp, layout, producer
 from turnstile.worker.observability import metrics
 from turnstile.worker.observability.logs import configure as configure_logging
@@ -21,7 +23,8 @@ from turnstile.worker.scheduling import dispatcher as fair_dispatcher
 from turnstile.worker.scheduling import fair
 from turnstile.worker.scheduling.sweeper import Sweeper
 from turnstile.worker.settings import Settings
-from turnstile.worker.store.connect import connect
+from turnstile.worker.store.connect import UNAVAILABLE, connect
+from turnstile.worker.store.connect import check as store_check
 from turnstile.worker.store.durability import DurabilityRefusedError, check_server
 
 log = structlog.get_logger("turnstile.worker")
@@ -84,21 +87,33 @@ class LoggingHook(Hook):
 
 
 class DurabilityHook(Hook):
-    """A worker whose store cannot keep TURNSTILE_DURABILITY's promise does not start: one
-    line, and an exit status its supervisor sees (SystemExit passes Celery's signal dispatch,
-    which swallows exceptions)."""
+    """A worker whose store cannot keep TURNSTILE_DURABILITY's promise, or whose store URL
+    and server disagree (see worker/store/connect.py `check`), does not start: one line, and
+    an exit status its supervisor sees (SystemExit passes Celery's signal dispatch, which
+    swallows exceptions)."""
 
     def __init__(self, config: Settings) -> None:
         self.config = config
 
     def worker_init(self, **kwargs: Any) -> None:
         config = self.config
-        if config.redis_url is None or not config.wait_for.waits:
+        if config.redis_url is None:
             return
-        client = connect(config.redis_url, config)
         try:
-            check_server(client, config.wait_for)
-        except DurabilityRefusedError as exc:
+            client = connect(config.redis_url, config)
+        except StoreMismatchError as exc:  # a cluster URL and a server that is none, say
+            raise SystemExit(f"error: {exc}") from None
+        except StoreUnavailableError:  # down for now: the steps retry until it is back
+            return
+        try:
+            # The URL and the server agree (a cluster for a cluster URL), and the broker is
+            # not the cluster.
+            with contextlib.suppress(*UNAVAILABLE):
+                store_check(client, config.redis_url, config)
+            _ = config.broker
+            if config.wait_for.waits:
+                check_server(client, config.wait_for)
+        except (DurabilityRefusedError, StoreMismatchError) as exc:
             raise SystemExit(f"error: {exc}") from None
         finally:
             client.close()

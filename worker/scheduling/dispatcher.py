@@ -29,7 +29,7 @@ from turnstile.worker.scheduling.fair import sent_window_ms, slot_extra_ms, tena
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 from turnstile.worker.store.durability import Durability
-from turnstile.worker.store.scripts import register, with_scripts
+from turnstile.worker.store.scripts import evalsha, register, with_scripts
 from turnstile.worker.store.values import server_ms
 
 log = structlog.get_logger("turnstile.fair")
@@ -224,7 +224,7 @@ class Dispatcher:
 
         def build(pipe: Any) -> None:
             for tenant in tenants:
-                pipe.evalsha(self.take.sha, 6, *self._take_keys(tenant, queue), self.slot_extra_ms)
+                evalsha(pipe, self.take, self._take_keys(tenant, queue), [self.slot_extra_ms])
 
         replies = with_scripts(self.client, (self.take,), build)
         taken: dict[str, dict[str, Any] | None] = {}

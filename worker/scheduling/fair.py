@@ -29,9 +29,10 @@ from turnstile.errors import TurnstileError
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
+from turnstile.worker.store.connect import is_cluster
 from turnstile.worker.store.runs import Claim, inflight_tag
-from turnstile.worker.store.scripts import FAIR, register, with_scripts
-from turnstile.worker.store.values import server_ms
+from turnstile.worker.store.scripts import FAIR, evalsha, register, with_scripts
+from turnstile.worker.store.values import is_cluster_client, server_ms
 
 Publish = Callable[[StepMessage, float, float], None]
 CAPS = ("turns_in_flight", "active_runs", "weight")  # what `turnstile tenants set` accepts
@@ -57,14 +58,21 @@ def route(
     # that does not have the script yet says NOSCRIPT, and it is loaded then).
     push = register(client, "fair_push", FAIR)
 
+    in_order = is_cluster_client(client)
+
     def send(msg: StepMessage, soft_s: float, hard_s: float) -> None:
         queued = pending_entry(msg, soft_s, hard_s)
 
         def build(pipe: Any) -> None:
-            pipe.evalsha(push.sha, len(queued.keys), *queued.keys, *queued.args)
-            queued.announce(pipe)
+            evalsha(pipe, push, queued.keys, queued.args)
+            if not in_order:
+                queued.announce(pipe)
 
         with_scripts(client, (push,), build)
+        if in_order:  # a cluster's pipeline keeps no order across nodes: the entry first
+            pipe = client.pipeline(transaction=False)
+            queued.announce(pipe)
+            pipe.execute()
 
     return send
 
@@ -118,14 +126,44 @@ def claim(msg: StepMessage, hard_s: float, config: Settings, token: str) -> Clai
     the pickup lease; another tenant's step sent to the broker counts as waiting for a pickup
     lease, after which it is taken as lost (the sweeper sends it again, through its pending
     list)."""
+    args = [msg.tenant, str(int(config.inflight_lease_s * 1000)), inflight_tag(msg.queue),
+            token, str(sent_window_ms(config)), str(slot_extra_ms(config) + int(hard_s * 1000)),
+            msg.queue]  # fmt: skip
+    tenant_keys = [keys.control(msg.tenant), keys.caps(msg.tenant)]
+    if config.redis_url is not None and is_cluster(config.redis_url):
+        # The queue's keys are in no tenant's slot: read before the commit (queue_allows).
+        window = sent_window_ms(config)
+        return Claim(
+            keys=tenant_keys, args=[*args, "1"],
+            queue_allows=lambda client: queue_allows_claim(client, msg.tenant, msg.queue, window),
+        )  # fmt: skip
     return Claim(
-        keys=[keys.control(msg.tenant), keys.caps(msg.tenant), keys.queue_control(msg.queue),
-              keys.fair_active(msg.queue), keys.fair_sent(msg.queue), keys.FAIR_QUEUES,
-              keys.FAIR_WAKE],
-        args=[msg.tenant, str(int(config.inflight_lease_s * 1000)), inflight_tag(msg.queue),
-              token, str(sent_window_ms(config)),
-              str(slot_extra_ms(config) + int(hard_s * 1000)), msg.queue],
+        keys=[*tenant_keys, keys.queue_control(msg.queue), keys.fair_active(msg.queue),
+              keys.fair_sent(msg.queue), keys.FAIR_QUEUES, keys.FAIR_WAKE],
+        args=[*args, ""],
     )  # fmt: skip
+
+
+def queue_allows_claim(client: redis.Redis, tenant: str, queue: str, window_ms: int) -> bool:
+    """The queue's part of an eager commit's check (run_commit.lua's `may_claim`), read in one
+    round trip on a cluster, where the script cannot: the queue is neither paused nor
+    draining, no other tenant has steps pending on it, and no step sent to the broker in the
+    last `window_ms` waits there but this tenant's own first steps."""
+    pipe = client.pipeline(transaction=False)
+    pipe.hmget(keys.queue_control(queue), "paused", "draining")
+    pipe.scard(keys.fair_active(queue))
+    pipe.sismember(keys.fair_active(queue), tenant)
+    pipe.zrevrangebyscore(keys.fair_sent(queue), "+inf", "-inf", start=0, num=257,
+                          withscores=True)  # fmt: skip
+    flags, active, own, sent = pipe.execute()
+    if any(flags) or int(active) - int(bool(own)) > 0:
+        return False
+    since = server_ms(client) - window_ms
+    recent = [str(member) for member, score in sent if score >= since]
+    if len(recent) > 256:
+        return False
+    mine = f"{tenant}|"
+    return all(m.startswith(mine) and m.rpartition(":")[2] == "1" for m in recent)
 
 
 def slot_extra_ms(config: Settings) -> int:
@@ -191,12 +229,14 @@ def _least(name: str) -> int:
 def set_caps(client: redis.Redis, tenant: str, caps: Mapping[str, int | None]) -> None:
     """Write a tenant's settings (a tenant not seen yet is allowed: they apply from its first
     submission). Removing a cap wakes the dispatcher, so steps waiting on it go at once."""
-    pipe = client.pipeline(transaction=True)
+    pipe = client.pipeline(transaction=True)  # the tenant's settings: one key, one slot
     for name, value in caps.items():
         if value is None:
             pipe.hdel(keys.caps(tenant), name)
         else:
             pipe.hset(keys.caps(tenant), name, value)
+    pipe.execute()
+    pipe = client.pipeline(transaction=False)  # then the nudge (another slot on a cluster)
     _nudge(pipe)
     pipe.execute()
 

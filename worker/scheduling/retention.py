@@ -25,7 +25,7 @@ import structlog
 from turnstile.ledger.client import Ledger
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
-from turnstile.worker.store.scripts import register
+from turnstile.worker.store.scripts import evalsha, register, with_scripts
 from turnstile.worker.store.values import server_ms, text
 
 log = structlog.get_logger("turnstile.retention")
@@ -104,19 +104,22 @@ def _remove(
 ) -> int:
     if not due:
         return 0
-    pipe = client.pipeline(transaction=False)
-    for run_id, outcome in due:
-        script_keys = [
-            keys.run(tenant, run_id),
-            keys.events(tenant, run_id),
-            keys.runs(tenant),
-            keys.by_status(tenant, "stopped"),
-            keys.by_outcome(tenant, outcome or "none"),
-            keys.leases(tenant),
-            keys.inflight(tenant),
-        ]
-        expire(keys=script_keys, args=[run_id, cutoff_ms, outcome], client=pipe)
-    gone = [run_id for (run_id, _), ok in zip(due, pipe.execute(), strict=True) if ok]
+
+    def build(pipe: Any) -> None:
+        for run_id, outcome in due:
+            script_keys = [
+                keys.run(tenant, run_id),
+                keys.events(tenant, run_id),
+                keys.runs(tenant),
+                keys.by_status(tenant, "stopped"),
+                keys.by_outcome(tenant, outcome or "none"),
+                keys.leases(tenant),
+                keys.inflight(tenant),
+            ]
+            evalsha(pipe, expire, script_keys, [run_id, cutoff_ms, outcome])
+
+    replies = with_scripts(client, (expire,), build)
+    gone = [run_id for (run_id, _), ok in zip(due, replies, strict=True) if ok]
     # The run-tenants map last: a crash before it leaves an entry that finds no run (a
     # lookup says "no run"), never a run that cannot be found. Only this tenant's entries.
     if gone:

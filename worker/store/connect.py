@@ -1,28 +1,116 @@
 """The one way to open a client of the store: its timeouts from the Settings, and a bounded
-pool for a worker that holds many turns in flight."""
+pool for a worker that holds many turns in flight.
+
+A store URL names a single server (`redis://`, `rediss://`, `unix://`) or one node of a
+Valkey/Redis Cluster (`redis+cluster://host:port`, `rediss+cluster://` with TLS): redis-py's
+cluster client then finds the other nodes, sends each command and each script to the node
+that serves its keys' slot, follows MOVED and ASK, and re-reads the slot map after a failover.
+`check` refuses, in one line, a URL and a server that disagree.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import redis
+import redis.asyncio as aioredis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
 
+from turnstile.errors import StoreMismatchError
+from turnstile.ledger.client import cluster_client, cluster_seed
 from turnstile.worker.settings import Settings
+from turnstile.worker.store.runs import StoreUnavailable
+from turnstile.worker.store.values import UNAVAILABLE, is_cluster_client
+
+__all__ = [
+    "UNAVAILABLE", "check", "connect", "connect_async", "is_cluster", "is_cluster_client",
+]  # fmt: skip
+
+# A cluster client's own retries of a command a node did not answer (it re-reads the slot
+# map between tries): long enough to ride out a primary's failover (the cluster's node
+# timeout and an election, a few seconds), short of a step's own retry with backoff.
+CLUSTER_RETRY_ATTEMPTS = 8
+CLUSTER_RETRY_CAP_S = 1.0
+
+
+def is_cluster(url: str) -> bool:
+    """Whether the store URL names a cluster (`redis+cluster://`, `rediss+cluster://`)."""
+    return cluster_seed(url) is not None
 
 
 def connect(url: str, config: Settings, *, max_connections: int | None = None) -> redis.Redis:
     """A client of the store. A worker's step services bound its pool to the turns the process
     holds in flight (`max_connections`): a turn past the bound waits for a connection, up to
-    the socket timeout, instead of opening more. A client of a service is not bounded."""
+    the socket timeout, instead of opening more (on a cluster, each node's pool is bounded so).
+    A client of a service is not bounded. A cluster that no node of answers raises
+    StoreUnavailable here (its client reads the slot map when it is made)."""
     options: dict[str, Any] = {
         "decode_responses": True,
         "socket_timeout": config.redis_timeout_s,
         "socket_connect_timeout": min(1.0, config.redis_timeout_s),
         "health_check_interval": 30,
     }
+    if is_cluster(url):
+        options["retry"] = Retry(
+            ExponentialWithJitterBackoff(base=0.05, cap=CLUSTER_RETRY_CAP_S),
+            CLUSTER_RETRY_ATTEMPTS,
+        )
+        if max_connections is not None:
+            options |= {
+                "connection_pool_class": redis.BlockingConnectionPool,
+                "max_connections": max_connections,
+                "timeout": config.redis_timeout_s,
+            }
+        try:
+            return cluster_client(url, **options)
+        except redis.ConnectionError as exc:
+            raise StoreUnavailable(f"store unavailable: {exc}") from exc
     if max_connections is None:
         return redis.Redis.from_url(url, **options)
     pool = redis.BlockingConnectionPool.from_url(
         url, max_connections=max_connections, timeout=config.redis_timeout_s, **options
     )
     return redis.Redis(connection_pool=pool)
+
+
+def connect_async(url: str, config: Settings) -> aioredis.Redis:
+    """An asyncio client of the store (the HTTP API's event streams), single server or
+    cluster as the URL says."""
+    options: dict[str, Any] = {
+        "decode_responses": True,
+        "socket_timeout": config.redis_timeout_s,
+        "socket_connect_timeout": min(1.0, config.redis_timeout_s),
+    }
+    seed = cluster_seed(url)
+    if seed is None:
+        return aioredis.Redis.from_url(url, **options)
+    # The asyncio cluster client reads the slot map at its first command, not here.
+    return cast(aioredis.Redis, aioredis.RedisCluster.from_url(seed, **options))
+
+
+def check(client: redis.Redis, url: str, config: Settings) -> None:
+    """Refuse, in one line (StoreMismatchError), a store the worker, the HTTP API or a command
+    must not use: a single server's URL that names a cluster node (its commands would meet
+    MOVED for most keys), or a cluster with a setting that needs a single server (a durability
+    wait: WAIT and WAITAOF wait for one connection's writes, and a cluster pipeline spreads
+    them over the nodes). A cluster URL naming a single server, or a cluster with slots not
+    served, was refused when the client was made (see `connect`). Reads one INFO section."""
+    if is_cluster(url):
+        if config.wait_for.waits:
+            raise StoreMismatchError(
+                f"TURNSTILE_DURABILITY={config.durability.value} is not supported on a cluster "
+                "store: set TURNSTILE_DURABILITY=none (each primary's replicas and its "
+                "appendfsync setting decide what a failover keeps)"
+            )
+        return
+    try:
+        info = client.info("cluster")
+    except redis.ResponseError:  # INFO denied to this user: nothing to tell from
+        return
+    if int(info.get("cluster_enabled", 0) or 0):
+        where = url.partition("://")[2].rpartition("@")[2]
+        raise StoreMismatchError(
+            f"the store at {where} is a cluster node: use redis+cluster://{where} "
+            "(a single server's URL would send most keys to a node that does not serve them)"
+        )

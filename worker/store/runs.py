@@ -10,6 +10,7 @@ one way out of a run (ended, parked or cancelled), for every caller.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import socket
@@ -33,8 +34,8 @@ from turnstile.ledger.results import ReserveResult
 from turnstile.worker.registry import Jobs
 from turnstile.worker.store import keys
 from turnstile.worker.store.durability import WaitFor
-from turnstile.worker.store.scripts import FAIR, LEDGER, RUN, register, with_scripts
-from turnstile.worker.store.values import text
+from turnstile.worker.store.scripts import FAIR, LEDGER, RUN, evalsha, register, with_scripts
+from turnstile.worker.store.values import UNAVAILABLE, is_cluster_client, text
 
 HOST = socket.gethostname()
 EVENTS_MAXLEN = 10_000  # per run; a run of this many events has long hit its step limit
@@ -141,6 +142,9 @@ class Claim:
 
     keys: list[str]  # tenant control, caps, queue control, fair_active, fair_sent, queues, wake
     args: list[str]  # tenant, in-flight lease, where, token, sent window, slot lease, queue
+    # On a cluster, the queue's part of the check, read before the commit (the queue's keys
+    # are in no tenant's slot; `keys` then holds the tenant's two only): False, no claim.
+    queue_allows: Callable[[Any], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -191,6 +195,7 @@ class RunStore:
         self.client = client
         self.ledger = ledger
         self.wait_for = wait_for or WaitFor()  # what a create or a commit reaches first
+        self.cluster = is_cluster_client(client)
         self._create = register(client, "run_create")
         self._load = register(client, "run_load", LEDGER, RUN)
         self._renew = register(client, "run_renew")
@@ -208,7 +213,7 @@ class RunStore:
         its other commands are reads and idempotent adds."""
         try:
             return with_scripts(self.client, (self._create, self._load, self._commit), build)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except UNAVAILABLE as exc:
             raise StoreUnavailable(f"store unavailable: {exc}") from exc
 
     def create(
@@ -242,7 +247,7 @@ class RunStore:
             # The tenant first: it is the sweeper's way to the run. A submission refused here
             # is one of a run the tenant already has, so this adds nothing then.
             pipe.sadd(keys.TENANTS, tenant)
-            pipe.evalsha(self._create.sha, len(run_keys), *run_keys, *args)
+            evalsha(pipe, self._create, run_keys, args)
 
         reply = self._durable(
             build, f"the submission of run {run_id} was written but", self._create
@@ -256,7 +261,7 @@ class RunStore:
             # the queue (or this one retried), never a run.
             try:
                 self.client.sadd(keys.QUEUES, queue)
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
+            except UNAVAILABLE as exc:
                 raise StoreUnavailable(f"store unavailable: {exc}") from exc
         return created, stored
 
@@ -285,7 +290,7 @@ class RunStore:
         args = [run_id, version, inflight_lease_ms, inflight_tag(queue), delivery, after]
 
         def build(pipe: Any) -> None:
-            pipe.evalsha(self._load.sha, len(script_keys), *script_keys, *args)
+            evalsha(pipe, self._load, script_keys, args)
             pipe.hmget(keys.queue_control(queue), "paused", "draining")
             # Loaded: no longer a step waiting on the broker (see keys.fair_sent).
             pipe.zrem(keys.fair_sent(queue), f"{tenant}|{run_id}:{version}")
@@ -307,7 +312,7 @@ class RunStore:
         script_keys = [keys.run(tenant, run_id), *keys.ledger(tenant)]
         try:
             reply = self._hold(keys=script_keys, args=[version, *argv])
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except UNAVAILABLE as exc:
             return ReserveResult(status="unavailable", admitted=False, detail=str(exc))
         if text(reply[0]) == "stale":
             return None
@@ -333,7 +338,7 @@ class RunStore:
         try:
             reply = self._mark(keys=[keys.run(tenant, run_id), keys.events(tenant, run_id)],
                                args=args)  # fmt: skip
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except UNAVAILABLE as exc:
             raise StoreUnavailable(f"store unavailable: {exc}") from exc
         kind = text(reply[0])
         if kind == "ok":
@@ -375,14 +380,21 @@ class RunStore:
         args += [len(change.clear), *change.clear, change.hold, "1" if change.if_idle else ""]
         args.append(release[1])  # the ledger's journal length, for the releases
         then = None
+        announce_after = False  # on a cluster, a claim that queued after all is announced here
         if change.next_step is not None:
             script_keys += change.next_step.keys
             args += [change.next_step.entry, change.next_step.before]
             then = change.next_step.announce
-            if change.claim is not None:  # the script announces a step it queues after all
-                script_keys += change.claim.keys
-                args += change.claim.args
+            claim = self._claim_asked(change.claim)
+            if claim is not None:  # the script announces a step it queues after all
+                script_keys += claim.keys
+                args += claim.args
                 then = None
+                announce_after = claim.queue_allows is not None
+            if then is not None and self.cluster:
+                # The entry, then its announcement, in that order (see fair.Pending.announce):
+                # a cluster's pipeline sends the two to their nodes in no set order.
+                then, announce_after = None, True
         try:
             reply = self._durable_call(
                 self._commit,
@@ -391,9 +403,11 @@ class RunStore:
                 f"the change to run {change.run_id} was written but",
                 then=then,
             )
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except UNAVAILABLE as exc:
             raise StoreUnavailable(f"store unavailable: {exc}") from exc
         kind = text(reply[0])
+        if announce_after and kind == "ok" and len(reply) <= 3:
+            self._announce(change.next_step)
         if kind == "ok":
             if len(reply) > 3:  # claimed: the step's load, as run_load.lua would reply
                 claimed = loaded_from(reply[3], int(reply[1]), None)
@@ -406,6 +420,27 @@ class RunStore:
         if kind == "busy":
             return Committed("busy", version=int(reply[1]))
         return Committed("missing")
+
+    def _claim_asked(self, claim: Claim | None) -> Claim | None:
+        """The claim to ask the commit for: on a cluster, only if the queue's part of the
+        check, read first, allows it (see run_commit.lua, "Cluster")."""
+        if claim is None or claim.queue_allows is None:
+            return claim
+        try:
+            return claim if claim.queue_allows(self.client) else None
+        except UNAVAILABLE:
+            return None  # the commit itself says whether the store is there
+
+    def _announce(self, step: NextStep | None) -> None:
+        """On a cluster, a step the commit queued, announced after the reply. A crash before
+        this leaves the step in its pending list unannounced: its lease lapses and the sweeper
+        sends it again, which announces it."""
+        if step is None:
+            return
+        with contextlib.suppress(*UNAVAILABLE):
+            pipe = self.client.pipeline(transaction=False)
+            step.announce(pipe)
+            pipe.execute()
 
     # -- leaving ---------------------------------------------------------------------------
 
@@ -513,7 +548,7 @@ class RunStore:
             return script(keys=script_keys, args=args)
 
         def build(pipe: Any) -> None:
-            pipe.evalsha(script.sha, len(script_keys), *script_keys, *args)
+            evalsha(pipe, script, script_keys, args)
             if then is not None:
                 then(pipe)
 
@@ -546,7 +581,7 @@ class RunStore:
             replies = with_scripts(
                 self.client, (script,) if script else (), build_and_wait, raise_on_error=False
             )
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except UNAVAILABLE as exc:
             raise StoreUnavailable(f"store unavailable: {exc}") from exc
         written, waited = replies[: -len(waits)], replies[-len(waits) :]
         for reply in written:
@@ -563,7 +598,7 @@ class RunStore:
     def _execute(self, pipe: Any) -> list[Any]:
         try:
             return list(pipe.execute())
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except UNAVAILABLE as exc:
             raise StoreUnavailable(f"store unavailable: {exc}") from exc
 
     # -- reading ---------------------------------------------------------------------------
@@ -571,7 +606,7 @@ class RunStore:
     def hash(self, tenant: str, run_id: str) -> dict[str, str]:
         try:
             raw = self.client.hgetall(keys.run(tenant, run_id))
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except UNAVAILABLE as exc:
             raise StoreUnavailable(f"store unavailable: {exc}") from exc
         return {text(k): text(v) for k, v in raw.items()}
 

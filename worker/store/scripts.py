@@ -10,8 +10,11 @@ nothing of the worker), fair share's `fair_lib.lua` (`FAIR`: `fair_queue`) or th
 once per process; registering a script computes its sha and does no I/O.
 
 Called on its own, a registered script loads itself on NOSCRIPT (redis-py does that). In a
-pipeline it is called by its sha (`with_scripts`): the one place that loads the scripts a
-server lost (a restart, a failover, SCRIPT FLUSH) and runs the pipeline again.
+pipeline it is called by its sha (`evalsha`, inside `with_scripts`): the one place that loads
+the scripts a server lost (a restart, a failover, SCRIPT FLUSH: on a cluster, a replica
+promoted after its primary failed) and runs the pipeline again. On a cluster the pipeline is
+redis-py's ClusterPipeline, which sends each command to the node of its keys' slot, and
+SCRIPT LOAD goes to every primary.
 """
 
 from __future__ import annotations
@@ -55,6 +58,12 @@ def register(
 ) -> Script | AsyncScript:
     """Script `name` with its `libraries` (see `source`), registered on `client`."""
     return client.register_script(source(name, *libraries))
+
+
+def evalsha(pipe: Any, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> None:
+    """Add a call of `script` by its sha to `pipe`: a command like any other, so a cluster's
+    pipeline (which refuses its own `evalsha`) sends it to the node of its keys' slot."""
+    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
 
 
 def with_scripts(

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
+from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
 
 
 def text(value: Any) -> str:
@@ -19,3 +21,20 @@ def server_ms(client: redis.Redis) -> int:
     whatever their machines' clocks say."""
     seconds, micros = client.time()
     return int(seconds) * 1000 + int(micros) // 1000
+
+
+# What a store that is down, or a cluster in the middle of a failover, raises: the caller
+# retries later (every write is a versioned script, so running one again is a no-op).
+UNAVAILABLE: tuple[type[Exception], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    ClusterDownError,
+    TryAgainError,
+    SlotNotCoveredError,
+)
+
+
+def is_cluster_client(client: Any) -> bool:
+    """Whether `client` is a cluster's (a `redis+cluster://` URL): there a transaction takes
+    one slot, and a pipeline's commands for different nodes run in no set order."""
+    return isinstance(client, RedisCluster)

@@ -23,6 +23,14 @@ then is loaded here, by the very function run_load.lua runs (`run_load_at`), wit
 in-flight lease, attempt token and ledger hold: the worker runs that turn at once, and a
 worker that dies before the turn commits leaves a lease that lapses, as for any delivery.
 
+Cluster: the queue's keys (KEYS 19-23) are in no tenant's slot, so on a Valkey/Redis Cluster a
+script cannot read them with the tenant's. There the caller reads the queue's part of the check
+(its flags, fair_active, fair_sent) just before the commit, and asks to claim only if it
+passed; the script then takes KEYS 1-18 only, checks the tenant's part (its pause, its pending
+continuations, its cap) as above, and a step it queues after all is announced by the caller,
+after the reply. The check is about fairness only: a claim the read let through a moment too
+late runs one turn early, never twice (the version and the in-flight lease see to that).
+
 Holds: every hold taken for the version being replaced is in the run's field `holds` (see
 run_load.lua and run_hold.lua). The settlements listed here are checked all together first
 (`ledger_settle_check`): if any would be refused nothing at all is written. Then each is
@@ -40,8 +48,8 @@ KEYS
   7 inflight hash   turnstile:{T}:inflight
   8-13              the tenant's six ledger keys, in the library's order
   14-16             to queue the next step: its pending list, the pending index, the slots
-  17-23             to claim it (eager): the tenant's control hash, its caps hash, the
-                    queue's control hash, the queue's pending tenants (fair_active), the
+  17-23             to claim it (eager): the tenant's control hash, its caps hash (on a
+                    cluster, only these two: see "Cluster"), the queue's control hash, the queue's pending tenants (fair_active), the
                     queue's sent steps (fair_sent), the set of queues with pending steps,
                     the dispatcher's wake-up list (to announce a step queued after all)
 ARGV
@@ -64,20 +72,42 @@ ARGV
   slot to give back, else nothing
   then, to claim it instead where it may be (KEYS 17-23): the tenant, the in-flight lease (ms),
   where the turn runs ("<queue>|<pid>|<host>"), the claimed delivery's token, the window of
-  sent steps (ms), the claimed step's slot lease (ms) and the queue; else nothing. A commit
-  that asked to claim and queued instead announces the step itself (see fair.Pending.announce,
-  which the caller pipelines after a commit that did not ask), so a claimed step adds its
-  tenant to no set of tenants with work.
+  sent steps (ms), the claimed step's slot lease (ms), the queue, and "1" on a cluster (see
+  "Cluster") or ""; else nothing. A commit that asked to claim and queued instead announces
+  the step itself (see fair.Pending.announce, which the caller pipelines after a commit that
+  did not ask), so a claimed step adds its tenant to no set of tenants with work.
 Returns
   {"ok", new_version, queued} (queued: 1 if the next step was queued, 0 if not asked or it
   was waiting already) | {"ok", new_version, 2, load} (the step was claimed: `load` is
   run_load.lua's reply for it) | {"stale", version} | {"missing"} | {"ledger", outcome, detail}
   | {"busy", version} (a turn is in flight and the change asked for none: nothing written)
 ]]
+-- The tenant's part of the check: no continuation of its waits, and it is under its cap.
+local function tenant_may_claim(give_back, now)
+  if redis.call('LLEN', KEYS[14]) > 0 then
+    return false  -- a continuation of this tenant's waits in its pending list: it goes first
+  end
+  local cap = tonumber(redis.call('HGET', KEYS[18], 'turns_in_flight') or '')
+  if cap then
+    redis.call('ZREMRANGEBYSCORE', KEYS[16], '-inf', now)
+    local held = redis.call('ZCARD', KEYS[16])
+    if give_back ~= '' and redis.call('ZSCORE', KEYS[16], give_back) then
+      held = held - 1
+    end
+    if held + 1 > cap then
+      return false
+    end
+  end
+  return true
+end
+
 -- Whether fair share would pick this run's next step anyway (see "Eager continuation").
 local function may_claim(claim, give_back, now)
   if (redis.call('HGET', KEYS[17], 'paused') or '') ~= '' then
     return false
+  end
+  if claim.split then
+    return tenant_may_claim(give_back, now)  -- the caller checked the queue (see "Cluster")
   end
   local flags = redis.call('HMGET', KEYS[19], 'paused', 'draining')
   if (flags[1] or '') ~= '' or (flags[2] or '') ~= '' then
@@ -100,21 +130,7 @@ local function may_claim(claim, give_back, now)
       return false
     end
   end
-  if redis.call('LLEN', KEYS[14]) > 0 then
-    return false  -- a continuation of this tenant's waits in its pending list: it goes first
-  end
-  local cap = tonumber(redis.call('HGET', KEYS[18], 'turns_in_flight') or '')
-  if cap then
-    redis.call('ZREMRANGEBYSCORE', KEYS[16], '-inf', now)
-    local held = redis.call('ZCARD', KEYS[16])
-    if give_back ~= '' and redis.call('ZSCORE', KEYS[16], give_back) then
-      held = held - 1
-    end
-    if held + 1 > cap then
-      return false
-    end
-  end
-  return true
+  return tenant_may_claim(give_back, now)
 end
 
 local version, open = unpack(redis.call('HMGET', KEYS[1], 'version', 'holds'))
@@ -217,6 +233,7 @@ if next_entry ~= '' and claimer ~= '' then
   local claim = {
     tenant = claimer, lease = ARGV[i + 6], where = ARGV[i + 7], token = ARGV[i + 8],
     window = tonumber(ARGV[i + 9]), slot_lease = tonumber(ARGV[i + 10]), queue = ARGV[i + 11],
+    split = ARGV[i + 12] == '1',
   }
   if may_claim(claim, give_back, now) then
     if give_back ~= '' then
@@ -231,10 +248,12 @@ if next_entry ~= '' and claimer ~= '' then
   end
   queued = fair_queue(KEYS[14], KEYS[15], KEYS[16], run_id, tostring(new_version), next_entry,
     give_back)
-  redis.call('SADD', KEYS[20], claim.tenant)
-  redis.call('SADD', KEYS[22], claim.queue)
-  redis.call('LPUSH', KEYS[23], '1')
-  redis.call('LTRIM', KEYS[23], 0, 0)
+  if not claim.split then
+    redis.call('SADD', KEYS[20], claim.tenant)
+    redis.call('SADD', KEYS[22], claim.queue)
+    redis.call('LPUSH', KEYS[23], '1')
+    redis.call('LTRIM', KEYS[23], 0, 0)
+  end
 elseif next_entry ~= '' then
   queued = fair_queue(KEYS[14], KEYS[15], KEYS[16], run_id, tostring(new_version), next_entry,
     give_back)
