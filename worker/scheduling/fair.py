@@ -61,7 +61,8 @@ def route(
         queued = pending_entry(msg, soft_s, hard_s)
 
         def build(pipe: Any) -> None:
-            pipe.evalsha(push.sha, len(queued.keys), *queued.keys, *queued.args)
+            push_keys = [*queued.keys, queued.run_key]
+            pipe.evalsha(push.sha, len(push_keys), *push_keys, *queued.args)
             queued.announce(pipe)
 
         with_scripts(client, (push,), build)
@@ -71,13 +72,18 @@ def route(
 
 @dataclass(frozen=True)
 class Pending:
-    """A step as its tenant's pending list takes it: `fair_queue`'s keys and arguments (see
+    """A step as its tenant's pending set takes it: `fair_queue`'s keys and arguments (see
     fair_lib.lua), and what tells the dispatcher it is there."""
 
     tenant: str
     queue: str
-    keys: list[str]
+    keys: list[str]  # the pending set, the pending index, the slots
     args: list[str]  # run id, version, entry, the slot to give back
+
+    @property
+    def run_key(self) -> str:
+        """The run's hash, whose priority orders the step (a commit's script has it already)."""
+        return keys.run(self.tenant, self.args[0])
 
     @property
     def entry(self) -> str:
@@ -96,7 +102,8 @@ class Pending:
 
 
 def pending_entry(msg: StepMessage, soft_s: float, hard_s: float) -> Pending:
-    """The pending-list entry of a step message: continuations and first steps apart."""
+    """The pending-set entry of a step message: continuations and first steps apart (its
+    priority is its run's, read by the script that queues it)."""
     kind = "cont" if msg.version > 1 else "start"
     entry = json.dumps(
         {**msg.as_kwargs(), "soft_s": soft_s, "hard_s": hard_s}, separators=(",", ":")
@@ -121,11 +128,17 @@ def claim(msg: StepMessage, hard_s: float, config: Settings, token: str) -> Clai
     return Claim(
         keys=[keys.control(msg.tenant), keys.caps(msg.tenant), keys.queue_control(msg.queue),
               keys.fair_active(msg.queue), keys.fair_sent(msg.queue), keys.FAIR_QUEUES,
-              keys.FAIR_WAKE],
+              keys.FAIR_WAKE, keys.pending(msg.tenant, msg.queue, "start")],
         args=[msg.tenant, str(int(config.inflight_lease_s * 1000)), inflight_tag(msg.queue),
               token, str(sent_window_ms(config)),
-              str(slot_extra_ms(config) + int(hard_s * 1000)), msg.queue],
+              str(slot_extra_ms(config) + int(hard_s * 1000)), msg.queue,
+              str(aging_ms(config))],
     )  # fmt: skip
+
+
+def aging_ms(config: Settings) -> int:
+    """How long a pending step waits to gain a priority level (see fair_lib.lua), at least 1."""
+    return max(1, int(config.priority_aging_s * 1000))
 
 
 def slot_extra_ms(config: Settings) -> int:
@@ -215,8 +228,8 @@ class TenantView:
 def tenant_view(client: redis.Redis, tenant: str, queues: Iterable[str]) -> TenantView:
     pipe = client.pipeline(transaction=False)
     for queue in queues:
-        pipe.llen(keys.pending(tenant, queue, "cont"))
-        pipe.llen(keys.pending(tenant, queue, "start"))
+        pipe.zcard(keys.pending(tenant, queue, "cont"))
+        pipe.zcard(keys.pending(tenant, queue, "start"))
     pipe.zcount(keys.slots(tenant), "(" + str(server_ms(client)), "+inf")
     pipe.hmget(keys.caps(tenant), "turns_in_flight", "weight", "active_runs")
     pipe.zcard(keys.active(tenant))
