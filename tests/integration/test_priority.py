@@ -64,8 +64,8 @@ def _age(client: Client, tenant: str, queue: str, run_id: str, waited_s: float) 
     """Make the run's pending step look queued `waited_s` earlier than it was."""
     for kind in ("cont", "start"):
         key = keys.pending(tenant, queue, kind)
-        for entry in client.client.zrange(key, 0, -1):
-            if json.loads(str(entry))["run_id"] == run_id:
+        for entry in map(str, client.client.zrange(key, 0, -1)):
+            if json.loads(entry)["run_id"] == run_id:
                 client.client.zincrby(key, -int(waited_s * 1000), entry)
                 return
     raise AssertionError(f"no pending step of {run_id}")
@@ -145,8 +145,8 @@ def _commit_claiming(client: Client, tenant: str, queue: str, priority: int) -> 
     step (eager continuation); whether the commit claimed it (else it queued it)."""
     run_id = client.submit(tenant, USER, "support", GOAL, {}, queue=queue, priority=priority)
     start = keys.pending(tenant, queue, "start")
-    for entry in client.client.zrange(start, 0, -1):
-        if json.loads(str(entry))["run_id"] == run_id:
+    for entry in map(str, client.client.zrange(start, 0, -1)):
+        if json.loads(entry)["run_id"] == run_id:
             client.client.zrem(start, entry)
     client.client.hdel(keys.pending_index(tenant), run_id)
     client.client.zadd(keys.slots(tenant), {f"{run_id}:1": 2**40})
