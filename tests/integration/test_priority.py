@@ -6,8 +6,10 @@ bad priority refused in one line with nothing written, from the client, the CLI 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -15,8 +17,9 @@ import redis
 from typer.testing import CliRunner
 
 from tests.integration.apiserver import ApiServer, http, make_key, running_api
-from tests.integration.workers import client_for
+from tests.integration.workers import client_for, running_workers, settled, wait_until
 from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.broker import layout
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.cli.main import app
 from turnstile.worker.client._client import Client
@@ -181,6 +184,138 @@ def test_an_eager_claim_yields_to_a_waiting_step_that_outranks_it(
     _submit(client, tenant, queue, 9)
     assert not _commit_claiming(client, tenant, queue, 5)
     assert _commit_claiming(client, tenant, queue, 9)  # the same priority, a continuation
+
+
+# -- with real workers ------------------------------------------------------------------------
+
+ZERO_LATENCY: dict[str, Any] = {
+    "model_latency_s": 0,
+    "tool_latency_s": {"get_order": 0, "search_policy": 0, "issue_refund": 0,
+                       "send_status_email": 0},
+}  # fmt: skip
+ONE_TURN = "tests.plugins:one_turn"  # toy_one_turn: a run of one turn of `turn_s` seconds
+
+
+def _at(event: dict[str, Any]) -> float:
+    return datetime.fromisoformat(str(event["at"])).timestamp()
+
+
+def _events(client: Client, tenant: str, run_id: str) -> list[dict[str, Any]]:
+    return [e for _, e in client.store.events(tenant, run_id)]
+
+
+def _forget_tenant(client: Client, tenant: str, queue: str) -> None:
+    """The test is over: nothing of this tenant is swept or dispatched again."""
+    client.client.srem(keys.TENANTS, tenant)
+    client.client.srem(keys.fair_active(queue), tenant)
+    client.client.delete(
+        keys.leases(tenant), keys.pending(tenant, queue, "cont"),
+        keys.pending(tenant, queue, "start"), keys.pending_index(tenant), keys.slots(tenant),
+    )  # fmt: skip
+    client.client.delete(*layout.priority_lists(queue))
+
+
+def test_high_priority_runs_go_before_a_backlog_of_low_ones(redis_url: str, unique: str) -> None:
+    """With a backlog of 500 runs of priority 0 (zero-latency support runs, several turns
+    each), a tenant's 20 runs of priority 9 submitted after them all finish before 100 of the
+    low ones have, on 2 workers of 2 processes (continuations, eager claims and all)."""
+    queue, tenant = f"prio-{unique}", f"p-{unique}"
+    client = client_for(redis_url)
+    lows = [client.submit(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue, priority=0)
+            for _ in range(500)]  # fmt: skip
+    highs = [client.submit(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue, priority=9)
+             for _ in range(20)]  # fmt: skip
+    started = time.monotonic()
+    with running_workers(redis_url, [queue], 2, concurrency=2, stop_timeout_s=20):
+        wait_until(lambda: settled(client, highs), timeout_s=180, what="the high runs end")
+        # Every high run has stopped: the rest of the tenant's stopped runs are low ones.
+        lows_done = int(client.client.scard(keys.by_status(tenant, "stopped"))) - len(highs)
+    took = time.monotonic() - started
+    _forget_tenant(client, tenant, queue)
+    print(f"\n20 high runs ended {took:.1f} s after the workers were started; "
+          f"{lows_done} of the 500 low ones had by then")  # fmt: skip
+    assert all(client.run_hash(r)[1]["outcome"] == "completed" for r in highs)
+    assert lows_done < 100
+    assert len(lows) == 500
+
+
+def test_aging_bounds_the_wait_of_low_runs_under_a_steady_high_stream(
+    redis_url: str, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A steady stream of priority 9 runs (one turn of 0.1 s each, kept BACKLOG deep in the
+    tenant's pending set, on a tenant capped at 2 turns in flight: the stream is always ahead
+    of the workers) and, meanwhile, runs of priority 0, with an aging of 1 s. Each low run
+    waits (its submission to its turn's commit, as its events say) no more than the README's
+    bound, (9 - 0) x 1 s + B / mu: B the tenant's steps ahead of it when it was submitted
+    (pending, on the broker, in flight), mu the rate its steps were served at meanwhile (from
+    the runs' events), with SLACK_S for the turn itself and the dispatcher's wake-ups. And
+    they did wait: the stream held them back until their priority had risen."""
+    monkeypatch.setenv("TURNSTILE_JOBS", ONE_TURN)
+    queue, tenant = f"aging-{unique}", f"g-{unique}"
+    aging_s, spread, backlog, slack_s = 1.0, 9, 8, 1.5
+    client = client_for(redis_url)
+    fair.set_caps(client.client, tenant, {"turns_in_flight": 2})
+    params = {"turn_s": 0.1}
+    highs: list[str] = []
+    lows: list[tuple[str, int]] = []  # run id, steps ahead of it when it was submitted
+    stop = threading.Event()
+
+    def stream() -> None:
+        own = client_for(redis_url)
+        while not stop.is_set():
+            if fair.tenant_view(own.client, tenant, [queue]).waiting < backlog:
+                highs.append(own.submit(tenant, USER, "toy_one_turn", "hi", params, queue=queue,
+                                        priority=9))  # fmt: skip
+            else:
+                stop.wait(0.005)
+
+    def ahead() -> int:
+        view = fair.tenant_view(client.client, tenant, [queue])
+        depth = sum(int(client.client.llen(name)) for name in layout.priority_lists(queue))
+        return view.waiting + view.in_flight + depth
+
+    env = {"TURNSTILE_JOBS": ONE_TURN, "TURNSTILE_PRIORITY_AGING_S": str(aging_s)}
+    with running_workers(redis_url, [queue], 1, concurrency=2, env=env, stop_timeout_s=20):
+        streaming = threading.Thread(target=stream)
+        streaming.start()
+        try:
+            wait_until(lambda: int(client.client.scard(keys.by_status(tenant, "stopped"))) >= 10,
+                       timeout_s=60, what="the stream flows")  # fmt: skip
+            for _ in range(4):
+                before = ahead()
+                lows.append((client.submit(tenant, USER, "toy_one_turn", "lo", params,
+                                           queue=queue, priority=0), before))  # fmt: skip
+                stop.wait(2.0)  # the scenario: a low run every 2 s while the stream flows
+            low_ids = [r for r, _ in lows]
+            wait_until(lambda: settled(client, low_ids), timeout_s=120, what="the low runs end")
+        finally:
+            stop.set()
+            streaming.join()
+    waits, served = [], []
+    for run_id, _ in lows:
+        events = _events(client, tenant, run_id)
+        submitted = next(e for e in events if e["type"] == "submitted")
+        turn = next(e for e in events if e["type"] == "turn")
+        waits.append(_at(turn) - _at(submitted))
+        served.append((_at(submitted), _at(turn)))
+    window = (min(s for s, _ in served), max(t for _, t in served))
+    # The tenant's steps served while the low runs waited: every run's turn in the window.
+    turns = [
+        _at(e)
+        for run_id in highs + [r for r, _ in lows]
+        for e in _events(client, tenant, run_id)
+        if e["type"] == "turn"
+    ]
+    mu = sum(1 for t in turns if window[0] <= t <= window[1]) / (window[1] - window[0])
+    _forget_tenant(client, tenant, queue)
+    bounds = [spread * aging_s + b / mu for _, b in lows]
+    print(f"\nlow runs waited {[round(w, 2) for w in waits]} s; bounds "
+          f"{[round(b, 2) for b in bounds]} s (+{slack_s} s); steps ahead "
+          f"{[b for _, b in lows]}; served {mu:.1f} steps/s; {len(highs)} high runs")  # fmt: skip
+    assert all(client.run_hash(r)[1]["outcome"] == "completed" for r, _ in lows)
+    for wait, bound in zip(waits, bounds, strict=True):
+        assert wait <= bound + slack_s
+        assert wait >= spread * aging_s / 3  # held back by the stream, let through by aging
 
 
 # -- bad input ------------------------------------------------------------------------------

@@ -15,6 +15,10 @@ STEP_TASK = "turnstile.step"
 # steps, so a tenant at its cap finishes the runs it started instead of leaving many half done.
 CONTINUE_PRIORITY = 0
 START_PRIORITY = 9
+# With fair share on, the dispatcher has put the steps in order (tenants, priorities, aging):
+# it publishes them all at one priority, so the broker keeps that order (a step of another
+# priority step published later would go ahead of it, and a steady stream of them for good).
+DISPATCHED_PRIORITY = 0
 MAX_TRACEPARENT_CHARS = 128
 
 
@@ -57,12 +61,19 @@ def parse_message(args: tuple[Any, ...], kwargs: dict[str, Any]) -> StepMessage 
     return StepMessage(tenant, run_id, version, queue, traceparent)
 
 
-def publish_options(msg: StepMessage, soft_s: float, hard_s: float) -> dict[str, Any]:
-    """The arguments of `send_task` for this step: its queue, priority and time limits."""
+def publish_options(
+    msg: StepMessage, soft_s: float, hard_s: float, *, dispatched: bool = False
+) -> dict[str, Any]:
+    """The arguments of `send_task` for this step: its queue, priority and time limits. A step
+    the fair-share dispatcher sends (`dispatched`) keeps the place it was given."""
+    if dispatched:
+        priority = DISPATCHED_PRIORITY
+    else:
+        priority = CONTINUE_PRIORITY if msg.version > 1 else START_PRIORITY
     return {
         "kwargs": msg.as_kwargs(),
         "queue": msg.queue,
-        "priority": CONTINUE_PRIORITY if msg.version > 1 else START_PRIORITY,
+        "priority": priority,
         "soft_time_limit": math.ceil(soft_s),
         "time_limit": math.ceil(hard_s),
     }

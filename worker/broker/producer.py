@@ -64,8 +64,10 @@ def send_step(app: Celery, msg: StepMessage, soft_s: float, hard_s: float) -> No
 
 
 def send_steps(app: Celery, batch: list[tuple[StepMessage, float, float]]) -> None:
-    """Send several step messages on one producer, batched: kombu's Redis transport writes
-    a batch in one pipeline, one round trip for all (another broker publishes them in turn)."""
+    """Send the steps the fair-share dispatcher took, in its order, on one producer, batched:
+    kombu's Redis transport writes a batch in one pipeline, one round trip for all (another
+    broker publishes them in turn)."""
     with app.producer_or_acquire() as producer, producer.batch():
         for msg, soft_s, hard_s in batch:
-            app.send_task(STEP_TASK, producer=producer, **publish_options(msg, soft_s, hard_s))
+            options = publish_options(msg, soft_s, hard_s, dispatched=True)
+            app.send_task(STEP_TASK, producer=producer, **options)
