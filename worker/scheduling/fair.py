@@ -3,12 +3,13 @@
 A Celery queue is first come, first served: a tenant that enqueues thousands of runs makes
 every other tenant wait behind all of them. So a step message does not go straight to the
 broker: `route` (the one place that decides where a step goes) puts it in its tenant's pending
-list on its queue (continuations and first steps apart, in the tenant's hash slot), and the
-dispatcher (dispatcher.py) moves steps from the tenants' lists to the broker, round robin,
-skipping a tenant at its cap on turns in flight. A step takes a slot when dispatched and gives
-it back when its delivery is done (`release`), which nudges the dispatcher: a capped tenant's
-next step waits in Redis, holding no worker and re-publishing nothing, and goes as soon as one
-of its turns ends.
+set on its queue (continuations and first steps apart, in the tenant's hash slot, ordered by
+the run's priority and the time queued: see fair_lib.lua and priority.py), and the dispatcher
+(dispatcher.py) moves steps from the tenants' sets to the broker, round robin between
+tenants, each tenant's by effective priority, skipping a tenant at its cap on turns in flight.
+A step takes a slot when dispatched and gives it back when its delivery is done (`release`),
+which nudges the dispatcher: a capped tenant's next step waits in Redis, holding no worker and
+re-publishing nothing, and goes as soon as one of its turns ends.
 
 A turn's commit queues its run's next step itself (run_commit.lua, through fair_lib.lua), so
 the step exists if and only if the commit does. A slot whose step was lost lapses by itself

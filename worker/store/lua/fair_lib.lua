@@ -71,17 +71,36 @@ local function fair_oldest(pending, p)
   return got[1], tonumber(got[2]) - low
 end
 
+-- The priority levels a pending set holds, from its first and last entries: highest, lowest
+-- (nil, nil for an empty set).
+local function fair_span(pending)
+  local first = redis.call('ZRANGE', pending, 0, 0, 'WITHSCORES')
+  if #first == 0 then
+    return nil, nil
+  end
+  local last = redis.call('ZRANGE', pending, -1, -1, 'WITHSCORES')
+  local high = 9 - math.floor(tonumber(first[2]) / FAIR_BAND)
+  return high, 9 - math.floor(tonumber(last[2]) / FAIR_BAND)
+end
+
 -- The levels of a tenant's pending sets on a queue (first steps only if `starts`), each as
--- {p, queued ms of its oldest step, its oldest continuation, its oldest first step}, for
--- `fair_next` and run_commit.lua's eager check.
+-- {p, queued ms of its oldest step, its oldest continuation, its oldest first step}, highest
+-- first, for `fair_next` and run_commit.lua's eager check. Only the levels between the
+-- highest and the lowest held are read (one, when every run has the same priority).
 local function fair_levels(cont, start, starts)
   local levels = {}
-  local has_cont = redis.call('ZCARD', cont) > 0
-  local has_start = starts and redis.call('ZCARD', start) > 0
+  local c_high, c_low = fair_span(cont)
+  local s_high, s_low
+  if starts then
+    s_high, s_low = fair_span(start)
+  end
+  local has_cont, has_start = c_high ~= nil, s_high ~= nil
   if not has_cont and not has_start then
     return levels
   end
-  for p = 9, 0, -1 do
+  local high = math.max(c_high or -1, s_high or -1)
+  local low = math.min(c_low or 10, s_low or 10)
+  for p = high, low, -1 do
     local c, c_at, s, s_at
     if has_cont then
       c, c_at = fair_oldest(cont, p)
