@@ -3,6 +3,8 @@ broken in one way."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Mapping
 from typing import Any
 
 from turnstile.jobs.declare import tool
@@ -62,3 +64,28 @@ def records_client(client: object) -> Job:
     """A factory that takes the worker's client: it is handed one (or None in process)."""
     CLIENTS.append(client)
     return Job(name="toy_client", tools={}, model=good().model)
+
+
+def one_turn(client: object = None) -> Job:
+    """A run of one turn whose model really takes `turn_s` seconds (default 0.1) and answers:
+    one step per run, for the scheduling tests (priorities, aging)."""
+
+    def model(params: Mapping[str, Any]) -> Scripted:
+        turn_s = float(params.get("turn_s", 0.1))
+
+        def reply(view: Any, i: int) -> dict[str, Any]:
+            time.sleep(turn_s)
+            return _final(view, i)
+
+        return Scripted(reply, turn_s)
+
+    return Job(
+        name="toy_one_turn",
+        tools={"echo": echo},
+        model=model,
+        params_schema={
+            "type": "object",
+            "properties": {"turn_s": {"type": "number", "minimum": 0, "maximum": 5}},
+            "additionalProperties": False,
+        },
+    )

@@ -106,6 +106,10 @@ class Settings(BaseSettings):
     # on the queue, the tenant under its caps, nothing paused or draining), for at most this
     # many turns in a row before the step goes through the queue. 0: every step is queued.
     eager_turns: int = Field(default=8, ge=0)
+    # Priorities (0-9, higher first) order a tenant's pending steps; a waiting step gains one
+    # level per this many seconds it has waited, so a low one is never starved by a steady
+    # stream of higher ones (fair_lib.lua; the README gives the bound). A large value: strict.
+    priority_aging_s: float = Field(default=30.0, gt=0)
     # The dispatcher also wakes this often without a nudge (a slot that lapsed, a lost nudge).
     dispatch_poll_s: float = Field(default=0.5, gt=0, le=60)
 

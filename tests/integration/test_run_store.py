@@ -71,12 +71,12 @@ def test_a_commit_queues_the_next_step_only_if_its_compare_and_set_wins(
     )  # fmt: skip
     committed = client.store.commit(change)
     assert (committed.kind, committed.version, committed.queued) == ("ok", 2, True)
-    pending = client.client.lrange(keys.pending(tenant, queue, "cont"), 0, -1)
-    assert [json.loads(e)["version"] for e in pending] == [2]
+    pending = client.client.zrange(keys.pending(tenant, queue, "cont"), 0, -1)
+    assert [json.loads(str(e))["version"] for e in pending] == [2]
     assert client.client.hget(keys.pending_index(tenant), run_id) == "2"
     assert client.client.zscore(keys.slots(tenant), f"{run_id}:1") is None
     assert client.client.sismember(keys.fair_active(queue), tenant)
 
     stale = client.store.commit(change)  # the same change again: version 1 is gone
     assert (stale.kind, stale.queued) == ("stale", False)
-    assert client.client.llen(keys.pending(tenant, queue, "cont")) == 1
+    assert client.client.zcard(keys.pending(tenant, queue, "cont")) == 1

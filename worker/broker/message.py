@@ -19,6 +19,10 @@ START_PRIORITY = 9
 # levels (5 and above is high); on RabbitMQ 3 it has none and ignores them (see amqp.py).
 AMQP_CONTINUE_PRIORITY = 9
 AMQP_START_PRIORITY = 0
+# With fair share on, the dispatcher has put the steps in order (tenants, priorities, aging):
+# it publishes them all at one priority, so the broker keeps that order (a step of another
+# priority step published later would go ahead of it, and a steady stream of them for good).
+DISPATCHED_PRIORITY = 0
 MAX_TRACEPARENT_CHARS = 128
 
 
@@ -61,23 +65,26 @@ def parse_message(args: tuple[Any, ...], kwargs: dict[str, Any]) -> StepMessage 
     return StepMessage(tenant, run_id, version, queue, traceparent)
 
 
-def priority(msg: StepMessage, *, amqp: bool = False) -> int:
-    """The step's broker priority: a run's next step ahead of a new run's first, in the
-    Redis transport's order or in AMQP's (`amqp`)."""
+def priority(msg: StepMessage, *, amqp: bool = False, dispatched: bool = False) -> int:
+    """The step's broker priority: one for every step the fair-share dispatcher sends
+    (`dispatched`: it keeps the place it was given), else a run's next step ahead of a new
+    run's first, in the Redis transport's order or in AMQP's (`amqp`)."""
+    if dispatched:
+        return DISPATCHED_PRIORITY
     if amqp:
         return AMQP_CONTINUE_PRIORITY if msg.version > 1 else AMQP_START_PRIORITY
     return CONTINUE_PRIORITY if msg.version > 1 else START_PRIORITY
 
 
 def publish_options(
-    msg: StepMessage, soft_s: float, hard_s: float, *, amqp: bool = False
+    msg: StepMessage, soft_s: float, hard_s: float, *, amqp: bool = False, dispatched: bool = False
 ) -> dict[str, Any]:
-    """The arguments of `send_task` for this step: its queue, priority (for a RabbitMQ broker
-    with `amqp`) and time limits."""
+    """The arguments of `send_task` for this step: its queue, priority (see `priority`) and
+    time limits."""
     return {
         "kwargs": msg.as_kwargs(),
         "queue": msg.queue,
-        "priority": priority(msg, amqp=amqp),
+        "priority": priority(msg, amqp=amqp, dispatched=dispatched),
         "soft_time_limit": math.ceil(soft_s),
         "time_limit": math.ceil(hard_s),
     }

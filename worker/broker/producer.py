@@ -70,11 +70,11 @@ def send_step(app: Celery, msg: StepMessage, soft_s: float, hard_s: float) -> No
 
 
 def send_steps(app: Celery, batch: list[tuple[StepMessage, float, float]]) -> None:
-    """Send several step messages on one producer, batched: kombu's Redis transport writes
-    a batch in one pipeline, one round trip for all (RabbitMQ publishes them in turn, each
-    confirmed)."""
+    """Send the steps the fair-share dispatcher took, in its order, on one producer, batched:
+    kombu's Redis transport writes a batch in one pipeline, one round trip for all (RabbitMQ
+    publishes them in turn, each confirmed)."""
     on_amqp = _on_amqp(app)
     with app.producer_or_acquire() as producer, producer.batch():
         for msg, soft_s, hard_s in batch:
-            options = publish_options(msg, soft_s, hard_s, amqp=on_amqp)
+            options = publish_options(msg, soft_s, hard_s, amqp=on_amqp, dispatched=True)
             app.send_task(STEP_TASK, producer=producer, **options)

@@ -59,12 +59,12 @@ def runs(
         echo_json({"runs": [dataclasses.asdict(r) for r in rows], "next_cursor": page.next_cursor})
         return
     whole = [Column(name, no_wrap=True) for name in ("run", "tenant")]  # copied, never cut
-    table = Table(*whole, "status", "outcome", "detail", "queue", "steps", "tokens")
+    table = Table(*whole, "status", "outcome", "detail", "queue", "pri", "steps", "tokens")
     for r in rows:
         detail = f"{r.detail}: {r.reason}" if r.detail and r.reason else r.detail or r.reason
         table.add_row(
             r.run_id, escape(r.tenant), r.status, r.outcome, escape(one_line(detail, 80)),
-            escape(r.queue), _n(r.steps), _n(r.tokens),
+            escape(r.queue), str(r.priority), _n(r.steps), _n(r.tokens),
         )  # fmt: skip
     console_for_tables().print(table)
     if page.next_cursor:
@@ -85,8 +85,8 @@ def status(
     if view.get("outcome"):  # the code, its detail, and the reason in words, on one line
         code = f"{view['outcome']} ({view['detail']})" if view.get("detail") else view["outcome"]
         view = {**view, "outcome": f"{code}: {view['reason']}" if view.get("reason") else code}
-    for key in ("run_id", "tenant", "status", "outcome", "queue", "job", "user", "version",
-                "cancel_requested_by", "answer", "message"):  # fmt: skip
+    for key in ("run_id", "tenant", "status", "outcome", "queue", "priority", "job", "user",
+                "version", "cancel_requested_by", "answer", "message"):  # fmt: skip
         if view.get(key) not in (None, ""):
             table.add_row(key, escape(str(view[key])))
     if view.get("last_result") is not None:

@@ -58,6 +58,16 @@ def submit(
         typer.Option("--param", envvar="TURNSTILE_PARAMS", help=PARAM_HELP),
     ] = None,
     queue: Annotated[str, typer.Option("--queue", envvar="TURNSTILE_QUEUE")] = "default",
+    priority: Annotated[
+        int,
+        typer.Option(
+            "--priority",
+            envvar="TURNSTILE_PRIORITY",
+            min=0,
+            max=9,
+            help="0-9: within the tenant's fair share, higher is served first.",
+        ),
+    ] = 5,
     run_id: Annotated[
         str | None,
         typer.Option("--run-id", envvar="TURNSTILE_RUN_ID", help="The run's (global) id."),
@@ -84,7 +94,7 @@ def submit(
         params = _params(param or [], _text_params(c, job))
         made = c.submit_run(
             tenant, user, job, goal, params, queue=queue, run_id=run_id,
-            idempotency_key=idempotency_key,
+            idempotency_key=idempotency_key, priority=priority,
         )  # fmt: skip
     deferred = made.created and not made.sent
     if as_json:

@@ -49,6 +49,8 @@ from turnstile.worker.names import check_name, check_run_id
 from turnstile.worker.registry import Registry
 from turnstile.worker.scheduling.fair import route
 from turnstile.worker.scheduling.limits import next_hold, time_limits
+from turnstile.worker.scheduling.priority import DEFAULT as DEFAULT_PRIORITY
+from turnstile.worker.scheduling.priority import check_priority
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 from turnstile.worker.store.connect import connect
@@ -181,12 +183,14 @@ class Client(Reading, Memory):
         queue: str = "default",
         run_id: str | None = None,
         idempotency_key: str | None = None,
+        priority: int = DEFAULT_PRIORITY,
     ) -> str:
         """Create the run and enqueue its first step; idempotent on `run_id` (or on
-        `idempotency_key`, a key of the tenant's own)."""
+        `idempotency_key`, a key of the tenant's own). `priority` (0-9, default 5): within the
+        tenant's fair share, higher is served first (see the README's "Priorities")."""
         return self.submit_run(
             tenant, user, job, goal, params, budget=budget, queue=queue, run_id=run_id,
-            idempotency_key=idempotency_key,
+            idempotency_key=idempotency_key, priority=priority,
         ).run_id  # fmt: skip
 
     def submit_run(
@@ -201,12 +205,14 @@ class Client(Reading, Memory):
         queue: str = "default",
         run_id: str | None = None,
         idempotency_key: str | None = None,
+        priority: int = DEFAULT_PRIORITY,
     ) -> Submitted:
         """`submit`, saying whether the run was new and whether its step reached the broker.
         `idempotency_key` names the run by a key of the tenant's own (`idempotent_run_id`), as
         the HTTP API does; `run_id` names the global run id itself."""
         if run_id is not None and idempotency_key is not None:
             raise SubmissionError("give an idempotency key or a run id, not both")
+        priority = check_priority(priority)
         try:
             if idempotency_key is not None:
                 run_id = idempotent_run_id(tenant, idempotency_key)
@@ -221,7 +227,10 @@ class Client(Reading, Memory):
         ceilings = self.ledger.read(tenant)
         _check_tenant_allows(tenant, state.budget, ceilings)
         _check_model_priced(tenant, state.params, self.jobs.get(job), ceilings)
-        digest = fingerprint([tenant, user, job, goal, state.params, state.budget, queue])
+        submission: list[Any] = [tenant, user, job, goal, state.params, state.budget, queue]
+        if priority != DEFAULT_PRIORITY:  # a run of the default keeps the fingerprint it had
+            submission.append({"priority": priority})
+        digest = fingerprint(submission)
         # Every refusal is found by reading before anything is written: a refused submission
         # adds no queue, no tenant and no run id to any index.
         draining, owner, stored_digest = self._before_writing(queue, tenant, run_id)
@@ -240,9 +249,10 @@ class Client(Reading, Memory):
             pickup_lease_ms=int(self.config.pickup_lease_s * 1000),
             event={
                 "type": "submitted", "state": msgspec.to_builtins(state), "queue": queue,
-                "at": now_iso(),
+                "priority": priority, "at": now_iso(),
             },
             hold=next_hold(self.ledger, self.config, state, self.jobs.get(job), version=1),
+            priority=priority,
         )  # fmt: skip
         if not created and stored != digest:
             raise SubmissionConflictError(f"run {run_id!r} exists with a different submission")

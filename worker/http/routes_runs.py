@@ -107,7 +107,7 @@ def submit_run(
     try:
         made = ctx.client.submit_run(
             key.tenant, body.user, body.job, body.goal, body.params,
-            budget=budget, queue=body.queue, run_id=run_id,
+            budget=budget, queue=body.queue, run_id=run_id, priority=body.priority,
         )  # fmt: skip
     except SubmissionConflictError:
         # Only the tenant's own run of that key can be in the way (see submitted_run_id).

@@ -11,6 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from turnstile.ledger.inputs import Period
 from turnstile.worker.http.context import NAME, QUEUE, RUN_ID
 from turnstile.worker.ops.listing import RunRow
+from turnstile.worker.scheduling.priority import DEFAULT as DEFAULT_PRIORITY
+from turnstile.worker.scheduling.priority import HIGHEST, LOWEST
 
 # A job's or a note source's name: not a name of worker/names.py's kinds, and an unknown one is
 # refused by name (an unknown job is `unknown_job`).
@@ -49,6 +51,13 @@ class SubmitBody(Strict):
     params: dict[str, Any] = Field(default_factory=dict, description="The job's parameters.")
     budget: BudgetBody | None = None
     queue: str = Field(default="default", pattern=QUEUE)
+    priority: StrictInt = Field(
+        default=DEFAULT_PRIORITY, ge=LOWEST, le=HIGHEST,
+        description=(
+            "0-9: within the tenant's fair share, higher is served first; a waiting step gains"
+            " a level per TURNSTILE_PRIORITY_AGING_S it has waited."
+        ),
+    )  # fmt: skip
     run_id: str | None = Field(
         default=None,
         pattern=RUN_ID,

@@ -23,6 +23,8 @@ from turnstile.jobs.state import RunState
 from turnstile.worker.client._client import Client
 from turnstile.worker.ops.errors import ControlError
 from turnstile.worker.ops.subjects import Subject, check_known, scan, tenants
+from turnstile.worker.scheduling.priority import DEFAULT as DEFAULT_PRIORITY
+from turnstile.worker.scheduling.priority import stored_priority
 from turnstile.worker.store import keys
 from turnstile.worker.store.values import text
 
@@ -45,6 +47,7 @@ class RunRow:
     tokens: int | None
     cost_microusd: int | None
     reason: str = ""  # the outcome in words, beside its code and detail
+    priority: int = DEFAULT_PRIORITY  # 0-9, higher served first within its tenant's share
 
 
 def _row(tenant: str, run_id: str, stored: dict[str, str]) -> RunRow:
@@ -57,6 +60,7 @@ def _row(tenant: str, run_id: str, stored: dict[str, str]) -> RunRow:
         stored.get("user", ""), int(stored.get("created_ms") or 0),
         int(stored.get("updated_ms") or 0), usage.get("steps"), usage.get("tokens"),
         usage.get("cost_microusd"), stored.get("reason", ""),
+        stored_priority(stored.get("priority")),
     )  # fmt: skip
 
 

@@ -13,6 +13,7 @@ from turnstile.jobs.state import RunState
 from turnstile.jobs.trace import Span
 from turnstile.worker.client._client import Client
 from turnstile.worker.ops.decisions import resolve
+from turnstile.worker.scheduling.priority import stored_priority
 
 
 def events(c: Client, tenant: str, run_id: str) -> list[tuple[str, dict[str, Any]]]:
@@ -34,6 +35,7 @@ def run_view(c: Client, run_id: str, tenant: str | None = None) -> dict[str, Any
         "run_id": run_id, "tenant": tenant, "status": stored.get("status", ""),
         "outcome": stored.get("outcome", ""), "detail": stored.get("detail", ""),
         "reason": stored.get("reason", ""), "queue": stored.get("queue", ""),
+        "priority": stored_priority(stored.get("priority")),
         "job": stored.get("job", ""), "user": stored.get("user", ""),
         "version": int(stored.get("version") or 0),
         "created_ms": int(stored.get("created_ms") or 0),

@@ -25,11 +25,11 @@ import structlog
 from turnstile.worker.broker.layout import Depth
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.observability import metrics
-from turnstile.worker.scheduling.fair import sent_window_ms, slot_extra_ms, tenant_view
+from turnstile.worker.scheduling.fair import aging_ms, sent_window_ms, slot_extra_ms, tenant_view
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 from turnstile.worker.store.durability import Durability
-from turnstile.worker.store.scripts import evalsha, register, with_scripts
+from turnstile.worker.store.scripts import FAIR, evalsha, register, with_scripts
 from turnstile.worker.store.values import server_ms
 
 log = structlog.get_logger("turnstile.fair")
@@ -92,7 +92,7 @@ class Dispatcher:
     ) -> None:
         self.client, self.broker_depth, self.config = client, broker_depth, config
         self.publish = publish
-        self.take = register(client, "fair_take")
+        self.take = register(client, "fair_take", FAIR)
         self.rr: dict[str, RoundRobin] = {}
         self.token = secrets.token_hex(8)
         self.renewed = 0.0
@@ -110,6 +110,7 @@ class Dispatcher:
         self.linger_s = LINGER_S if config.durability == Durability.NONE else 0.0
         self.slot_extra_ms = slot_extra_ms(config)
         self.sent_window_ms = sent_window_ms(config)
+        self.aging_ms = aging_ms(config)
 
     def depth(self, queue: str) -> int:
         """Steps waiting on the queue's broker (worker/broker/layout.py: the priority lists'
@@ -215,7 +216,8 @@ class Dispatcher:
         ]  # fmt: skip
 
     def _take(self, tenant: str, queue: str) -> dict[str, Any] | None:
-        reply = self.take(keys=self._take_keys(tenant, queue), args=[self.slot_extra_ms])
+        reply = self.take(keys=self._take_keys(tenant, queue),
+                          args=[self.slot_extra_ms, self.aging_ms])  # fmt: skip
         return self._taken(tenant, queue, reply)
 
     def _take_many(self, tenants: list[str], queue: str) -> list[dict[str, Any] | None]:
@@ -224,7 +226,8 @@ class Dispatcher:
 
         def build(pipe: Any) -> None:
             for tenant in tenants:
-                evalsha(pipe, self.take, self._take_keys(tenant, queue), [self.slot_extra_ms])
+                evalsha(pipe, self.take, self._take_keys(tenant, queue),
+                        [self.slot_extra_ms, self.aging_ms])  # fmt: skip
 
         replies = with_scripts(self.client, (self.take,), build)
         taken: dict[str, dict[str, Any] | None] = {}
@@ -267,8 +270,8 @@ class Dispatcher:
         pushed meanwhile re-adds it (its push adds after its entry, and we look after)."""
         self.client.srem(keys.fair_active(queue), tenant)
         pipe = self.client.pipeline(transaction=False)
-        pipe.llen(keys.pending(tenant, queue, "cont"))
-        pipe.llen(keys.pending(tenant, queue, "start"))
+        pipe.zcard(keys.pending(tenant, queue, "cont"))
+        pipe.zcard(keys.pending(tenant, queue, "start"))
         if sum(int(n) for n in pipe.execute()):
             self.client.sadd(keys.fair_active(queue), tenant)
 

@@ -3,12 +3,13 @@
 A Celery queue is first come, first served: a tenant that enqueues thousands of runs makes
 every other tenant wait behind all of them. So a step message does not go straight to the
 broker: `route` (the one place that decides where a step goes) puts it in its tenant's pending
-list on its queue (continuations and first steps apart, in the tenant's hash slot), and the
-dispatcher (dispatcher.py) moves steps from the tenants' lists to the broker, round robin,
-skipping a tenant at its cap on turns in flight. A step takes a slot when dispatched and gives
-it back when its delivery is done (`release`), which nudges the dispatcher: a capped tenant's
-next step waits in Redis, holding no worker and re-publishing nothing, and goes as soon as one
-of its turns ends.
+set on its queue (continuations and first steps apart, in the tenant's hash slot, ordered by
+the run's priority and the time queued: see fair_lib.lua and priority.py), and the dispatcher
+(dispatcher.py) moves steps from the tenants' sets to the broker, round robin between
+tenants, each tenant's by effective priority, skipping a tenant at its cap on turns in flight.
+A step takes a slot when dispatched and gives it back when its delivery is done (`release`),
+which nudges the dispatcher: a capped tenant's next step waits in Redis, holding no worker and
+re-publishing nothing, and goes as soon as one of its turns ends.
 
 A turn's commit queues its run's next step itself (run_commit.lua, through fair_lib.lua), so
 the step exists if and only if the commit does. A slot whose step was lost lapses by itself
@@ -64,7 +65,7 @@ def route(
         queued = pending_entry(msg, soft_s, hard_s)
 
         def build(pipe: Any) -> None:
-            evalsha(pipe, push, queued.keys, queued.args)
+            evalsha(pipe, push, [*queued.keys, queued.run_key], queued.args)
             if not in_order:
                 queued.announce(pipe)
 
@@ -79,13 +80,18 @@ def route(
 
 @dataclass(frozen=True)
 class Pending:
-    """A step as its tenant's pending list takes it: `fair_queue`'s keys and arguments (see
+    """A step as its tenant's pending set takes it: `fair_queue`'s keys and arguments (see
     fair_lib.lua), and what tells the dispatcher it is there."""
 
     tenant: str
     queue: str
-    keys: list[str]
+    keys: list[str]  # the pending set, the pending index, the slots
     args: list[str]  # run id, version, entry, the slot to give back
+
+    @property
+    def run_key(self) -> str:
+        """The run's hash, whose priority orders the step (a commit's script has it already)."""
+        return keys.run(self.tenant, self.args[0])
 
     @property
     def entry(self) -> str:
@@ -104,7 +110,8 @@ class Pending:
 
 
 def pending_entry(msg: StepMessage, soft_s: float, hard_s: float) -> Pending:
-    """The pending-list entry of a step message: continuations and first steps apart."""
+    """The pending-set entry of a step message: continuations and first steps apart (its
+    priority is its run's, read by the script that queues it)."""
     kind = "cont" if msg.version > 1 else "start"
     entry = json.dumps(
         {**msg.as_kwargs(), "soft_s": soft_s, "hard_s": hard_s}, separators=(",", ":")
@@ -130,18 +137,24 @@ def claim(msg: StepMessage, hard_s: float, config: Settings, token: str) -> Clai
             token, str(sent_window_ms(config)), str(slot_extra_ms(config) + int(hard_s * 1000)),
             msg.queue]  # fmt: skip
     tenant_keys = [keys.control(msg.tenant), keys.caps(msg.tenant)]
+    starts, aging = keys.pending(msg.tenant, msg.queue, "start"), str(aging_ms(config))
     if config.redis_url is not None and is_cluster(config.redis_url):
         # The queue's keys are in no tenant's slot: read before the commit (queue_allows).
         window = sent_window_ms(config)
         return Claim(
-            keys=tenant_keys, args=[*args, "1"],
+            keys=[*tenant_keys, starts], args=[*args, "1", aging],
             queue_allows=lambda client: queue_allows_claim(client, msg.tenant, msg.queue, window),
         )  # fmt: skip
     return Claim(
         keys=[*tenant_keys, keys.queue_control(msg.queue), keys.fair_active(msg.queue),
-              keys.fair_sent(msg.queue), keys.FAIR_QUEUES, keys.FAIR_WAKE],
-        args=[*args, ""],
+              keys.fair_sent(msg.queue), keys.FAIR_QUEUES, keys.FAIR_WAKE, starts],
+        args=[*args, "", aging],
     )  # fmt: skip
+
+
+def aging_ms(config: Settings) -> int:
+    """How long a pending step waits to gain a priority level (see fair_lib.lua), at least 1."""
+    return max(1, int(config.priority_aging_s * 1000))
 
 
 def queue_allows_claim(client: redis.Redis, tenant: str, queue: str, window_ms: int) -> bool:
@@ -255,8 +268,8 @@ class TenantView:
 def tenant_view(client: redis.Redis, tenant: str, queues: Iterable[str]) -> TenantView:
     pipe = client.pipeline(transaction=False)
     for queue in queues:
-        pipe.llen(keys.pending(tenant, queue, "cont"))
-        pipe.llen(keys.pending(tenant, queue, "start"))
+        pipe.zcard(keys.pending(tenant, queue, "cont"))
+        pipe.zcard(keys.pending(tenant, queue, "start"))
     pipe.zcount(keys.slots(tenant), "(" + str(server_ms(client)), "+inf")
     pipe.hmget(keys.caps(tenant), "turns_in_flight", "weight", "active_runs")
     pipe.zcard(keys.active(tenant))

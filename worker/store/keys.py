@@ -109,15 +109,18 @@ def ledger(tenant: str) -> list[str]:
 
 
 def pending(tenant: str, queue: str, kind: str) -> str:
-    """List: the tenant's step entries (JSON) waiting for the dispatcher on `queue`; `kind` is
-    "cont" (a run's later steps, taken first) or "start" (new runs' first steps)."""
-    return _t(tenant, f"pending:{queue}:{kind}")
+    """Sorted set: the tenant's step entries (JSON) waiting for the dispatcher on `queue`,
+    scored by their run's priority level and when they were queued (see fair_lib.lua); `kind`
+    is "cont" (a run's later steps, taken first within a level) or "start" (new runs' first
+    steps). Named `waiting`: the lists of before priorities were `pending` (a step left in one
+    is sent again by the sweeper)."""
+    return _t(tenant, f"waiting:{queue}:{kind}")
 
 
 def pending_index(tenant: str) -> str:
-    """Hash: run id -> the version of its step waiting in a pending list (a re-send of a step
+    """Hash: run id -> the version of its step waiting in a pending set (a re-send of a step
     that waits is not queued twice)."""
-    return _t(tenant, "pending-index")
+    return _t(tenant, "waiting-index")
 
 
 def slots(tenant: str) -> str:

@@ -229,8 +229,10 @@ class RunStore:
         pickup_lease_ms: int,
         event: dict[str, Any],
         hold: str,
+        priority: int,
     ) -> tuple[bool, str]:
-        """Create the run once. Returns (created, stored fingerprint)."""
+        """Create the run once, with its priority (0-9, see scheduling/priority.py). Returns
+        (created, stored fingerprint)."""
         run_keys = [
             keys.run(tenant, run_id),
             keys.events(tenant, run_id),
@@ -240,7 +242,7 @@ class RunStore:
         ]
         args = [
             run_id, state_json, fingerprint, queue, job, user_id,
-            pickup_lease_ms, encode_event(event), EVENTS_MAXLEN, hold,
+            pickup_lease_ms, encode_event(event), EVENTS_MAXLEN, hold, priority,
         ]  # fmt: skip
 
         def build(pipe: Any) -> None:

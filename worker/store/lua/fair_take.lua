@@ -1,19 +1,22 @@
 --[[
-Take the tenant's next pending step for dispatch, if its caps have room: a continuation before
-a new run's first step. The step takes a slot ("<run id>:<version>", scored by when it lapses)
-that the step gives back when its delivery is done; a slot whose step was lost lapses on its
-own (the sweeper re-sends the step). A new run's first step also needs room under the
-tenant's cap on active runs (a run is active from its first dispatch until it ends).
+Take the tenant's next pending step for dispatch, if its caps have room: the step fair_lib.lua's
+`fair_next` names (priority levels by effective priority, which rises as steps wait; within a
+level a continuation before a new run's first step). The step takes a slot ("<run id>:<version>",
+scored by when it lapses) that the step gives back when its delivery is done; a slot whose step
+was lost lapses on its own (the sweeper re-sends the step). A new run's first step also needs
+room under the tenant's cap on active runs (a run is active from its first dispatch until it
+ends). This body follows fair_lib.lua.
 
 KEYS
-  1 continuations list   turnstile:{T}:pending:<queue>:cont
-  2 starts list          turnstile:{T}:pending:<queue>:start
-  3 index hash           turnstile:{T}:pending-index
+  1 continuations        turnstile:{T}:waiting:<queue>:cont
+  2 first steps          turnstile:{T}:waiting:<queue>:start
+  3 index hash           turnstile:{T}:waiting-index
   4 slots zset           turnstile:{T}:slots
   5 caps hash            turnstile:{T}:caps         turns_in_flight, active_runs (absent: none)
   6 active zset          turnstile:{T}:active       run id -> when its first step went (ms)
 ARGV
   1 slot lease beyond the step's hard time limit (ms)
+  2 priority aging (ms): a waiting step gains a level per this long
 Returns
   {"empty"}                        nothing pending on this queue
   {"capped", in_flight, cap}       at its cap on turns in flight: the step stays pending
@@ -21,9 +24,8 @@ Returns
                                    active runs (the caller prunes runs that ended, see fair.py)
   {"ok", entry}                    the entry, moved out of pending into a slot
 ]]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local waiting = redis.call('LLEN', KEYS[1]) + redis.call('LLEN', KEYS[2])
+local now = fair_now()
+local waiting = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
 if waiting == 0 then
   return {'empty'}
 end
@@ -34,14 +36,16 @@ local in_flight = redis.call('ZCARD', KEYS[4])
 if cap and in_flight >= cap then
   return {'capped', in_flight, cap}
 end
-local entry = redis.call('LPOP', KEYS[1])
-if not entry then
-  local active = redis.call('ZCARD', KEYS[6])
-  if runs_cap and active >= runs_cap then
-    return {'capped_runs', active, runs_cap}
-  end
-  entry = redis.call('LPOP', KEYS[2])
+local starts, active = true, 0
+if runs_cap then
+  active = redis.call('ZCARD', KEYS[6])
+  starts = active < runs_cap
 end
+local set, entry = fair_next(KEYS[1], KEYS[2], starts, tonumber(ARGV[2]))
+if not entry then
+  return {'capped_runs', active, runs_cap}
+end
+redis.call('ZREM', set, entry)
 local step = cjson.decode(entry)
 local run_id, version = step.run_id, tostring(step.version)
 if redis.call('HGET', KEYS[3], run_id) == version then

@@ -4,7 +4,8 @@ summary fields, settle the turn's ledger reservations, close every other hold th
 has open, append the events, move the run in the status and outcome indexes, and set or clear
 its lease. Used for every change a run goes through: a turn, a park, a decision, a failure.
 This body follows the ledger's library (see ledger/lib.lua), fair_lib.lua and run_lib.lua, so
-`ledger_settle`, `ledger_settle_check`, `fair_queue` and `run_load_at` are in scope.
+`ledger_settle`, `ledger_settle_check`, `fair_queue`, `fair_levels` and `run_load_at` are in
+scope.
 
 The next step: with fair share on, a commit that leaves the run running also queues the run's
 next step in its tenant's pending list (`fair_queue`), in the same script: the step is queued
@@ -15,19 +16,23 @@ Eager continuation: a commit that would queue the next step may instead claim it
 committing worker (which asks only when it is free to run it at once: see runtime/task.py),
 when fair share would pick this run anyway: no other tenant has steps pending on the queue
 (KEYS 20) or sent to the broker and not yet loaded (KEYS 21, entries younger than the window),
-no other continuation of the tenant's waits (pending, KEYS 14, or sent), the tenant is under
-its cap on turns in flight, and neither the tenant nor the queue is paused or draining (the
-tenant's new runs wait: fair share sends a tenant's continuations before its first steps).
+no other continuation of the tenant's is sent and not loaded, no step of the tenant's waits in
+its pending sets on the queue that fair share would take before this one (KEYS 14 and 24: one
+of a higher effective priority, or a continuation of the same priority; see fair_lib.lua), the
+tenant is under its cap on turns in flight, and neither the tenant nor the queue is paused or
+draining (the tenant's first steps of the same priority wait: fair share sends a level's
+continuations before its first steps).
 The claimed step takes the slot the queued one would (the previous step's is given back),
 then is loaded here, by the very function run_load.lua runs (`run_load_at`), with its
 in-flight lease, attempt token and ledger hold: the worker runs that turn at once, and a
 worker that dies before the turn commits leaves a lease that lapses, as for any delivery.
 
 Cluster: the queue's keys (KEYS 19-23) are in no tenant's slot, so on a Valkey/Redis Cluster a
-script cannot read them with the tenant's. There the caller reads the queue's part of the check
+script cannot read them with the tenant's (the tenant's pending set of first steps, KEYS 24,
+then comes as KEYS 19). There the caller reads the queue's part of the check
 (its flags, fair_active, fair_sent) just before the commit, and asks to claim only if it
-passed; the script then takes KEYS 1-18 only, checks the tenant's part (its pause, its pending
-continuations, its cap) as above, and a step it queues after all is announced by the caller,
+passed; the script then takes KEYS 1-19 only, checks the tenant's part (its pause, its pending
+steps that outrank this one, its cap) as above, and a step it queues after all is announced by the caller,
 after the reply. The check is about fairness only: a claim the read let through a moment too
 late runs one turn early, never twice (the version and the in-flight lease see to that).
 
@@ -47,11 +52,15 @@ KEYS
   6 outcome set     turnstile:{T}:outcome:<outcome> (any tenant key when there is none)
   7 inflight hash   turnstile:{T}:inflight
   8-13              the tenant's six ledger keys, in the library's order
-  14-16             to queue the next step: its pending list, the pending index, the slots
-  17-23             to claim it (eager): the tenant's control hash, its caps hash (on a
-                    cluster, only these two: see "Cluster"), the queue's control hash, the queue's pending tenants (fair_active), the
+  14-16             to queue the next step: its pending set (continuations), the pending
+                    index, the slots (its priority is KEYS 1's)
+  17-24             to claim it (eager): the tenant's control hash, its caps hash (on a
+                    cluster, only these two and the tenant's pending set of first steps as
+                    KEYS 19: see "Cluster"), the queue's control hash, the queue's pending
+                    tenants (fair_active), the
                     queue's sent steps (fair_sent), the set of queues with pending steps,
-                    the dispatcher's wake-up list (to announce a step queued after all)
+                    the dispatcher's wake-up list (to announce a step queued after all), the
+                    tenant's pending set of first steps on the queue
 ARGV
   1 run id
   2 expected version
@@ -70,12 +79,13 @@ ARGV
   then the ledger's journal max length (for the releases)
   then, to queue the next step (KEYS 14-16): its entry (JSON, for the new version) and the
   slot to give back, else nothing
-  then, to claim it instead where it may be (KEYS 17-23): the tenant, the in-flight lease (ms),
+  then, to claim it instead where it may be (KEYS 17-24): the tenant, the in-flight lease (ms),
   where the turn runs ("<queue>|<pid>|<host>"), the claimed delivery's token, the window of
-  sent steps (ms), the claimed step's slot lease (ms), the queue, and "1" on a cluster (see
-  "Cluster") or ""; else nothing. A commit that asked to claim and queued instead announces
-  the step itself (see fair.Pending.announce, which the caller pipelines after a commit that
-  did not ask), so a claimed step adds its tenant to no set of tenants with work.
+  sent steps (ms), the claimed step's slot lease (ms), the queue, "1" on a cluster (see
+  "Cluster") or "", and the priority aging (ms); else nothing. A commit that asked to claim
+  and queued instead announces the step itself (see fair.Pending.announce, which the caller
+  pipelines after a commit that did not ask), so a claimed step adds its tenant to no set of
+  tenants with work.
 Returns
   {"ok", new_version, queued} (queued: 1 if the next step was queued, 0 if not asked or it
   was waiting already) | {"ok", new_version, 2, load} (the step was claimed: `load` is
@@ -83,9 +93,20 @@ Returns
   | {"busy", version} (a turn is in flight and the change asked for none: nothing written)
 ]]
 -- The tenant's part of the check: no continuation of its waits, and it is under its cap.
-local function tenant_may_claim(give_back, now)
-  if redis.call('LLEN', KEYS[14]) > 0 then
-    return false  -- a continuation of this tenant's waits in its pending list: it goes first
+local function tenant_may_claim(claim, give_back, now)
+  -- The tenant's own pending steps on the queue: the claim is fair share's next pick only if
+  -- no waiting step outranks this one (fair_lib.lua's order, with this step queued now).
+  local mine = fair_priority(KEYS[1])
+  local mine_score = now - mine * claim.aging
+  for _, level in ipairs(fair_levels(KEYS[14], claim.starts, true)) do
+    local p, score = level[1], level[2] - level[1] * claim.aging
+    if p == mine then
+      if level[3] then
+        return false  -- a continuation of the same priority waits: it goes first
+      end
+    elseif score < mine_score or (score == mine_score and p > mine) then
+      return false  -- a step of a higher effective priority waits
+    end
   end
   local cap = tonumber(redis.call('HGET', KEYS[18], 'turns_in_flight') or '')
   if cap then
@@ -107,7 +128,7 @@ local function may_claim(claim, give_back, now)
     return false
   end
   if claim.split then
-    return tenant_may_claim(give_back, now)  -- the caller checked the queue (see "Cluster")
+    return tenant_may_claim(claim, give_back, now)  -- the caller checked the queue (see "Cluster")
   end
   local flags = redis.call('HMGET', KEYS[19], 'paused', 'draining')
   if (flags[1] or '') ~= '' or (flags[2] or '') ~= '' then
@@ -130,7 +151,7 @@ local function may_claim(claim, give_back, now)
       return false
     end
   end
-  return tenant_may_claim(give_back, now)
+  return tenant_may_claim(claim, give_back, now)
 end
 
 local version, open = unpack(redis.call('HMGET', KEYS[1], 'version', 'holds'))
@@ -233,8 +254,9 @@ if next_entry ~= '' and claimer ~= '' then
   local claim = {
     tenant = claimer, lease = ARGV[i + 6], where = ARGV[i + 7], token = ARGV[i + 8],
     window = tonumber(ARGV[i + 9]), slot_lease = tonumber(ARGV[i + 10]), queue = ARGV[i + 11],
-    split = ARGV[i + 12] == '1',
+    split = ARGV[i + 12] == '1', aging = tonumber(ARGV[i + 13]),
   }
+  claim.starts = claim.split and KEYS[19] or KEYS[24]
   if may_claim(claim, give_back, now) then
     if give_back ~= '' then
       redis.call('ZREM', KEYS[16], give_back)
@@ -246,8 +268,8 @@ if next_entry ~= '' and claimer ~= '' then
       {run_id, tostring(new_version), claim.lease, claim.where, claim.token, ''})
     return {'ok', new_version, 2, loaded}
   end
-  queued = fair_queue(KEYS[14], KEYS[15], KEYS[16], run_id, tostring(new_version), next_entry,
-    give_back)
+  queued = fair_queue(KEYS[14], KEYS[15], KEYS[16], KEYS[1], run_id, tostring(new_version),
+    next_entry, give_back)
   if not claim.split then
     redis.call('SADD', KEYS[20], claim.tenant)
     redis.call('SADD', KEYS[22], claim.queue)
@@ -255,7 +277,7 @@ if next_entry ~= '' and claimer ~= '' then
     redis.call('LTRIM', KEYS[23], 0, 0)
   end
 elseif next_entry ~= '' then
-  queued = fair_queue(KEYS[14], KEYS[15], KEYS[16], run_id, tostring(new_version), next_entry,
-    give_back)
+  queued = fair_queue(KEYS[14], KEYS[15], KEYS[16], KEYS[1], run_id, tostring(new_version),
+    next_entry, give_back)
 end
 return {'ok', new_version, queued}

@@ -19,6 +19,7 @@ ARGV
   8 the "submitted" event, JSON
   9 events stream max length
   10 the first turn's ledger hold, JSON (see run_load.lua)
+  11 the run's priority (0-9; fair share takes a tenant's higher ones first, see fair_lib.lua)
 Returns
   {"created", now_ms} or {"exists", fingerprint}
 ]]
@@ -32,7 +33,7 @@ redis.call('HSET', KEYS[1],
   'state', ARGV[2], 'version', 1, 'status', 'running', 'fingerprint', ARGV[3],
   'queue', ARGV[4], 'job', ARGV[5], 'user', ARGV[6],
   'created_ms', string.format('%d', now), 'updated_ms', string.format('%d', now),
-  'hold', ARGV[10])
+  'hold', ARGV[10], 'priority', ARGV[11])
 redis.call('ZADD', KEYS[3], now, ARGV[1])
 redis.call('SADD', KEYS[4], ARGV[1])
 redis.call('ZADD', KEYS[5], now + tonumber(ARGV[7]), ARGV[1])
