@@ -404,6 +404,8 @@ class Step:
             "type": "rate_limited", "endpoint": endpoint, "limit": drawn.which,
             "wait_ms": drawn.wait_ms, "step": state.usage.steps + 1, "at": now_iso(),
         }  # fmt: skip
+        if self.claimed is not None:
+            event["eager"] = True  # claimed by the commit before: its draw came first all the same
         if drawn.kind == "late":
             reason = (
                 f"the run's deadline would pass while it waits {wait_s:.1f} s for the rate "
