@@ -256,7 +256,7 @@ def test_limits_over_http_need_an_operator_key_and_refuse_bad_limits_with_nothin
             assert refused.status_code == 403
         with http(api, make_key(redis_url, tenant, Role.OPERATOR)) as operator:
             for body, code in [
-                ({"rpm": 0}, "invalid_limit"), ({"rpm": -1}, "invalid_limit"),
+                ({"rpm": 0}, "invalid_request"), ({"rpm": -1}, "invalid_request"),
                 ({"tpm": "5"}, "invalid_request"), ({}, "invalid_limit"),
                 ({"rpm": 5, "burst": 2}, "unknown_field"),
             ]:  # fmt: skip

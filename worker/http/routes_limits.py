@@ -29,8 +29,12 @@ TenantQuery = Annotated[
 class LimitsBody(Strict):
     """Requests and tokens per minute; at least one, each a whole number from 1."""
 
-    rpm: StrictInt | None = Field(default=None, description="Requests per minute.")
-    tpm: StrictInt | None = Field(default=None, description="Tokens per minute.")
+    rpm: StrictInt | None = Field(
+        default=None, ge=1, le=ratelimits.MAX_LIMIT, description="Requests per minute."
+    )
+    tpm: StrictInt | None = Field(
+        default=None, ge=1, le=ratelimits.MAX_LIMIT, description="Tokens per minute."
+    )
     tenant: str | None = Field(
         default=None, pattern=NAME, description="A tenant's own share of the endpoint."
     )
