@@ -33,6 +33,7 @@ from turnstile.errors import TurnstileError
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.scheduling.fair import pending_entry
 from turnstile.worker.store import keys
+from turnstile.worker.store.runs import StoreUnavailable
 from turnstile.worker.store.scripts import FAIR, RL, register, with_scripts
 from turnstile.worker.store.values import server_ms
 
@@ -42,6 +43,9 @@ LIMITS = ("rpm", "tpm")  # what `turnstile limits set` accepts: requests and tok
 MAX_LIMIT = 10**12
 CACHE_S = 2.0  # how long a worker process trusts its list of limited endpoints
 DUE_BATCH = 500  # deferred steps one pass of the dispatcher moves per tenant, at most
+# With no step deferred, the dispatcher looks again at most this often (a pass a commit would
+# otherwise pay a round trip for nothing); a step deferred meanwhile waits at least its wait.
+IDLE_LOOK_S = 0.25
 
 
 class RateLimitError(TurnstileError):
@@ -245,13 +249,18 @@ class Buckets:
         self, endpoint: str, tenant: str, run_id: str, version: int, *, tokens: int,
         longest_ms: int,
     ) -> Draw:  # fmt: skip
-        """Draw one request and `tokens` for the turn of step `version`; see rl_draw.lua."""
-        reply = self._draw(
-            keys=[keys.rate_bucket(endpoint), keys.rate_bucket(endpoint, tenant),
-                  keys.rate_paid(endpoint)],
-            args=[paid_member(tenant, run_id, version), max(0, tokens), max(0, longest_ms),
-                  paid_member(tenant, run_id, version + 1)],
-        )  # fmt: skip
+        """Draw one request and `tokens` for the turn of step `version`; see rl_draw.lua. A
+        store that does not answer is StoreUnavailable: the step is retried, as when its load
+        finds the store down."""
+        try:
+            reply = self._draw(
+                keys=[keys.rate_bucket(endpoint), keys.rate_bucket(endpoint, tenant),
+                      keys.rate_paid(endpoint)],
+                args=[paid_member(tenant, run_id, version), max(0, tokens), max(0, longest_ms),
+                      paid_member(tenant, run_id, version + 1)],
+            )  # fmt: skip
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailable(f"store unavailable: {exc}") from exc
         kind = str(reply[0])
         if kind == "go":
             return GO
@@ -310,11 +319,16 @@ class Promoter:
         self.client = client
         self.due = register(client, "fair_due")
         self.push = register(client, "fair_push", FAIR)
+        self.idle_at = -IDLE_LOOK_S  # when a look last found nothing deferred (monotonic)
 
     def promote(self) -> float | None:
         """Queue every deferred step that is due; the seconds until the next one is, or None."""
+        now = time.monotonic()
+        if now - self.idle_at < IDLE_LOOK_S:
+            return None
         tenants = sorted(str(t) for t in self.client.smembers(keys.DEFERRED_TENANTS))
         if not tenants:
+            self.idle_at = now
             return None
 
         def take(pipe: Any) -> None:
