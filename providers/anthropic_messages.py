@@ -51,7 +51,9 @@ def _status_failure(exc: anthropic.APIStatusError, route: Route) -> Failure:
     wait = retry_after_s(exc.response.headers)
     if status == 429:
         asked = f" (asked to wait {wait:g} s)" if wait is not None else ""
-        return Failure("retry", f"rate limited by {name}{asked}: {message}", wait_s=wait)
+        return Failure(
+            "retry", f"rate limited by {name}{asked}: {message}", wait_s=wait, rate_limited=True
+        )
     failure = Failure(
         "stop", f"{name} rejected the request ({status} {kind}): {message}",
         detail="provider.rejected",
@@ -148,7 +150,7 @@ class AnthropicMessages:
             )
 
         classified = functools.partial(classify, route=self.route)
-        message = with_retries(attempt, classified, timeout_s=request.timeout_s)
+        message = with_retries(attempt, classified, timeout_s=request.timeout_s, spec=self.spec)
         return self.response(message)
 
     def response(self, message: Any) -> ModelResponse:

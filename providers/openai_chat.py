@@ -52,7 +52,9 @@ def _status_failure(exc: openai.APIStatusError, route: Route) -> Failure:
     wait = retry_after_s(exc.response.headers)
     if status == 429 and code != "insufficient_quota":
         asked = f" (asked to wait {wait:g} s)" if wait is not None else ""
-        return Failure("retry", f"rate limited by {name}{asked}: {message}", wait_s=wait)
+        return Failure(
+            "retry", f"rate limited by {name}{asked}: {message}", wait_s=wait, rate_limited=True
+        )
     failure = Failure(
         "stop", f"{name} rejected the request ({status}): {message}", detail="provider.rejected"
     )
@@ -158,7 +160,7 @@ class OpenAIChat:
             )
 
         classified = functools.partial(classify, route=self.route)
-        completion = with_retries(attempt, classified, timeout_s=request.timeout_s)
+        completion = with_retries(attempt, classified, timeout_s=request.timeout_s, spec=self.spec)
         return self.response(completion)
 
     def response(self, completion: Any) -> ModelResponse:

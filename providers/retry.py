@@ -6,6 +6,10 @@ the wait the provider asked for (`retry-after`) or a backoff, only if that wait 
 time before the deadline; one it will not get over (a bad key, a rejected request, an exhausted
 quota) ends the run at once with a reason a person can act on. Retries that run out, or a wait
 that would pass the deadline, raise `ModelUnavailable`: a run's fallback model may answer.
+
+A rate limit (a 429) is also told to whoever listens (`on_rate_limited`, the worker's shared
+buckets), with the model string and the wait asked for, so that no other turn of the fleet
+calls that model before the wait is over.
 """
 
 from __future__ import annotations
@@ -37,6 +41,25 @@ class Failure:
     outcome: Outcome = Outcome.ERROR
     detail: str = "model"
     wait_s: float | None = None
+    rate_limited: bool = False  # the provider's rate limit (a 429), not an outage
+
+
+RateLimited = Callable[[str, float | None], None]  # (model string, the wait asked for, if any)
+_listeners: list[RateLimited] = []
+
+
+def on_rate_limited(listener: RateLimited) -> None:
+    """Call `listener` for every 429 a call of this process meets (once per listener)."""
+    if listener not in _listeners:
+        _listeners.append(listener)
+
+
+def _told(spec: str, wait_s: float | None) -> None:
+    for listener in list(_listeners):
+        try:
+            listener(spec, wait_s)
+        except Exception:  # noqa: S112 - a listener's failure is not the call's
+            continue
 
 
 def retry_after_s(headers: Mapping[str, str] | None) -> float | None:
@@ -64,9 +87,11 @@ def with_retries(
     max_attempts: int = MAX_ATTEMPTS,
     now: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    spec: str | None = None,
 ) -> T:
     """`attempt(timeout_s)` until it answers, within `timeout_s` in all. An exception that
-    `classify` does not know (None) is raised as it is."""
+    `classify` does not know (None) is raised as it is; a rate limit of model `spec` is told
+    to the listeners (`on_rate_limited`)."""
     start = now()
     failure: Failure | None = None
     for number in range(1, max_attempts + 1):
@@ -83,6 +108,8 @@ def with_retries(
                 raise ModelTimeout() from exc
             if failure.kind == "stop":
                 raise ModelStop(failure.outcome, failure.reason, failure.detail) from exc
+            if failure.rate_limited and spec:
+                _told(spec, failure.wait_s)
         if number == max_attempts:
             break
         wait = (

@@ -12,11 +12,18 @@ that is down), or `{"agent": {...}}`, replies made from each request for any job
 requests it received are served back at `GET /_requests`, with the time each arrived, so a test
 can check what the SDK sent and how long it waited between attempts. It prints its port on the
 first line of its output.
+
+An object script may also carry `"rpm": N`: the server then keeps a provider's rate limit of N
+requests a minute, as a token bucket (Anthropic documents theirs as one): N at once, refilled
+continuously at N a minute. A request beyond it is answered 429 with `retry-after` (whole
+seconds) and `retry-after-ms`, the wait until the bucket has a request again, and is listed
+at `/_requests` with `"limited": true`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 import threading
 import time
@@ -40,6 +47,34 @@ def turn_of(body: Any) -> int:
     return 1 + sum(step["status"] == "done" for step in plan) if plan else 0
 
 
+class Bucket:
+    """The provider's rate limit: `rpm` requests at once, refilled at `rpm` a minute."""
+
+    def __init__(self, rpm: int) -> None:
+        self.rpm, self.level, self.at = rpm, float(rpm), time.monotonic()
+
+    def take(self) -> float | None:
+        """None if a request may go now (it is counted), else the seconds to wait."""
+        now = time.monotonic()
+        self.level = min(self.rpm, self.level + (now - self.at) * self.rpm / 60)
+        self.at = now
+        if self.level >= 1:
+            self.level -= 1
+            return None
+        return (1 - self.level) * 60 / self.rpm
+
+
+def limited(wait_s: float) -> dict[str, Any]:
+    """A 429 as OpenAI words it, asking for the wait."""
+    body = {"error": {"message": f"Rate limit reached for requests; try again in {wait_s:.3f}s",
+                      "type": "requests", "code": "rate_limit_exceeded"}}  # fmt: skip
+    headers = {
+        "retry-after": str(math.ceil(wait_s)),
+        "retry-after-ms": str(math.ceil(wait_s * 1000)),
+    }
+    return {"status": 429, "headers": headers, "body": body, "delay_s": 0}
+
+
 class Script:
     """The exchanges in order; or, `by_turn`, each request answered by the exchange of its
     run's turn, so that many runs can share one server at once (the benchmarks)."""
@@ -48,6 +83,8 @@ class Script:
         self.exchanges: list[dict[str, Any]] = exchanges if isinstance(exchanges, list) else []
         self.always: dict[str, Any] | None = None
         self.agent: Agent | None = None
+        rpm = exchanges.get("rpm") if isinstance(exchanges, dict) else None
+        self.bucket = Bucket(int(rpm)) if rpm else None
         if isinstance(exchanges, dict) and "always" in exchanges:
             self.always = exchanges["always"]
         elif isinstance(exchanges, dict):
@@ -58,6 +95,10 @@ class Script:
 
     def take(self, path: str, body: Any, headers: dict[str, str]) -> dict[str, Any] | None:
         with self.lock:
+            wait_s = self.bucket.take() if self.bucket is not None else None
+            if wait_s is not None:
+                self.received.append({"path": path, "t": time.monotonic(), "limited": True})
+                return limited(wait_s)
             if self.always is not None or self.agent is not None:
                 number = len(self.received) + 1
                 self.received.append(

@@ -13,6 +13,7 @@ from turnstile.worker.cli.decisions import COMMANDS as DECISIONS
 from turnstile.worker.cli.dev import COMMANDS as DEV
 from turnstile.worker.cli.http import api, keys_app
 from turnstile.worker.cli.jobs import jobs
+from turnstile.worker.cli.limits import limits_app
 from turnstile.worker.cli.memory import memory_app
 from turnstile.worker.cli.queues import COMMANDS as QUEUES
 from turnstile.worker.cli.runs import COMMANDS as RUNS
@@ -31,6 +32,7 @@ app = typer.Typer(
 app.add_typer(ledger_app, name="ledger")
 app.add_typer(dead_letters_app, name="dead-letters")
 app.add_typer(tenants_app, name="tenants")
+app.add_typer(limits_app, name="limits")
 app.add_typer(keys_app, name="keys")
 app.add_typer(memory_app, name="memory")
 

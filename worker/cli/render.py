@@ -89,6 +89,14 @@ _LINES: dict[str, Callable[[dict[str, Any]], str]] = {
     "decision": lambda e: f"{e.get('kind')} by {e.get('by')} at {e.get('at')}",
     "parked": lambda e: f"parked: {e.get('why')}",
     "resumed": lambda e: f"resumed by {e.get('by')}",
+    "rate_limited": lambda e: (
+        f"rate limited: {e.get('endpoint')} ({e.get('limit')}), "
+        + (
+            "the wait would pass the deadline"
+            if e.get("ended")
+            else f"waits until {e.get('until')}"
+        )
+    ),
 }
 
 

@@ -89,6 +89,10 @@ def status(
                 "version", "cancel_requested_by", "answer", "message"):  # fmt: skip
         if view.get(key) not in (None, ""):
             table.add_row(key, escape(str(view[key])))
+    if view.get("waiting"):
+        w = view["waiting"]
+        table.add_row("waiting", escape(f"for the rate limit of {w['endpoint']} ({w['limit']}) "
+                                        f"until {w['until']}"))  # fmt: skip
     if view.get("last_result") is not None:
         table.add_row("last result", escape(observation_line(view["last_result"])))
     usage, budget = view["usage"], view["budget"]

@@ -16,7 +16,14 @@ from fastapi.responses import RedirectResponse
 
 from turnstile.worker.broker.producer import sender
 from turnstile.worker.client._client import Client
-from turnstile.worker.http import context, problems, routes_ops, routes_runs, webhook_delivery
+from turnstile.worker.http import (
+    context,
+    problems,
+    routes_limits,
+    routes_ops,
+    routes_runs,
+    webhook_delivery,
+)
 from turnstile.worker.http import routes_webhooks as webhooks
 from turnstile.worker.http.console import pages as console
 from turnstile.worker.http.context import Api
@@ -129,6 +136,7 @@ def create_app(config: Settings, api_settings: ApiSettings | None = None) -> Fas
     problems.install(app)
     app.include_router(routes_runs.router)
     app.include_router(routes_ops.router)
+    app.include_router(routes_limits.router)
     app.include_router(webhooks.router)
 
     @app.get("/console", include_in_schema=False)

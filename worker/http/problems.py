@@ -31,6 +31,7 @@ from turnstile.jobs.errors import KernelError, UnknownJobError
 from turnstile.ledger.errors import LedgerError, LedgerInputError
 from turnstile.worker.broker.amqp import BrokerError
 from turnstile.worker.ops.errors import ControlError
+from turnstile.worker.scheduling.ratelimits import RateLimitError
 
 log = structlog.get_logger("turnstile.api")
 
@@ -103,6 +104,7 @@ ANSWERS: tuple[tuple[type[Exception], int, str], ...] = (
     (LedgerInputError, 422, "invalid_request"),
     (LedgerError, 409, "ledger_refused"),
     (KernelError, 422, "invalid_request"),
+    (RateLimitError, 422, "invalid_limit"),
 )
 
 

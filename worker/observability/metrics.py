@@ -120,6 +120,28 @@ class Metrics:
             ["reason"],
             registry=registry,
         )
+        # Provider rate limits (worker/scheduling/ratelimits.py).
+        self.rate_deferred: Counter = Counter(
+            "turnstile_rate_limit_deferred_total",
+            "Turns deferred by a provider rate limit set with `turnstile limits`, by model "
+            "endpoint and the limit that deferred them (rpm, tpm, 429, tenant.rpm, ...).",
+            ["endpoint", "limit"],
+            registry=registry,
+        )
+        self.rate_wait: Histogram = Histogram(
+            "turnstile_rate_limit_wait_seconds",
+            "How long a deferred turn was told to wait for its endpoint's bucket.",
+            ["endpoint"],
+            buckets=STEP_BUCKETS_S,
+            registry=registry,
+        )
+        self.provider_429: Counter = Counter(
+            "turnstile_provider_rate_limited_total",
+            "429 answers from a provider on an endpoint with limits (each empties the bucket "
+            "for every worker until the wait it asked for is over).",
+            ["endpoint"],
+            registry=registry,
+        )
         # Fair share, set by the dispatcher (the worker that holds its lock) once a second.
         self.tenant_waiting: Gauge = Gauge(
             "turnstile_tenant_waiting_steps",
@@ -211,6 +233,20 @@ def tenant_refused(dimension: str) -> None:
     if m is not None:
         m.ledger_refusals.labels(dimension).inc()
         m.runs_finished.labels("budget_exhausted", f"tenant.{dimension}").inc()
+
+
+def rate_deferred(endpoint: str, limit: str, wait_s: float) -> None:
+    """A turn was deferred by `endpoint`'s `limit` for `wait_s`."""
+    m = _state.metrics
+    if m is not None:
+        m.rate_deferred.labels(endpoint, limit).inc()
+        m.rate_wait.labels(endpoint).observe(max(0.0, wait_s))
+
+
+def provider_rate_limited(endpoint: str) -> None:
+    """The provider answered 429 on a limited endpoint."""
+    if _state.metrics is not None:
+        _state.metrics.provider_429.labels(endpoint).inc()
 
 
 def tenant_share(tenant: str, *, waiting: int, in_flight: int, cap: int | None) -> None:

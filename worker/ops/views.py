@@ -47,7 +47,17 @@ def run_view(c: Client, run_id: str, tenant: str | None = None) -> dict[str, Any
         "answer": state.answer, "message": finished.get("message") if finished else None,
         "last_result": state.last_result,
         "events": len(stream), "last_event": stream[-1][1]["type"] if stream else None,
+        "waiting": waiting(stored.get("status", ""), stream),
     }  # fmt: skip
+
+
+def waiting(status: str, stream: list[tuple[str, dict[str, Any]]]) -> dict[str, Any] | None:
+    """What a running run waits for, when its last event deferred its next turn: a provider's
+    rate limit (the endpoint, the limit, until when); None otherwise."""
+    last = stream[-1][1] if stream else {}
+    if status != Status.RUNNING.value or last.get("type") != "rate_limited" or last.get("ended"):
+        return None
+    return {k: last.get(k) for k in ("endpoint", "limit", "wait_ms", "until")}
 
 
 def follow(

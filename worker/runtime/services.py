@@ -20,6 +20,7 @@ from turnstile.jobs.kernel import READ_POOL_SIZE
 from turnstile.jobs.state import RunState
 from turnstile.ledger.client import Ledger
 from turnstile.ledger.inputs import DEFAULT_DIMENSIONS
+from turnstile.providers import retry
 from turnstile.worker.broker import producer
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.broker.producer import Send
@@ -30,6 +31,7 @@ from turnstile.worker.runtime.pools import Pool
 from turnstile.worker.scheduling import fair
 from turnstile.worker.scheduling.dispatcher import PublishMany
 from turnstile.worker.scheduling.limits import time_limits
+from turnstile.worker.scheduling.ratelimits import Buckets
 from turnstile.worker.settings import Settings
 from turnstile.worker.store.connect import connect
 from turnstile.worker.store.runs import Claim, NextStep, RunStore, StoreUnavailable
@@ -59,6 +61,8 @@ class Services:
         default_factory=lambda: ThreadPoolExecutor(READ_POOL_SIZE, "turnstile-tool")
     )  # the process's tool-call threads, shared by its turns
     heartbeat: Heartbeat = field(default_factory=lambda: Heartbeat(5.0))
+    # The shared buckets of the model endpoints' rate limits (worker/scheduling/ratelimits.py).
+    buckets: Buckets | None = None
 
 
 def redis_max_connections(config: Settings) -> int:
@@ -125,6 +129,9 @@ def build_services(
     def claim(msg: StepMessage, hard_s: float, token: str) -> Claim | None:
         return fair.claim(msg, hard_s, config, token) if eager and claiming() else None
 
+    # A 429 met by any turn of this process empties the endpoint's bucket for the fleet.
+    buckets = Buckets(client)
+    retry.on_rate_limited(buckets.block)
     turns = config.concurrency if config.pool == Pool.GEVENT else 1
     return Services(
         settings=config,
@@ -137,6 +144,7 @@ def build_services(
         heartbeat=Heartbeat(config.inflight_lease_s / 3),
         # Tool calls of every turn in flight: greenlets on a green worker, so one set per turn.
         pool=ThreadPoolExecutor(READ_POOL_SIZE * turns, "turnstile-tool"),
+        buckets=buckets,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -43,6 +44,7 @@ from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.observability import metrics, tracing
 from turnstile.worker.runtime import pools
 from turnstile.worker.runtime.services import Services
+from turnstile.worker.scheduling import ratelimits
 from turnstile.worker.scheduling.limits import hold_id, ledger_amounts, next_hold, time_limits
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
@@ -142,6 +144,7 @@ class Step:
     chain: int = 0  # its place in its delivery's chain of claimed turns (its token says "+n")
     committed_at: float = 0.0  # when that commit returned (monotonic), for the gap
     following: Step | None = None  # the next turn, once this one's commit claimed it
+    drawn: tuple[str, int] | None = None  # the rate-limited endpoint and the tokens drawn
 
     def __post_init__(self) -> None:
         self.token = self.token or f"{self.delivery}.{secrets.token_hex(4)}"
@@ -368,7 +371,98 @@ class Step:
                 self.finish_now(loaded, state, job, [])
                 return "refused"
             holds.append((reservation_id, worst))
+            deferred = self._rate_limit(loaded, state, job, worst)
+            if deferred is not None:
+                return deferred
         return self._turn(loaded, state, job, holds, hard_s, view=view, model=model)
+
+    # -- provider rate limits (worker/scheduling/ratelimits.py) ------------------------------
+
+    def _rate_limit(self, loaded: Loaded, state: RunState, job: Job, worst: Usage) -> str | None:
+        """Draw the turn's request and tokens from its model endpoint's shared buckets, when
+        the endpoint has limits. None: the turn goes now. Otherwise what the step returns: the
+        turn is deferred until the bucket refills (or the run ends, if its deadline would pass
+        while it waits)."""
+        buckets = self.services.buckets
+        endpoint = job.model_spec(state.params)
+        if buckets is None or endpoint is None or not buckets.limited(endpoint):
+            return None
+        left_ms = max(0, state.budget.deadline_ms - state.usage.elapsed_ms)
+        drawn = buckets.draw(
+            endpoint,
+            self.msg.tenant,
+            self.msg.run_id,
+            self.msg.version,
+            tokens=worst.tokens,
+            longest_ms=left_ms,
+        )
+        if drawn.kind == "go":
+            self.drawn = (endpoint, worst.tokens)
+            return None
+        wait_s = drawn.wait_ms / 1000
+        event = {
+            "type": "rate_limited", "endpoint": endpoint, "limit": drawn.which,
+            "wait_ms": drawn.wait_ms, "step": state.usage.steps + 1, "at": now_iso(),
+        }  # fmt: skip
+        if self.claimed is not None:
+            event["eager"] = True  # claimed by the commit before: its draw came first all the same
+        if drawn.kind == "late":
+            reason = (
+                f"the run's deadline would pass while it waits {wait_s:.1f} s for the rate "
+                f"limit of {endpoint} ({drawn.which})"
+            )
+            log.info("rate_limit_late", endpoint=endpoint, limit=drawn.which, wait_ms=drawn.wait_ms)
+            finish(state, Outcome.BUDGET_EXHAUSTED, reason, Resource.DEADLINE)
+            committed = self.finish_now(loaded, state, job, [{**event, "ended": True}])
+            if committed.kind == "ok":
+                metrics.run_finished(Outcome.BUDGET_EXHAUSTED.value, Resource.DEADLINE.value)
+            return "finished" if committed.kind == "ok" else committed.kind
+        return self._defer(loaded, state, job, drawn, event)
+
+    def _defer(
+        self, loaded: Loaded, state: RunState, job: Job, drawn: ratelimits.Draw,
+        event: dict[str, Any],
+    ) -> str:  # fmt: skip
+        """Commit the wait and hold nothing through it: the commit releases the turn's ledger
+        hold, the delivery gives its slot back when it returns, and the run's next step waits
+        in its tenant's deferred set for the dispatcher (or, fair share off, for the sweeper
+        once the run's lease, set to the wait, lapses). The wait counts as the run's active
+        time, as a call's latency would."""
+        state.usage.elapsed_ms += drawn.wait_ms
+        event["until"] = datetime.fromtimestamp(time.time() + drawn.wait_ms / 1000, UTC).isoformat(
+            timespec="milliseconds"
+        )
+        endpoint = str(event["endpoint"])
+        reason = (
+            f"waiting {drawn.wait_ms / 1000:.1f} s for the rate limit of {endpoint} ({drawn.which})"
+        )
+        fair_share = self.settings.fair_share
+        lease = drawn.wait_ms + (int(self.settings.pickup_lease_s * 1000) if fair_share else 0)
+        hold = next_hold(
+            self.services.ledger, self.settings, state, job, version=self.msg.version + 1
+        )
+        summary = {**self._summary(state), "reason": reason}
+        committed = self.services.store.commit(
+            self._change(state, loaded, lease_ms=lease, events=[event], hold=hold, **summary)
+        )
+        if committed.kind == "stale":
+            log.info("turn_discarded", why="another delivery committed this version first")
+            return "stale"
+        if committed.kind != "ok":
+            log.error("commit_failed", kind=committed.kind, detail=committed.detail)
+            return f"commit_{committed.kind}"
+        log.info("rate_limit_deferred", endpoint=endpoint, limit=drawn.which,
+                 wait_ms=drawn.wait_ms)  # fmt: skip
+        metrics.rate_deferred(endpoint, drawn.which, drawn.wait_ms / 1000)
+        if fair_share:
+            soft_s, hard_s = time_limits(state, self.settings)
+            try:
+                ratelimits.defer(
+                    self.services.store.client, self._following, soft_s, hard_s, drawn.wait_ms
+                )
+            except Exception as exc:  # the run's lease lapses after the wait: the sweeper sends it
+                log.warning("defer_failed", error=str(exc))
+        return "deferred"
 
     def _hold(
         self, loaded: Loaded, reservation_id: str, worst: Usage, hard_s: float
@@ -428,6 +522,9 @@ class Step:
             runtime.close()
         if gate.reserved is not None:
             holds.append((gate.reservation_id, gate.reserved))
+        if self.drawn is not None and self.services.buckets is not None:
+            endpoint, drawn_tokens = self.drawn
+            self.services.buckets.refund(endpoint, self.msg.tenant, drawn_tokens - actual.tokens)
         settlements = [
             self.services.ledger.settle_script_args(state.tenant, rid, ledger_amounts(share))[1]
             for rid, share in split_actual(actual, holds)

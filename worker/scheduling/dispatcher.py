@@ -26,6 +26,7 @@ from turnstile.worker.broker.layout import Depth
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.observability import metrics
 from turnstile.worker.scheduling.fair import aging_ms, sent_window_ms, slot_extra_ms, tenant_view
+from turnstile.worker.scheduling.ratelimits import Promoter
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 from turnstile.worker.store.durability import Durability
@@ -111,6 +112,9 @@ class Dispatcher:
         self.slot_extra_ms = slot_extra_ms(config)
         self.sent_window_ms = sent_window_ms(config)
         self.aging_ms = aging_ms(config)
+        # Steps deferred by a provider rate limit (ratelimits.py), queued here when due.
+        self.promoter = Promoter(client)
+        self.next_due_s: float | None = None
 
     def depth(self, queue: str) -> int:
         """Steps waiting on the queue's broker (worker/broker/layout.py: the priority lists'
@@ -164,6 +168,7 @@ class Dispatcher:
     def dispatch(self) -> int:
         """One pass over every queue; returns how many steps were sent to the broker."""
         sent = 0
+        self.next_due_s = self.promoter.promote()
         for queue in sorted(str(q) for q in self.client.smembers(keys.FAIR_QUEUES)):
             room = self.wanted_depth(queue) - self.depth(queue)
             if room > 0:
@@ -343,7 +348,10 @@ class Dispatcher:
                 self._gauges()
                 if self.linger_s:
                     stop.wait(self.linger_s)
-                self.client.blpop([keys.FAIR_WAKE], timeout=self.config.dispatch_poll_s)
+                poll_s = self.config.dispatch_poll_s
+                if self.next_due_s is not None:  # wake when the next deferred step is due
+                    poll_s = min(poll_s, max(0.01, self.next_due_s))
+                self.client.blpop([keys.FAIR_WAKE], timeout=poll_s)
             except Exception as exc:  # the store may be down: try again shortly
                 log.warning("dispatch_pass_failed", error=str(exc))
                 stop.wait(self.config.dispatch_poll_s)

@@ -162,3 +162,39 @@ def fair_capacity(queue: str) -> str:
     """Zset: "<worker>|<turns it can hold in flight>" of each live worker reading `queue`,
     scored by when its announcement lapses (ms)."""
     return f"{PREFIX}:fair:capacity:{queue}"
+
+
+# -- provider rate limits: every key of one endpoint's buckets carries the endpoint's hash tag --
+
+
+RATE_ENDPOINTS = f"{PREFIX}:rl:endpoints"  # set: the endpoints with a limit (workers cache it)
+DEFERRED_TENANTS = f"{PREFIX}:fair:deferred"  # set: tenants with steps waiting out a rate limit
+
+
+def _rl(endpoint: str, name: str) -> str:
+    return f"{PREFIX}:{{rl:{endpoint}}}:{name}"
+
+
+def rate_bucket(endpoint: str, tenant: str = "") -> str:
+    """Hash: the limits set on a model endpoint (rpm, tpm), for every tenant or, with `tenant`,
+    one tenant's share of it, and its buckets' state (levels, when last refilled, blocked
+    until after a 429). In the endpoint's slot, never a tenant's: a draw is its own script."""
+    return _rl(endpoint, f"tenant:{tenant}" if tenant else "bucket")
+
+
+def rate_tenants(endpoint: str) -> str:
+    """Set: the tenants with a limit of their own on the endpoint."""
+    return _rl(endpoint, "tenants")
+
+
+def rate_paid(endpoint: str) -> str:
+    """Sorted set: "<tenant>|<run id>:<version>" of each deferred step whose turn has drawn
+    from the buckets already, scored by when its wait ends (ms): its draw then takes nothing."""
+    return _rl(endpoint, "paid")
+
+
+def deferred(tenant: str) -> str:
+    """Sorted set: the tenant's step entries (JSON, as its pending lists hold them) deferred by
+    a rate limit, scored by when they may go (ms); the dispatcher moves them to the pending
+    lists when due."""
+    return _t(tenant, "deferred")

@@ -34,6 +34,7 @@ LUA = Path(__file__).parent / "lua"
 LEDGER = "ledger"  # the ledger's lib.lua, for a script that reserves or settles
 FAIR = "fair_lib"  # fair_queue, for a script that queues a run's next step
 RUN = "run_lib"  # run_load_at, for a script that loads a run for a step (after LEDGER)
+RL = "rl_lib"  # a model endpoint's token buckets, for rl_draw.lua and rl_adjust.lua
 
 
 @cache

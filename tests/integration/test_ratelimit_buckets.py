@@ -1,0 +1,180 @@
+"""The shared buckets of provider rate limits, on a real server: what a draw answers, the debt
+deferred turns take, a paid step, a tenant's own share, a 429's block, the refund, the
+deadline's cut-off, the dispatcher's queueing of due steps, and the operator's bad input."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from turnstile.worker.broker.message import StepMessage
+from turnstile.worker.scheduling import ratelimits
+from turnstile.worker.scheduling.ratelimits import Buckets, Promoter, RateLimitError
+from turnstile.worker.store import keys
+
+pytestmark = pytest.mark.integration
+
+HOUR_MS = 3_600_000
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield c
+    c.close()
+
+
+def _endpoint(unique: str) -> str:
+    return f"openai:model-{unique}"
+
+
+def test_a_bucket_lets_its_minute_through_then_defers_each_turn_for_its_own_turn(
+    client: redis.Redis, unique: str
+) -> None:
+    """rpm=3: three turns go; the fourth waits a third of a minute, the fifth two thirds (the
+    deferred turn drew already), and the deferred turn's next step then goes without drawing."""
+    endpoint = _endpoint(unique)
+    ratelimits.set_limits(client, endpoint, {"rpm": 3})
+    b = Buckets(client)
+    assert b.limited(endpoint)
+    for n in range(3):
+        assert b.draw(endpoint, "t", f"r{n}", 1, tokens=100, longest_ms=HOUR_MS).kind == "go"
+    fourth = b.draw(endpoint, "t", "r3", 1, tokens=100, longest_ms=HOUR_MS)
+    fifth = b.draw(endpoint, "t", "r4", 1, tokens=100, longest_ms=HOUR_MS)
+    assert (fourth.kind, fourth.which) == ("wait", "rpm")
+    assert 19_000 <= fourth.wait_ms <= 20_000
+    assert 39_000 <= fifth.wait_ms <= 40_000
+    # r3's next step (version 2) drew when r3 was deferred: it goes, and takes nothing more.
+    assert b.draw(endpoint, "t", "r3", 2, tokens=100, longest_ms=HOUR_MS).kind == "go"
+    [view] = ratelimits.show_limits(client, endpoint)
+    assert view.rpm == 3 and view.requests_left is not None and view.requests_left < -1.9
+    assert view.deferred == 1  # r4's next step
+
+
+def test_a_wait_past_the_deadline_draws_nothing(client: redis.Redis, unique: str) -> None:
+    endpoint = _endpoint(unique)
+    ratelimits.set_limits(client, endpoint, {"rpm": 1})
+    b = Buckets(client)
+    assert b.draw(endpoint, "t", "a", 1, tokens=1, longest_ms=HOUR_MS).kind == "go"
+    late = b.draw(endpoint, "t", "b", 1, tokens=1, longest_ms=5_000)
+    assert (late.kind, late.which) == ("late", "rpm") and late.wait_ms > 5_000
+    again = b.draw(endpoint, "t", "c", 1, tokens=1, longest_ms=HOUR_MS)
+    assert again.kind == "wait" and abs(again.wait_ms - late.wait_ms) < 1_000  # b took nothing
+    assert client.zscore(keys.rate_paid(endpoint), "t|b:2") is None
+
+
+def test_tokens_per_minute_defer_a_large_turn_and_a_refund_gives_back_the_unused(
+    client: redis.Redis, unique: str
+) -> None:
+    endpoint = _endpoint(unique)
+    ratelimits.set_limits(client, endpoint, {"tpm": 6000})
+    b = Buckets(client)
+    assert b.draw(endpoint, "t", "a", 1, tokens=5000, longest_ms=HOUR_MS).kind == "go"
+    big = b.draw(endpoint, "t", "b", 1, tokens=5000, longest_ms=HOUR_MS)
+    assert (big.kind, big.which) == ("wait", "tpm")
+    assert 39_000 <= big.wait_ms <= 40_000  # 4000 tokens short at 100 a second
+    b.refund(endpoint, "t", 8000)  # both turns used 1000 of their 5000
+    assert b.draw(endpoint, "t", "c", 1, tokens=1000, longest_ms=HOUR_MS).kind == "go"
+    [view] = ratelimits.show_limits(client, endpoint)
+    assert view.tokens_left is not None and view.tokens_left < 6000
+
+
+def test_a_tenants_own_share_defers_its_turns_and_not_the_others(
+    client: redis.Redis, unique: str
+) -> None:
+    endpoint = _endpoint(unique)
+    ratelimits.set_limits(client, endpoint, {"rpm": 100})
+    ratelimits.set_limits(client, endpoint, {"rpm": 1}, tenant=f"acme-{unique}")
+    b = Buckets(client)
+    assert b.draw(endpoint, f"acme-{unique}", "a1", 1, tokens=1, longest_ms=HOUR_MS).kind == "go"
+    second = b.draw(endpoint, f"acme-{unique}", "a2", 1, tokens=1, longest_ms=HOUR_MS)
+    assert (second.kind, second.which) == ("wait", "tenant.rpm")
+    assert b.draw(endpoint, f"other-{unique}", "o1", 1, tokens=1, longest_ms=HOUR_MS).kind == "go"
+    shown = {(v.endpoint, v.tenant, v.rpm) for v in ratelimits.show_limits(client, endpoint)}
+    assert shown == {(endpoint, "", 100), (endpoint, f"acme-{unique}", 1)}
+
+
+def test_a_429_blocks_every_draw_until_its_wait_is_over_then_the_bucket_refills_from_empty(
+    client: redis.Redis, unique: str
+) -> None:
+    """The block is in the store: a second process's buckets see it. A paid step that finds
+    the block waits it out, still paid."""
+    endpoint = _endpoint(unique)
+    ratelimits.set_limits(client, endpoint, {"rpm": 6000})
+    first, second = Buckets(client), Buckets(client)
+    assert first.draw(endpoint, "t", "a", 1, tokens=1, longest_ms=HOUR_MS).kind == "go"
+    first.block(endpoint, 2.0)
+    blocked = second.draw(endpoint, "t", "b", 1, tokens=1, longest_ms=HOUR_MS)
+    assert (blocked.kind, blocked.which) == ("wait", "429")
+    assert 1_500 <= blocked.wait_ms <= 2_000
+    # b's next step is paid; it comes early, during the block: it waits the block out.
+    early = second.draw(endpoint, "t", "b", 2, tokens=1, longest_ms=HOUR_MS)
+    assert early.kind == "wait" and early.which == "429"
+    time.sleep(2.2)
+    assert second.draw(endpoint, "t", "b", 3, tokens=1, longest_ms=HOUR_MS).kind == "go"
+    # A 429 on an endpoint without limits changes nothing: Turnstile does not manage it.
+    other = f"openai:free-{unique}"
+    first.block(other, 5.0)
+    assert not client.exists(keys.rate_bucket(other))
+
+
+def test_limits_unset_removes_them_and_a_turn_then_draws_nothing(
+    client: redis.Redis, unique: str
+) -> None:
+    endpoint = _endpoint(unique)
+    ratelimits.set_limits(client, endpoint, {"rpm": 1, "tpm": 10})
+    assert ratelimits.unset_limits(client, endpoint, ["tpm"]) == ["tpm"]
+    assert endpoint in client.smembers(keys.RATE_ENDPOINTS)
+    assert ratelimits.unset_limits(client, endpoint) == ["rpm"]
+    assert endpoint not in client.smembers(keys.RATE_ENDPOINTS)
+    assert not Buckets(client).limited(endpoint)
+    assert ratelimits.show_limits(client, endpoint) == []
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "pairs", "said"),
+    [
+        ("openai:gpt-4.1-mini", ["rpm=0"], "rpm must be a whole number from 1"),
+        ("openai:gpt-4.1-mini", ["rpm=-5"], "rpm must be a whole number from 1"),
+        ("openai:gpt-4.1-mini", ["tpm=lots"], "tpm must be a whole number from 1"),
+        ("openai:gpt-4.1-mini", ["tpm=1.5"], "tpm must be a whole number from 1"),
+        ("openai:gpt-4.1-mini", ["rps=3"], "bad limit 'rps=3'"),
+        ("openai:gpt-4.1-mini", [], "nothing to set"),
+        ("gemini:pro", ["rpm=5"], "unknown endpoint 'gemini:pro'"),
+        ("not a model", ["rpm=5"], "unknown endpoint 'not a model'"),
+        ("openai:{x}", ["rpm=5"], "unknown endpoint"),
+    ],
+)
+def test_a_limit_that_is_not_one_is_refused_with_nothing_written(
+    client: redis.Redis, endpoint: str, pairs: list[str], said: str
+) -> None:
+    before = client.smembers(keys.RATE_ENDPOINTS)
+    with pytest.raises(RateLimitError, match=said):
+        ratelimits.set_limits(client, endpoint, ratelimits.parse_limits(pairs))
+    assert client.smembers(keys.RATE_ENDPOINTS) == before
+    assert not client.exists(keys.rate_bucket(endpoint))
+
+
+def test_the_dispatcher_queues_a_deferred_step_once_it_is_due_and_not_before(
+    client: redis.Redis, unique: str
+) -> None:
+    tenant, queue = f"t-{unique}", f"q-{unique}"
+    msg = StepMessage(tenant, "run-1", 3, queue)
+    ratelimits.defer(client, msg, 10.0, 20.0, 600)
+    promoter = Promoter(client)
+    soonest = promoter.promote()
+    assert soonest is not None and 0 < soonest <= 0.6
+    assert client.llen(keys.pending(tenant, queue, "cont")) == 0
+    time.sleep(soonest + 0.05)
+    assert promoter.promote() == 0.0
+    [entry] = client.lrange(keys.pending(tenant, queue, "cont"), 0, -1)
+    assert {k: json.loads(entry)[k] for k in ("run_id", "version", "hard_s")} == {
+        "run_id": "run-1", "version": 3, "hard_s": 20.0,
+    }  # fmt: skip
+    assert tenant in client.smembers(keys.fair_active(queue))
+    assert promoter.promote() is None or tenant not in client.smembers(keys.DEFERRED_TENANTS)
+    assert tenant not in client.smembers(keys.DEFERRED_TENANTS)

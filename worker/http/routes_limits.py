@@ -1,0 +1,76 @@
+"""Provider rate limits per model endpoint (`turnstile limits`), for operators: read, set,
+remove. The checks are the library's (worker/scheduling/ratelimits.py): an unknown endpoint
+or a limit below 1 is refused with nothing written."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query
+from pydantic import Field, StrictInt
+
+from turnstile.worker.http.context import NAME, Ctx, Operator
+from turnstile.worker.http.routes_runs import PROBLEMS
+from turnstile.worker.http.schemas import Strict
+from turnstile.worker.scheduling import ratelimits
+
+router = APIRouter(responses=PROBLEMS, tags=["operators"])
+
+EndpointPath = Annotated[
+    str, Path(description="The model endpoint: a model string, e.g. openai:gpt-4.1-mini.")
+]
+TenantQuery = Annotated[
+    str | None,
+    Query(pattern=NAME, description="A tenant's own share of the endpoint, within its limits."),
+]
+
+
+class LimitsBody(Strict):
+    """Requests and tokens per minute; at least one, each a whole number from 1."""
+
+    rpm: StrictInt | None = Field(
+        default=None, ge=1, le=ratelimits.MAX_LIMIT, description="Requests per minute."
+    )
+    tpm: StrictInt | None = Field(
+        default=None, ge=1, le=ratelimits.MAX_LIMIT, description="Tokens per minute."
+    )
+    tenant: str | None = Field(
+        default=None, pattern=NAME, description="A tenant's own share of the endpoint."
+    )
+
+
+def _views(ctx: Ctx, endpoint: str | None) -> dict[str, Any]:
+    views = ratelimits.show_limits(ctx.redis, endpoint)
+    return {"limits": [dataclasses.asdict(v) for v in views]}
+
+
+@router.get("/v1/limits")
+def list_limits(_: Operator, ctx: Ctx) -> dict[str, Any]:
+    """Every rate limit set, with its bucket now (`turnstile limits show`)."""
+    return _views(ctx, None)
+
+
+@router.put("/v1/limits/{endpoint:path}")
+def set_limits(endpoint: EndpointPath, body: LimitsBody, _: Operator, ctx: Ctx) -> dict[str, Any]:
+    """Set an endpoint's limits, or a tenant's share of it (`turnstile limits set`); the
+    endpoint's limits as they stand after."""
+    pairs = [f"{name}={value}" for name, value in (("rpm", body.rpm), ("tpm", body.tpm))
+             if value is not None]  # fmt: skip
+    ratelimits.set_limits(ctx.redis, endpoint, ratelimits.parse_limits(pairs), body.tenant)
+    return _views(ctx, endpoint)
+
+
+@router.delete("/v1/limits/{endpoint:path}")
+def unset_limits(
+    endpoint: EndpointPath,
+    _: Operator,
+    ctx: Ctx,
+    tenant: TenantQuery = None,
+    limit: Annotated[
+        list[str] | None, Query(description="rpm, tpm: the limits to remove (default both).")
+    ] = None,
+) -> dict[str, Any]:
+    """Remove an endpoint's limits, or a tenant's share (`turnstile limits unset`)."""
+    removed = ratelimits.unset_limits(ctx.redis, endpoint, limit or (), tenant)
+    return {"removed": removed, **_views(ctx, endpoint)}

@@ -1,0 +1,378 @@
+"""Provider rate limits, shared by every worker: requests and tokens per minute per model
+endpoint (a model string, `openai:gpt-4.1-mini`), and optionally a tenant's own share of one.
+
+Each limited endpoint has token buckets in the store (keys.rate_bucket, in the endpoint's hash
+slot): the endpoint's, and a tenant's where it has a limit of its own. Before a turn calls a
+limited model, its step draws one request and the turn's worst case of tokens from them in
+one script (rl_draw.lua); after the call the tokens it did not use are given back
+(rl_adjust.lua). A turn that does not fit is deferred: its step commits the wait and holds
+nothing (no pool slot, no ledger hold, no slot of its tenant's turns in flight), and its next
+step waits in the tenant's deferred set until the bucket says it may go, when the dispatcher
+queues it like any other step (`promote_due`). The deferred turn drew already (the bucket goes
+below zero), so the turns deferred after it wait longer, each for its own turn, and its next
+step's draw takes nothing. A 429 from the provider empties the endpoint's bucket for every
+worker until the wait it asked for has passed (`Buckets.block`).
+
+Which endpoints have limits is read by each worker process at most every CACHE_S, so a turn of
+an endpoint without one costs no round trip, and `turnstile limits set` applies within that.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+import structlog
+
+from turnstile.errors import TurnstileError
+from turnstile.worker.broker.message import StepMessage
+from turnstile.worker.scheduling.fair import pending_entry
+from turnstile.worker.store import keys
+from turnstile.worker.store.runs import StoreUnavailable
+from turnstile.worker.store.scripts import FAIR, RL, evalsha, register, with_scripts
+from turnstile.worker.store.values import server_ms
+
+log = structlog.get_logger("turnstile.ratelimits")
+
+LIMITS = ("rpm", "tpm")  # what `turnstile limits set` accepts: requests and tokens per minute
+MAX_LIMIT = 10**12
+CACHE_S = 2.0  # how long a worker process trusts its list of limited endpoints
+DUE_BATCH = 500  # deferred steps one pass of the dispatcher moves per tenant, at most
+# With no step deferred, the dispatcher looks again at most this often (a pass a commit would
+# otherwise pay a round trip for nothing); a step deferred meanwhile waits at least its wait.
+IDLE_LOOK_S = 0.25
+
+
+class RateLimitError(TurnstileError):
+    """A rate limit that is not one: an unknown endpoint, a limit of zero or below, a value
+    that is not a whole number. Nothing was written."""
+
+
+# -- operators: set, unset, show --------------------------------------------------------------
+
+
+def check_endpoint(endpoint: str) -> str:
+    """A model endpoint a limit may be set on: a model string whose provider is known here
+    (`openai`, `anthropic` or a named endpoint of TURNSTILE_MODEL_ENDPOINTS)."""
+    from turnstile.providers import parse  # noqa: PLC0415 - the providers' table, on demand
+    from turnstile.providers.errors import ProviderConfigError  # noqa: PLC0415
+
+    if any(c in endpoint for c in "{}|"):
+        raise RateLimitError(f"unknown endpoint {endpoint[:80]!r}: no braces or '|' in a name")
+    try:
+        parse(endpoint)
+    except ProviderConfigError as exc:
+        raise RateLimitError(f"unknown endpoint {endpoint[:80]!r}: {exc}") from None
+    return endpoint
+
+
+def parse_limits(pairs: Iterable[str]) -> dict[str, int]:
+    """`rpm=500 tpm=200000` as limits; each a whole number from 1, checked before any write."""
+    out: dict[str, int] = {}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        if not sep or name not in LIMITS:
+            raise RateLimitError(f"bad limit {pair!r}: expected NAME=VALUE, NAME one of {LIMITS}")
+        value = raw.strip()
+        if not value.isdigit() or not 1 <= int(value) <= MAX_LIMIT:
+            raise RateLimitError(
+                f"{name} must be a whole number from 1 to {MAX_LIMIT}, not {raw[:40]!r}"
+            )
+        out[name] = int(value)
+    if not out:
+        raise RateLimitError(f"nothing to set: give NAME=VALUE, NAME one of {LIMITS}")
+    return out
+
+
+def parse_names(names: Iterable[str]) -> list[str]:
+    """The limits `limits unset` removes: some of LIMITS, or all of them when none is named."""
+    chosen = list(names) or list(LIMITS)
+    for name in chosen:
+        if name not in LIMITS:
+            raise RateLimitError(f"unknown limit {name[:40]!r}: one of {LIMITS}")
+    return chosen
+
+
+def _check_tenant(tenant: str | None) -> None:
+    if tenant is not None:
+        from turnstile.worker.names import check_name  # noqa: PLC0415
+
+        check_name("tenant", tenant)
+
+
+def set_limits(
+    client: redis.Redis, endpoint: str, limits: Mapping[str, int], tenant: str | None = None
+) -> None:
+    """Set an endpoint's limits, or a tenant's own share of it; checked before anything is
+    written. A bucket starts full; a lower limit caps its level at once."""
+    check_endpoint(endpoint)
+    _check_tenant(tenant)
+    pipe = client.pipeline(transaction=True)
+    pipe.hset(keys.rate_bucket(endpoint, tenant or ""), mapping={k: v for k, v in limits.items()})
+    if tenant:
+        pipe.sadd(keys.rate_tenants(endpoint), tenant)
+    pipe.sadd(keys.RATE_ENDPOINTS, endpoint)
+    pipe.execute()
+
+
+def unset_limits(
+    client: redis.Redis, endpoint: str, names: Iterable[str] = (), tenant: str | None = None
+) -> list[str]:
+    """Remove limits (all of them by default) from an endpoint or a tenant's share of it;
+    the limits removed. Turns of an endpoint left without limits draw nothing."""
+    check_endpoint(endpoint)
+    _check_tenant(tenant)
+    chosen = parse_names(names)
+    key = keys.rate_bucket(endpoint, tenant or "")
+    levels = {"rpm": "r", "tpm": "t"}
+    had = client.hmget(key, *chosen)
+    pipe = client.pipeline(transaction=True)
+    pipe.hdel(key, *chosen, *(levels[n] for n in chosen))
+    pipe.execute()
+    if client.hget(key, "rpm") is None and client.hget(key, "tpm") is None:
+        client.delete(key)
+        if tenant:
+            client.srem(keys.rate_tenants(endpoint), tenant)
+    if not _has_limits(client, endpoint):
+        client.srem(keys.RATE_ENDPOINTS, endpoint)
+    return [n for n, v in zip(chosen, had, strict=True) if v is not None]
+
+
+def _has_limits(client: redis.Redis, endpoint: str) -> bool:
+    rpm, tpm = client.hmget(keys.rate_bucket(endpoint), "rpm", "tpm")
+    return rpm is not None or tpm is not None or bool(client.scard(keys.rate_tenants(endpoint)))
+
+
+@dataclass(frozen=True)
+class LimitView:
+    endpoint: str
+    tenant: str  # "" for the endpoint's own limits
+    rpm: int | None
+    tpm: int | None
+    requests_left: float | None  # the bucket's level now (below zero: turns deferred on it)
+    tokens_left: float | None
+    blocked_for_s: float  # a 429's wait still to run
+    deferred: int  # steps deferred that drew already and wait for their turn (endpoint only)
+
+
+def show_limits(client: redis.Redis, endpoint: str | None = None) -> list[LimitView]:
+    """Every limit set (or those of one endpoint), with its buckets' levels now."""
+    if endpoint is not None:
+        check_endpoint(endpoint)
+    names = [endpoint] if endpoint else sorted(str(e) for e in client.smembers(keys.RATE_ENDPOINTS))
+    now = server_ms(client)
+    out = []
+    for name in names:
+        tenants = sorted(str(t) for t in client.smembers(keys.rate_tenants(name)))
+        paid = int(client.zcount(keys.rate_paid(name), now, "+inf"))
+        for tenant in ["", *tenants]:
+            view = _view(client, name, tenant, now, paid if not tenant else 0)
+            if view is not None:
+                out.append(view)
+    return out
+
+
+def _view(client: redis.Redis, endpoint: str, tenant: str, now: int, paid: int) -> LimitView | None:
+    rpm, tpm, r, t, at, blocked = client.hmget(
+        keys.rate_bucket(endpoint, tenant), "rpm", "tpm", "r", "t", "at", "blocked"
+    )
+    if rpm is None and tpm is None:
+        return None
+    elapsed = max(0, now - int(at or now))
+
+    def level(limit: Any, stored: Any) -> float | None:
+        if limit is None:
+            return None
+        cap = int(limit)
+        return round(min(cap, (float(stored) if stored else cap) + elapsed * cap / 60000), 2)
+
+    return LimitView(
+        endpoint, tenant, int(rpm) if rpm else None, int(tpm) if tpm else None,
+        level(rpm, r), level(tpm, t), max(0, int(blocked or 0) - now) / 1000, paid,
+    )  # fmt: skip
+
+
+# -- workers: draw, give back, block ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Draw:
+    """A bucket's answer: go now, wait `wait_ms` (deferred, drawn already), or `late`: the wait
+    would outlast the run's deadline (nothing drawn). `which` names the limit that said so."""
+
+    kind: str  # "go" | "wait" | "late"
+    wait_ms: int = 0
+    which: str = ""
+
+
+GO = Draw("go")
+
+
+def paid_member(tenant: str, run_id: str, version: int) -> str:
+    return f"{tenant}|{run_id}:{version}"
+
+
+class Buckets:
+    """A worker process's side of the shared buckets."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._draw = register(client, "rl_draw", RL)
+        self._adjust = register(client, "rl_adjust", RL)
+        self._limited: frozenset[str] = frozenset()
+        self._read_at = -CACHE_S
+        self._lock = threading.Lock()
+
+    def limited(self, endpoint: str | None) -> bool:
+        """Whether the endpoint has limits (as read at most CACHE_S ago)."""
+        if not endpoint:
+            return False
+        now = time.monotonic()
+        if now - self._read_at >= CACHE_S:
+            with self._lock:
+                if now - self._read_at >= CACHE_S:
+                    try:
+                        found = self.client.smembers(keys.RATE_ENDPOINTS)
+                    except redis.RedisError as exc:  # the load before said the store is up
+                        log.warning("rate_limits_unread", error=str(exc))
+                        return endpoint in self._limited
+                    self._limited = frozenset(str(e) for e in found)
+                    self._read_at = now
+        return endpoint in self._limited
+
+    def draw(
+        self, endpoint: str, tenant: str, run_id: str, version: int, *, tokens: int,
+        longest_ms: int,
+    ) -> Draw:  # fmt: skip
+        """Draw one request and `tokens` for the turn of step `version`; see rl_draw.lua. A
+        store that does not answer is StoreUnavailable: the step is retried, as when its load
+        finds the store down."""
+        try:
+            reply = self._draw(
+                keys=[keys.rate_bucket(endpoint), keys.rate_bucket(endpoint, tenant),
+                      keys.rate_paid(endpoint)],
+                args=[paid_member(tenant, run_id, version), max(0, tokens), max(0, longest_ms),
+                      paid_member(tenant, run_id, version + 1)],
+            )  # fmt: skip
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailable(f"store unavailable: {exc}") from exc
+        kind = str(reply[0])
+        if kind == "go":
+            return GO
+        return Draw(kind, int(reply[1]), str(reply[2]))
+
+    def refund(self, endpoint: str, tenant: str, tokens: int) -> None:
+        """Give back tokens a turn drew and did not use (negative: it used more)."""
+        if tokens == 0:
+            return
+        try:
+            self._adjust(
+                keys=[keys.rate_bucket(endpoint), keys.rate_bucket(endpoint, tenant)],
+                args=["refund", tokens],
+            )
+        except redis.RedisError as exc:  # the bucket only refills a little later
+            log.warning("rate_refund_failed", endpoint=endpoint, error=str(exc))
+
+    def block(self, endpoint: str, wait_s: float | None) -> None:
+        """The provider answered 429 for `endpoint`: nothing of the fleet calls it again before
+        its wait (1 s when it named none) is over."""
+        if not self.limited(endpoint):
+            return
+        wait_ms = int(1000 * (wait_s if wait_s is not None and wait_s > 0 else 1.0))
+        try:
+            self._adjust(keys=[keys.rate_bucket(endpoint), keys.rate_bucket(endpoint)],
+                         args=["block", wait_ms])  # fmt: skip
+        except redis.RedisError as exc:
+            log.warning("rate_block_failed", endpoint=endpoint, error=str(exc))
+            return
+        log.info("rate_blocked", endpoint=endpoint, wait_ms=wait_ms)
+        from turnstile.worker.observability import metrics  # noqa: PLC0415
+
+        metrics.provider_rate_limited(endpoint)
+
+
+# -- the deferred step: kept by its tenant, queued by the dispatcher when due ----------------
+
+
+def defer(
+    client: redis.Redis, msg: StepMessage, soft_s: float, hard_s: float, wait_ms: int
+) -> None:
+    """Keep the step `msg` until `wait_ms` from now, then the dispatcher queues it (the run's
+    lease, set by the commit that deferred it, covers the wait: the sweeper leaves it be)."""
+    entry = pending_entry(msg, soft_s, hard_s).entry
+    due = server_ms(client) + wait_ms
+    pipe = client.pipeline(transaction=False)
+    pipe.zadd(keys.deferred(msg.tenant), {entry: due})
+    pipe.sadd(keys.DEFERRED_TENANTS, msg.tenant)
+    pipe.execute()
+
+
+class Promoter:
+    """The dispatcher's part: queue the deferred steps whose wait is over."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.due = register(client, "fair_due")
+        self.push = register(client, "fair_push", FAIR)
+        self.idle_at = -IDLE_LOOK_S  # when a look last found nothing deferred (monotonic)
+
+    def promote(self) -> float | None:
+        """Queue every deferred step that is due; the seconds until the next one is, or None."""
+        now = time.monotonic()
+        if now - self.idle_at < IDLE_LOOK_S:
+            return None
+        tenants = sorted(str(t) for t in self.client.smembers(keys.DEFERRED_TENANTS))
+        if not tenants:
+            self.idle_at = now
+            return None
+
+        def take(pipe: Any) -> None:
+            for tenant in tenants:
+                evalsha(pipe, self.due, [keys.deferred(tenant)], [DUE_BATCH])
+
+        replies = with_scripts(self.client, (self.due,), take)
+        entries: list[str] = []
+        soonest: float | None = None
+        for tenant, reply in zip(tenants, replies, strict=True):
+            *due, next_ms = reply
+            entries += [str(e) for e in due]
+            if int(next_ms) < 0 and not due:
+                self._drop(tenant)
+            elif int(next_ms) >= 0:
+                wait = int(next_ms) / 1000
+                soonest = wait if soonest is None else min(soonest, wait)
+        if entries:
+            self._queue(entries)
+            soonest = 0.0
+        return soonest
+
+    def _queue(self, entries: list[str]) -> None:
+        pendings = []
+        for raw in entries:
+            step = json.loads(raw)
+            msg = StepMessage(
+                str(step["tenant"]), str(step["run_id"]), int(step["version"]),
+                str(step["queue"]), str(step.get("traceparent") or ""),
+            )  # fmt: skip
+            pending = pending_entry(msg, float(step["soft_s"]), float(step["hard_s"]))
+            pendings.append(pending)
+
+        def build(pipe: Any) -> None:
+            for p in pendings:
+                # Nothing to give back: the deferring step's slot went when it was done.
+                evalsha(pipe, self.push, [*p.keys, p.run_key], [*p.args[:3], ""])
+                p.announce(pipe)
+
+        with_scripts(self.client, (self.push,), build)
+
+    def _drop(self, tenant: str) -> None:
+        """A tenant with nothing deferred leaves the set; a step deferred meanwhile re-adds it
+        (its deferral adds the tenant after its entry, and we look after the removal)."""
+        self.client.srem(keys.DEFERRED_TENANTS, tenant)
+        if self.client.zcard(keys.deferred(tenant)):
+            self.client.sadd(keys.DEFERRED_TENANTS, tenant)
