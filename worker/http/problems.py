@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from turnstile.errors import (
+    ConversationBusyError,
     DecisionRefusedError,
     InvalidNameError,
     RunNotFoundError,
@@ -93,6 +94,7 @@ ANSWERS: tuple[tuple[type[Exception], int, str], ...] = (
     (redis.ConnectionError, 503, "store_unavailable"),
     (redis.TimeoutError, 503, "store_unavailable"),
     (RunNotFoundError, 404, "run_not_found"),
+    (ConversationBusyError, 409, "conversation_busy"),  # the detail names the active run
     (SubmissionConflictError, 409, "run_id_conflict"),
     (SubmissionError, 422, "invalid_submission"),  # "unknown_job" when that is the cause
     (DecisionRefusedError, 409, "decision_refused"),

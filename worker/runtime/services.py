@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 import structlog
 
+from turnstile.jobs.errors import StateFormatError
 from turnstile.jobs.kernel import READ_POOL_SIZE
 from turnstile.jobs.state import RunState
 from turnstile.ledger.client import Ledger
@@ -32,7 +33,7 @@ from turnstile.worker.scheduling.dispatcher import PublishMany
 from turnstile.worker.scheduling.limits import time_limits
 from turnstile.worker.settings import Settings
 from turnstile.worker.store.connect import connect
-from turnstile.worker.store.runs import Claim, NextStep, RunStore, StoreUnavailable
+from turnstile.worker.store.runs import Claim, NextStep, RunStore, Started, StoreUnavailable
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -85,7 +86,10 @@ def build_services(
         config.redis_url, grace_s=config.ledger_grace_s,
         dimensions=(*DEFAULT_DIMENSIONS, *jobs.dimensions()),
     )  # fmt: skip
-    store = RunStore(client, ledger, wait_for=config.wait_for, jobs=jobs)
+    store = RunStore(
+        client, ledger, wait_for=config.wait_for, jobs=jobs,
+        pickup_lease_ms=int(config.pickup_lease_s * 1000),
+    )  # fmt: skip
     route = fair.route(client, config, send_step)
 
     sends = iter(range(1, 2**62))
@@ -125,6 +129,17 @@ def build_services(
     def claim(msg: StepMessage, hard_s: float, token: str) -> Claim | None:
         return fair.claim(msg, hard_s, config, token) if eager and claiming() else None
 
+    def send_started(started: Started) -> None:
+        """A conversation's waiting run that a commit started: its first step, now (the lease
+        the commit gave it makes the sweeper send it otherwise)."""
+        try:
+            state = RunState.from_json(started.state)
+        except StateFormatError as exc:  # the sweeper's step fails it, with the reason
+            log.warning("started_state_unreadable", run_id=started.run_id, error=str(exc))
+            return
+        send(StepMessage(started.tenant, started.run_id, 1, started.queue), state)
+
+    store.on_started = send_started
     turns = config.concurrency if config.pool == Pool.GEVENT else 1
     return Services(
         settings=config,
