@@ -318,6 +318,32 @@ def test_cancelling_releases_the_conversation_and_a_waiting_run(
     assert again.conversation_action == "started"
 
 
+def test_a_retried_interrupt_finishes_what_a_crashed_first_attempt_left(
+    redis_url: str, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The interrupting run is stored and the active run marked in one script; a client that
+    died right after it left the active run to its next turn boundary, which a run that no
+    step will come to (here: one no worker reads) never reaches. The retry of the same
+    submission ends it `superseded` and starts the new run."""
+    tenant, queue = f"t-{unique}", f"idle-{unique}"
+    client = client_for(redis_url)
+    active = client.submit(tenant, USER, "support", GOAL, queue=queue, conversation="c")
+    interrupt: dict[str, Any] = {
+        "tenant": tenant, "user": USER, "job": "support", "goal": GOAL, "queue": queue,
+        "conversation": "c", "conversation_policy": "interrupt", "idempotency_key": "again",
+    }  # fmt: skip
+    with monkeypatch.context() as crash:
+        crash.setattr(client, "_supersede_now", lambda *_: False)  # died before it
+        made = client.submit_run(**interrupt)
+    assert client.run_hash(active)[1]["status"] == "running"
+    assert client.run_hash(made.run_id)[1]["status"] == "waiting"
+    retried = client.submit_run(**interrupt)
+    assert (retried.run_id, retried.created) == (made.run_id, False)
+    assert client.state(active).outcome is Outcome.SUPERSEDED
+    assert client.run_hash(made.run_id)[1]["status"] == "running"
+    assert client.client.hget(keys.conversation(tenant, "c"), "active") == made.run_id
+
+
 # -- bad input ------------------------------------------------------------------------------
 
 TOO_LONG = "k" * 129

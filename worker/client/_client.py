@@ -362,6 +362,11 @@ class Client(Reading, Memory):
         if joined.kind == "exists":
             if joined.fingerprint != digest:
                 raise SubmissionConflictError(f"run {run_id!r} exists with a different submission")
+            # A retried interrupt finishes what the first attempt may not have: the run it
+            # interrupts ends now if nothing of it is in flight.
+            active, target, _ = self._conversation_now(tenant, conversation)
+            if active and target == run_id and target != active:
+                self._supersede_now(tenant, active, run_id)
             return Submitted(run_id, False, False)
         if joined.kind == "merged":
             return Submitted(joined.target, False, False, "merged", joined.target)
