@@ -36,6 +36,7 @@ _OPENINGS = {
     Outcome.UNKNOWN_OUTCOME: "We could not confirm whether our last action took effect; "
     "a person will check before anything is retried.",
     Outcome.CANCELLED: "Your request was cancelled.",
+    Outcome.SUPERSEDED: "We stopped working on this request to take up your newer message.",
     Outcome.ERROR: "Something went wrong on our side; a person will look at it.",
 }
 

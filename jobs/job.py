@@ -15,6 +15,12 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from turnstile.jobs.budget import LEDGER_FIELDS, Budget
+from turnstile.jobs.conversations import (
+    FOLLOWUPS_KEY,
+    ConversationPolicy,
+    policy_problem,
+    with_followups,
+)
 from turnstile.jobs.errors import JobDefinitionError, ParamsError
 from turnstile.jobs.model import Model, is_model, is_provider_model, spec_problem
 from turnstile.jobs.state import Call, RunState
@@ -102,6 +108,8 @@ def render_view(state: RunState) -> str:
     }
     if state.memory:
         view["remembered_notes"] = state.memory
+    if state.followups:  # the user wrote again while the run was active (a conversation)
+        view[FOLLOWUPS_KEY] = [f.text for f in state.followups]
     return json.dumps(view, sort_keys=True)
 
 
@@ -165,6 +173,9 @@ class Job:
     shared_params: tuple[str, ...] = ()  # make runs share a world; replay refuses them
     examples: tuple[Example, ...] = ()
     fallback_model: str | None = None
+    # What a submission to a conversation with an active run does when it names no policy
+    # (jobs/conversations.py): `reject` unless the job says otherwise.
+    conversation_policy: ConversationPolicy = ConversationPolicy.REJECT
     _params_validator: Draft202012Validator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -173,6 +184,12 @@ class Job:
                 f"job name {self.name!r}: lower-case letters, digits, '.', '_', '-', at most 64"
             )
         self._check_models()
+        problem = policy_problem(self.conversation_policy)
+        if problem:
+            raise JobDefinitionError(f"job {self.name!r}: {problem}")
+        object.__setattr__(
+            self, "conversation_policy", ConversationPolicy(self.conversation_policy)
+        )
         for key, tool in self.tools.items():
             if not isinstance(tool, Tool) or tool.name != key:
                 raise JobDefinitionError(f"job {self.name!r}: {key!r} is not a Tool of that name")
@@ -285,6 +302,11 @@ class Job:
         if errors:
             raise ParamsError(_params_message(self, errors[0]))
         self.check_params(params)
+
+    def view(self, state: RunState) -> str:
+        """What the model is shown: the job's `render`, with the user's follow-ups (messages
+        merged into the run by its conversation) whether or not the render shows them."""
+        return with_followups(self.render(state), state)
 
     @cached_property
     def tool_cost_bound_microusd(self) -> int:

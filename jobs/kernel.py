@@ -546,9 +546,9 @@ def est_input_tokens(state: RunState, job: Job, view: str) -> int:
 def exposure(state: RunState, job: Job, view: str | None = None) -> tuple[Resource | None, Usage]:
     """The next turn's worst case, as a shared ledger should hold it, and the first dimension
     of the run's own budget it does not fit (None: admitted). A held call that will run first
-    is part of it. `view` is `job.render(state)`, when the caller has it already."""
+    is part of it. `view` is `job.view(state)`, when the caller has it already."""
     worst = turn_exposure(
-        input_tokens=est_input_tokens(state, job, job.render(state) if view is None else view),
+        input_tokens=est_input_tokens(state, job, job.view(state) if view is None else view),
         budget=state.budget,
         tool_cost_bound_microusd=job.tool_cost_bound_microusd,
     )
@@ -573,7 +573,7 @@ def admit(state: RunState, job: Job, view: str) -> Resource | None:
 def turn(state: RunState, rt: Runtime, *, view: str | None = None) -> Move:
     """Run one turn of the run in place and return its next move.
 
-    `view` is `rt.job.render(state)` when the caller has rendered it already (the worker does,
+    `view` is `rt.job.view(state)` when the caller has rendered it already (the worker does,
     to size the turn's ledger hold), so a turn renders its view once. A held call that runs
     first changes the state, so the view is then rendered again.
     """
@@ -586,7 +586,7 @@ def turn(state: RunState, rt: Runtime, *, view: str | None = None) -> Move:
             return stop
         view = None
     if view is None:
-        view = rt.job.render(state)
+        view = rt.job.view(state)
     unfit = admit(state, rt.job, view)
     if unfit is not None:
         return finish(

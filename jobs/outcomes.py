@@ -18,6 +18,7 @@ class Outcome(StrEnum):
     TOOL_FAILURE = "tool_failure"
     UNKNOWN_OUTCOME = "unknown_outcome"
     CANCELLED = "cancelled"
+    SUPERSEDED = "superseded"  # a newer message of its conversation interrupted it
     ERROR = "error"
 
 
@@ -41,9 +42,11 @@ class Detector(StrEnum):
 
 
 class Status(StrEnum):
-    """Where a run is in its life. `parked` belongs to the worker: a run held at a turn boundary."""
+    """Where a run is in its life. `parked` belongs to the worker: a run held at a turn boundary.
+    `waiting` is a run of a conversation that has an active run (see jobs/conversations.py)."""
 
     RUNNING = "running"
+    WAITING = "waiting"  # its conversation has an active run; it starts when that one ends
     SUSPENDED = "suspended"
     PARKED = "parked"
     STOPPED = "stopped"

@@ -54,12 +54,22 @@ class Decision(msgspec.Struct, kw_only=True, omit_defaults=True):
     reason: str | None = None
 
 
+class FollowUp(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A message the user sent to the run's conversation while the run was active (the `merge`
+    policy): shown to the model from the next turn on, after the goal."""
+
+    text: str
+    at: str
+    id: str | None = None  # the submission that carried it
+
+
 class RunState(msgspec.Struct, kw_only=True):
     """Everything about a run, saved whole after every turn: who asked for what (tenant,
     user, job, goal, params), its budget and usage, its `status` (running, suspended, parked,
     stopped), `outcome`, `detail` and `reason` once it has one, the plan, the facts, the last
     calls and their results (`last_result`), the call held for a person (`pending`), the
-    decisions made, and the `answer`. The model never sees it whole, only its rendered view."""
+    decisions made, the `answer`, and its conversation's follow-ups (`followups`). The model
+    never sees it whole, only its rendered view."""
 
     schema_version: int = SCHEMA_VERSION
     run_id: str
@@ -88,6 +98,8 @@ class RunState(msgspec.Struct, kw_only=True):
     approval: Decision | None = None
     decisions: list[Decision] = msgspec.field(default_factory=list)
     memory: list[str] = msgspec.field(default_factory=list)  # notes recalled at the start
+    conversation: str | None = None  # the tenant's conversation key, if it belongs to one
+    followups: list[FollowUp] = msgspec.field(default_factory=list)  # merged user messages
 
     @property
     def terminal(self) -> bool:

@@ -19,6 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from turnstile.errors import (
+    ConversationBusyError,
     DecisionRefusedError,
     InvalidEventIdError,
     InvalidNameError,
@@ -31,6 +32,7 @@ from turnstile.errors import (
     WaitTimeoutError,
 )
 from turnstile.jobs.budget import Budget
+from turnstile.jobs.conversations import ConversationPolicy
 from turnstile.jobs.declare import arguments_schema, tool
 from turnstile.jobs.errors import (
     DecisionError,
@@ -88,6 +90,8 @@ __all__ = [
     "Call",
     "Client",
     "ControlError",
+    "ConversationBusyError",
+    "ConversationPolicy",
     "DecisionError",
     "DecisionRefusedError",
     "DrainTimeoutError",

@@ -40,6 +40,15 @@ class SubmissionConflictError(SubmissionError):
     """The run id is taken: by another tenant, or by a different submission."""
 
 
+class ConversationBusyError(SubmissionError):
+    """A submission with the `reject` policy to a conversation that has an active run: refused,
+    naming that run (`active_run`). Nothing was written."""
+
+    def __init__(self, message: str, active_run: str) -> None:
+        super().__init__(message)
+        self.active_run = active_run
+
+
 class RunNotFoundError(TurnstileError):
     """No such run, or not one the caller's tenant may see."""
 

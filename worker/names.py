@@ -1,7 +1,7 @@
 """The one rule for the names Turnstile is given, wherever one comes in: the client, the CLI
 and the HTTP API (whose paths and bodies carry these patterns, so /openapi.json states them).
 
-- a tenant or a user: 1-128 letters, digits, '.', '_', ':', '@' or '-';
+- a tenant, a user or a conversation key: 1-128 letters, digits, '.', '_', ':', '@' or '-';
 - a queue: 1-128 letters, digits, '.', '_' or '-' (a queue is a list on the broker, and a
   worker's `--queues` lists queues between commas);
 - a run id: 1-128 letters, digits, '.', '_', ':' or '-'.
@@ -57,12 +57,17 @@ _NOT = "not starting with '-', and not '.' or '..'"
 NAME_RULE = f"{_MOST} letters, digits, '.', '_', ':', '@' or '-', {_NOT}"
 QUEUE_RULE = f"{_MOST} letters, digits, '.', '_' or '-', {_NOT}"
 RUN_ID_RULE = f"{_MOST} letters, digits, '.', '_', ':' or '-', {_NOT}"
-RULES = {"tenant": (NAME, NAME_RULE), "user": (NAME, NAME_RULE), "queue": (QUEUE, QUEUE_RULE)}
+RULES = {
+    "tenant": (NAME, NAME_RULE),
+    "user": (NAME, NAME_RULE),
+    "queue": (QUEUE, QUEUE_RULE),
+    "conversation": (NAME, NAME_RULE),
+}
 
 
 def check_name(what: str, value: object) -> str:
-    """`value` as a name of kind `what` ("tenant", "user" or "queue"), or InvalidNameError
-    in one line saying the rule."""
+    """`value` as a name of kind `what` ("tenant", "user", "queue" or "conversation"), or
+    InvalidNameError in one line saying the rule."""
     rule, said = RULES[what]
     if not isinstance(value, str) or not value.strip():
         raise InvalidNameError(f"{what} must be a non-empty name")

@@ -6,6 +6,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
+from turnstile.jobs.conversations import ConversationPolicy
 from turnstile.jobs.errors import ParamsError
 from turnstile.jobs.job import GRANT_RULE, Guard, Job, Permit, Severity, Verdict
 from turnstile.jobs.state import Call, RunState
@@ -100,4 +101,6 @@ def support_job(shop: ShopBackend, *, drills: bool = False) -> Job:
         dimensions=(REFUND_DIMENSION,),
         drill_params=DRILL_PARAMS,
         shared_params=("shop",),
+        # A customer who writes again while the agent works adds to the same case.
+        conversation_policy=ConversationPolicy.MERGE,
     )

@@ -84,7 +84,7 @@ def test_decisions_that_do_not_apply_are_clear_errors() -> None:
 
 def test_outcomes_are_a_closed_set_with_one_non_terminal() -> None:
     assert {o.value for o in Outcome} - {o.value for o in TERMINAL} == {"needs_approval"}
-    assert len(Outcome) == 11
+    assert len(Outcome) == 12
 
 
 def test_closing_messages_are_built_from_the_plan() -> None:

@@ -11,6 +11,8 @@ TURNSTILE = {
     "Call",
     "Client",
     "ControlError",
+    "ConversationBusyError",
+    "ConversationPolicy",
     "DecisionError",
     "DecisionRefusedError",
     "DrainTimeoutError",
@@ -70,6 +72,7 @@ TURNSTILE = {
 
 CLIENT = {
     "Client",
+    "ConversationBusyError",
     "DecisionRefusedError",
     "InvalidEventIdError",
     "InvalidNameError",

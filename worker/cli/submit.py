@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from turnstile.jobs.conversations import policy_problem
 from turnstile.worker.cli.common import BrokerUrl, JsonFlag, RedisUrl, client, fail
 
 if TYPE_CHECKING:
@@ -82,6 +83,25 @@ def submit(
             "Idempotency-Key (or run_id) names for the tenant.",
         ),
     ] = None,
+    conversation: Annotated[
+        str | None,
+        typer.Option(
+            "--conversation",
+            envvar="TURNSTILE_CONVERSATION",
+            show_default=False,
+            help="A conversation key of the tenant's: at most one of its runs is active.",
+        ),
+    ] = None,
+    policy: Annotated[
+        str | None,
+        typer.Option(
+            "--policy",
+            envvar="TURNSTILE_CONVERSATION_POLICY",
+            show_default=False,
+            help="When the conversation has an active run: reject, enqueue, interrupt or "
+            "merge (default: the job's own; support merges).",
+        ),
+    ] = None,
     as_json: JsonFlag = False,
     redis_url: RedisUrl = None,
     broker_url: BrokerUrl = None,
@@ -90,17 +110,28 @@ def submit(
     that is down does not refuse it: the run is stored and its step sent when the broker is
     back."""
     _params(param or [])  # a malformed pair is refused before connecting
+    problem = policy_problem(policy) if policy is not None else None
+    if problem:  # refused before connecting, like a malformed pair
+        fail(problem, code=2)
     with client(redis_url, broker_url) as c:
         params = _params(param or [], _text_params(c, job))
         made = c.submit_run(
             tenant, user, job, goal, params, queue=queue, run_id=run_id,
-            idempotency_key=idempotency_key, priority=priority,
+            idempotency_key=idempotency_key, priority=priority, conversation=conversation,
+            conversation_policy=policy,
         )  # fmt: skip
-    deferred = made.created and not made.sent
+    waits = made.conversation_action in ("enqueued", "interrupting", "merged")
+    deferred = made.created and not made.sent and not waits
     if as_json:
-        typer.echo(json.dumps({"run_id": made.run_id, "created": made.created, "sent": made.sent}))
+        said = {"run_id": made.run_id, "created": made.created, "sent": made.sent}
+        if made.conversation_action:
+            said.update(conversation=made.conversation_action, active_run=made.active_run)
+        typer.echo(json.dumps(said))
     else:
         typer.echo(made.run_id)
+    if waits and not as_json:
+        typer.echo(f"{made.conversation_action}: conversation's active run {made.active_run}",
+                   err=True)  # fmt: skip
     if deferred:
         typer.echo(
             f"accepted run {made.run_id}; the step will be sent when the broker is back", err=True

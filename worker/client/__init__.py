@@ -8,6 +8,7 @@ step must reach the broker.
 """
 
 from turnstile.errors import (
+    ConversationBusyError,
     DecisionRefusedError,
     InvalidEventIdError,
     InvalidNameError,
@@ -28,6 +29,7 @@ from turnstile.worker.settings import Settings
 
 __all__ = [
     "Client",
+    "ConversationBusyError",
     "DecisionRefusedError",
     "InvalidEventIdError",
     "InvalidNameError",

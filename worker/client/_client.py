@@ -21,6 +21,7 @@ import msgspec
 import redis
 
 from turnstile.errors import (
+    ConversationBusyError,
     DecisionRefusedError,
     InvalidNameError,
     SubmissionConflictError,
@@ -28,14 +29,15 @@ from turnstile.errors import (
     SubmissionNameError,
 )
 from turnstile.jobs.budget import Budget
+from turnstile.jobs.conversations import MAX_PENDING_FOLLOWUPS, policy_problem, supersede
 from turnstile.jobs.decisions import approve as kernel_approve
 from turnstile.jobs.decisions import cancel as kernel_cancel
 from turnstile.jobs.decisions import deny as kernel_deny
-from turnstile.jobs.errors import KernelError
+from turnstile.jobs.errors import KernelError, StateFormatError
 from turnstile.jobs.job import Job
 from turnstile.jobs.outcomes import Status
 from turnstile.jobs.runs import new_run
-from turnstile.jobs.state import RunState
+from turnstile.jobs.state import FollowUp, RunState
 from turnstile.ledger.client import Ledger
 from turnstile.ledger.inputs import DEFAULT_DIMENSIONS
 from turnstile.ledger.results import DimensionState
@@ -58,7 +60,10 @@ from turnstile.worker.store.durability import check_server
 from turnstile.worker.store.memory import RedisMemory
 from turnstile.worker.store.runs import (
     Change,
+    Joined,
+    Joining,
     RunStore,
+    Started,
     StoreUnavailable,
     fingerprint,
     now_iso,
@@ -89,6 +94,11 @@ class Submitted:
     run_id: str
     created: bool  # False: the same submission was made before (idempotent on the run id)
     sent: bool  # False: stored, but the broker did not take the step; the sweeper sends it
+    # A submission to a conversation: what it did ("started": the conversation had no active
+    # run; "enqueued", "interrupting", "merged" by its policy; "" otherwise or when repeated),
+    # and the run that was active. A merge creates no run: `run_id` is the run it went to.
+    conversation_action: str = ""
+    active_run: str | None = None
 
 
 Send = Callable[[StepMessage, float, float], None]
@@ -131,6 +141,18 @@ def _check_model_priced(
         )
 
 
+def _check_conversation(conversation: str | None, policy: str | None) -> None:
+    """A conversation key is a name (worker/names.py); a policy is one of the four, and only
+    with a key."""
+    if policy is not None and conversation is None:
+        raise SubmissionError("a conversation policy needs a conversation key")
+    problem = policy_problem(policy) if policy is not None else None
+    if problem:
+        raise SubmissionError(problem)
+    if conversation is not None:
+        check_name("conversation", conversation)
+
+
 class Client(Reading, Memory):
     """A service's handle on Turnstile: submit runs, read them, wait for them, follow their
     events, decide on held calls, and keep a tenant's users' long-term notes.
@@ -153,7 +175,11 @@ class Client(Reading, Memory):
             client, grace_s=config.ledger_grace_s,
             dimensions=(*DEFAULT_DIMENSIONS, *self.jobs.dimensions()),
         )  # fmt: skip
-        self.store = RunStore(client, self.ledger, wait_for=config.wait_for, jobs=self.jobs)
+        self.store = RunStore(
+            client, self.ledger, wait_for=config.wait_for, jobs=self.jobs,
+            pickup_lease_ms=int(config.pickup_lease_s * 1000),
+        )  # fmt: skip
+        self.store.on_started = self._send_started
         self.memory = RedisMemory(client)
         self.deferred: list[str] = []  # runs whose step the broker did not take (sweeper sends)
         # A blocking read of a run's events ends before the socket's timeout would.
@@ -184,13 +210,17 @@ class Client(Reading, Memory):
         run_id: str | None = None,
         idempotency_key: str | None = None,
         priority: int = DEFAULT_PRIORITY,
+        conversation: str | None = None,
+        conversation_policy: str | None = None,
     ) -> str:
         """Create the run and enqueue its first step; idempotent on `run_id` (or on
         `idempotency_key`, a key of the tenant's own). `priority` (0-9, default 5): within the
-        tenant's fair share, higher is served first (see the README's "Priorities")."""
+        tenant's fair share, higher is served first (see the README's "Priorities"). With a
+        `conversation` key, see `submit_run`."""
         return self.submit_run(
             tenant, user, job, goal, params, budget=budget, queue=queue, run_id=run_id,
-            idempotency_key=idempotency_key, priority=priority,
+            idempotency_key=idempotency_key, priority=priority, conversation=conversation,
+            conversation_policy=conversation_policy,
         ).run_id  # fmt: skip
 
     def submit_run(
@@ -206,14 +236,25 @@ class Client(Reading, Memory):
         run_id: str | None = None,
         idempotency_key: str | None = None,
         priority: int = DEFAULT_PRIORITY,
+        conversation: str | None = None,
+        conversation_policy: str | None = None,
     ) -> Submitted:
         """`submit`, saying whether the run was new and whether its step reached the broker.
         `idempotency_key` names the run by a key of the tenant's own (`idempotent_run_id`), as
-        the HTTP API does; `run_id` names the global run id itself."""
+        the HTTP API does; `run_id` names the global run id itself.
+
+        `conversation` (a name of the tenant's) makes the run one of a conversation, which has
+        at most one active run. When it has one, `conversation_policy` (else the job's own)
+        decides: `reject` (ConversationBusyError naming the active run), `enqueue` (stored
+        `waiting`, started when the active run ends), `interrupt` (the active run ends
+        `superseded` at its next turn boundary, then this one starts) or `merge` (no run: the
+        goal goes to the active run as a follow-up its next turn sees)."""
         if run_id is not None and idempotency_key is not None:
             raise SubmissionError("give an idempotency key or a run id, not both")
         priority = check_priority(priority)
+        idempotent = run_id is not None or idempotency_key is not None
         try:
+            _check_conversation(conversation, conversation_policy)
             if idempotency_key is not None:
                 run_id = idempotent_run_id(tenant, idempotency_key)
             run_id = f"run_{uuid.uuid4().hex[:20]}" if run_id is None else check_run_id(run_id)
@@ -227,10 +268,11 @@ class Client(Reading, Memory):
         ceilings = self.ledger.read(tenant)
         _check_tenant_allows(tenant, state.budget, ceilings)
         _check_model_priced(tenant, state.params, self.jobs.get(job), ceilings)
-        submission: list[Any] = [tenant, user, job, goal, state.params, state.budget, queue]
+        policy = conversation_policy or self.jobs.get(job).conversation_policy.value
+        asked: list[Any] = [tenant, user, job, goal, state.params, state.budget, queue]
         if priority != DEFAULT_PRIORITY:  # a run of the default keeps the fingerprint it had
-            submission.append({"priority": priority})
-        digest = fingerprint(submission)
+            asked.append({"priority": priority})
+        digest = fingerprint([*asked, conversation, policy] if conversation else asked)
         # Every refusal is found by reading before anything is written: a refused submission
         # adds no queue, no tenant and no run id to any index.
         draining, owner, stored_digest = self._before_writing(queue, tenant, run_id)
@@ -240,6 +282,12 @@ class Client(Reading, Memory):
             raise SubmissionConflictError(f"run id {run_id!r} belongs to another tenant")
         if stored_digest is not None and stored_digest != digest:
             raise SubmissionConflictError(f"run {run_id!r} exists with a different submission")
+        if conversation is not None:
+            state.conversation = conversation
+            return self._join(
+                state, digest, conversation, policy, queue=queue, idempotent=idempotent,
+                claimed=owner, priority=priority,
+            )  # fmt: skip
         owner = self._claim_run_id(run_id, tenant)
         if owner != tenant:  # another tenant took the id since it was read
             raise SubmissionConflictError(f"run id {run_id!r} belongs to another tenant")
@@ -258,6 +306,138 @@ class Client(Reading, Memory):
             raise SubmissionConflictError(f"run {run_id!r} exists with a different submission")
         sent = created and self._send(StepMessage(tenant, run_id, 1, queue), state)
         return Submitted(run_id, created, sent)
+
+    def _join(
+        self, state: RunState, digest: str, conversation: str, policy: str, *, queue: str,
+        idempotent: bool, claimed: str | None, priority: int,
+    ) -> Submitted:  # fmt: skip
+        """A run of a conversation: its policy applied to the conversation's active run, in
+        one script (RunStore.join), read again and retried when the conversation moved on."""
+        tenant, run_id = state.tenant, state.run_id
+        active, target, status = self._conversation_now(tenant, conversation)
+        if policy == "reject" and active and status not in ("", "stopped"):
+            raise self._busy(conversation, active)  # refused before anything is written
+        if self._claim_run_id(run_id, tenant) != tenant:
+            raise SubmissionConflictError(f"run id {run_id!r} belongs to another tenant")
+        at = now_iso()
+        waiting = state.copy()
+        waiting.status = Status.WAITING
+        followup = FollowUp(text=state.goal, at=at, id=run_id if idempotent else None)
+        for _ in range(CANCEL_TRIES):
+            on_target = (
+                {"type": "followup", "followup": msgspec.to_builtins(followup), "at": at}
+                if policy == "merge"
+                else {"type": "interrupt_requested", "by_run": run_id, "at": at}
+            )  # fmt: skip
+            joined = self.store.join(
+                tenant=tenant, run_id=run_id, state_json=state.to_json().decode(),
+                fingerprint=digest, queue=queue, job=state.job,
+                user_id=state.user_id, pickup_lease_ms=int(self.config.pickup_lease_s * 1000),
+                event={"type": "submitted", "state": msgspec.to_builtins(state),
+                       "queue": queue, "priority": priority, "conversation": conversation,
+                       "at": at},
+                hold=next_hold(self.ledger, self.config, state, self.jobs.get(state.job),
+                               version=1),
+                priority=priority,
+                joining=Joining(
+                    key=conversation, policy=policy, active=active, target=target,
+                    waiting_state=waiting.to_json().decode(),
+                    followup=msgspec.json.encode(followup).decode(), event=on_target,
+                    idempotent=idempotent, max_followups=MAX_PENDING_FOLLOWUPS,
+                ),
+            )  # fmt: skip
+            if joined.kind != "moved":
+                return self._joined(
+                    state, joined, digest, conversation, queue=queue, claimed=claimed
+                )
+            active, target = joined.active, joined.target
+            if not target and active:
+                target = self._conversation_now(tenant, conversation)[1]
+        raise SubmissionError(f"conversation {conversation!r} kept changing; try again")
+
+    def _joined(
+        self, state: RunState, joined: Joined, digest: str, conversation: str, *, queue: str,
+        claimed: str | None,
+    ) -> Submitted:  # fmt: skip
+        tenant, run_id = state.tenant, state.run_id
+        if joined.kind in ("busy", "merged", "full") and claimed is None:
+            self.client.hdel(RUN_TENANTS, run_id)  # no run of this id was made: let it go
+        if joined.kind == "busy":
+            raise self._busy(conversation, joined.active)
+        if joined.kind == "full":
+            raise SubmissionError(
+                f"run {joined.target} of conversation {conversation!r} has "
+                f"{MAX_PENDING_FOLLOWUPS} follow-ups it has not seen yet; try again later"
+            )
+        if joined.kind == "exists":
+            if joined.fingerprint != digest:
+                raise SubmissionConflictError(f"run {run_id!r} exists with a different submission")
+            # A retried interrupt finishes what the first attempt may not have: the run it
+            # interrupts ends now if nothing of it is in flight.
+            active, target, _ = self._conversation_now(tenant, conversation)
+            if active and target == run_id and target != active:
+                self._supersede_now(tenant, active, run_id)
+            return Submitted(run_id, False, False)
+        if joined.kind == "merged":
+            return Submitted(joined.target, False, False, "merged", joined.target)
+        if joined.kind == "waiting":
+            return Submitted(run_id, True, False, "enqueued", joined.active)
+        if joined.kind == "interrupting":
+            sent = self._supersede_now(tenant, joined.active, run_id)
+            return Submitted(run_id, True, sent, "interrupting", joined.active)
+        msg = StepMessage(tenant, run_id, 1, queue)
+        return Submitted(run_id, True, self._send(msg, state), "started")
+
+    @staticmethod
+    def _busy(conversation: str, active: str) -> ConversationBusyError:
+        return ConversationBusyError(
+            f"conversation {conversation!r} has an active run {active} (policy reject)", active
+        )
+
+    def _conversation_now(self, tenant: str, conversation: str) -> tuple[str, str, str]:
+        """The conversation's active run, where a follow-up to it goes (the run that
+        interrupts it, if one does) and its status; "" for each that is not."""
+        active = self.client.hget(keys.conversation(tenant, conversation), "active")
+        if active is None:
+            return "", "", ""
+        status, by_run = self.client.hmget(keys.run(tenant, str(active)), "status",
+                                           "supersede_by")  # fmt: skip
+        return str(active), str(by_run or active), str(status or "")
+
+    def _supersede_now(self, tenant: str, run_id: str, by_run: str) -> bool:
+        """End the interrupted run now if no turn of it is in flight (else its step does, at
+        the turn's boundary). True when that started the interrupting run (its step sent)."""
+        for _ in range(CANCEL_TRIES):
+            stored = self.store.hash(tenant, run_id)
+            if stored.get("status", "stopped") == Status.STOPPED.value:
+                return False
+            if stored.get("supersede_by") != by_run:
+                return False  # a later interrupt took it over
+            try:
+                state = RunState.from_json(stored["state"])
+            except StateFormatError:
+                return False  # its step ends it `error`, which starts the next run as well
+            at = now_iso()
+            supersede(state, by_run=by_run, at=at)
+            left = self.store.leave(
+                tenant=tenant, run_id=run_id, version=int(stored["version"]),
+                old_status=stored["status"], state=state, at=at, if_idle=True,
+                events=[{"type": "superseded", "by_run": by_run, "at": at}],
+            )  # fmt: skip
+            if left.kind == "ok":
+                return left.started is not None and left.started.run_id not in self.deferred
+            if left.kind == "busy":
+                return False
+        return False
+
+    def _send_started(self, started: Started) -> None:
+        """A conversation's waiting run that a commit made by this client started (a cancel,
+        a denial, an interrupt): its first step."""
+        try:
+            state = RunState.from_json(started.state)
+        except StateFormatError:
+            return  # the sweeper sends its step, which ends it `error` with the reason
+        self._send(StepMessage(started.tenant, started.run_id, 1, started.queue), state)
 
     def _new_state(
         self, *, tenant: str, user: str, job: str, goal: str, params: Mapping[str, Any] | None,

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from turnstile.errors import (
+    ConversationBusyError,
     DecisionRefusedError,
     InvalidNameError,
     RunNotFoundError,
@@ -96,6 +97,7 @@ ANSWERS: tuple[tuple[type[Exception], int, str], ...] = (
     (redis.TimeoutError, 503, "store_unavailable"),
     (BrokerError, 503, "broker_unavailable"),  # a RabbitMQ broker's queue depth, unread
     (RunNotFoundError, 404, "run_not_found"),
+    (ConversationBusyError, 409, "conversation_busy"),  # the detail names the active run
     (SubmissionConflictError, 409, "run_id_conflict"),
     (SubmissionError, 422, "invalid_submission"),  # "unknown_job" when that is the cause
     (DecisionRefusedError, 409, "decision_refused"),

@@ -108,6 +108,7 @@ def submit_run(
         made = ctx.client.submit_run(
             key.tenant, body.user, body.job, body.goal, body.params,
             budget=budget, queue=body.queue, run_id=run_id, priority=body.priority,
+            conversation=body.conversation, conversation_policy=body.conversation_policy,
         )  # fmt: skip
     except SubmissionConflictError:
         # Only the tenant's own run of that key can be in the way (see submitted_run_id).
@@ -120,12 +121,15 @@ def submit_run(
             raise Problem(409, "queue_draining", str(exc)) from None
         raise
     response.headers["Location"] = f"/v1/runs/{made.run_id}"
-    # A new run is running; a repeated submission names a run that may have moved on since.
-    status = None if made.created else ctx.redis.hget(run(key.tenant, made.run_id), "status")
+    # A new run is running (or waiting, in a conversation); a repeated submission, or a merge,
+    # names a run that may have moved on since.
+    fresh = made.created and made.conversation_action in ("", "started")
+    status = None if fresh else ctx.redis.hget(run(key.tenant, made.run_id), "status")
     return Submitted(
         run_id=made.run_id, tenant=key.tenant, status=str(status or "running"),
         created=made.created, sent=made.sent, url=f"/v1/runs/{made.run_id}",
         events_url=f"/v1/runs/{made.run_id}/events",
+        conversation_action=made.conversation_action or None, active_run=made.active_run,
     )  # fmt: skip
 
 

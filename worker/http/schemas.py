@@ -4,7 +4,7 @@ than a setting silently ignored, and their numbers and flags are strict: `true` 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
@@ -67,6 +67,24 @@ class SubmitBody(Strict):
             " unless it is the id of a run of the tenant's already."
         ),
     )
+    conversation: str | None = Field(
+        default=None,
+        pattern=NAME,
+        description=(
+            "A conversation key of the tenant's: a conversation has at most one active run"
+            " (running, suspended or parked)."
+        ),
+    )
+    conversation_policy: Literal["reject", "enqueue", "interrupt", "merge"] | None = Field(
+        default=None,
+        description=(
+            "What this submission does when the conversation has an active run: reject (409"
+            " naming it), enqueue (waits, starts when it ends), interrupt (it ends `superseded`"
+            " at its next turn boundary, then this run starts) or merge (the goal is added to"
+            " it as a follow-up; no run is made). Default: the job's own (support: merge;"
+            " others: reject). Only with `conversation`."
+        ),
+    )
 
 
 class Submitted(BaseModel):
@@ -75,6 +93,16 @@ class Submitted(BaseModel):
     status: str
     created: bool = Field(description="False: the same submission was made before.")
     sent: bool = Field(description="False: stored; the step is sent when the broker is back.")
+    conversation_action: str | None = Field(
+        default=None,
+        description=(
+            "For a submission to a conversation: started, enqueued, interrupting or merged (a"
+            " merge makes no run: `run_id` is the run the message went to)."
+        ),
+    )
+    active_run: str | None = Field(
+        default=None, description="The conversation's run that was active, if one was."
+    )
     url: str
     events_url: str
 

@@ -52,6 +52,7 @@ GAP_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0
 # step, because only there are the outcome and the refused dimension known.
 _ENDS_RUN: dict[str, tuple[str, str]] = {
     "cancelled": ("cancelled", ""),
+    "superseded": ("superseded", ""),  # a newer run of its conversation interrupted it
     "poison": ("error", ""),
     "broken": ("error", ""),
 }

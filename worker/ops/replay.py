@@ -26,13 +26,14 @@ from turnstile.errors import TurnstileError
 from turnstile.jobs.budget import Usage
 from turnstile.jobs.calls import Gate, Unlimited
 from turnstile.jobs.clock import SimClock
+from turnstile.jobs.conversations import receive
 from turnstile.jobs.decisions import approve, cancel, deny
 from turnstile.jobs.errors import KernelError, StateFormatError
 from turnstile.jobs.job import Job
 from turnstile.jobs.kernel import Runtime, finish, turn
 from turnstile.jobs.model import Replay, responses_from_spans
 from turnstile.jobs.outcomes import Outcome, Status
-from turnstile.jobs.state import RunState
+from turnstile.jobs.state import FollowUp, RunState
 from turnstile.jobs.tools import Tool, ToolContext
 from turnstile.jobs.trace import Span, Trace
 from turnstile.worker.client._client import Client
@@ -123,8 +124,12 @@ class _Replaying:
     stored: RunState | None  # the stored final state: only for who cancelled at a boundary
     turns: int = 0
     notes: list[str] = field(default_factory=list)
+    followups: list[FollowUp] = field(default_factory=list)  # merged, not yet seen by a turn
 
     def turn(self, event: dict[str, Any], after: dict[str, Any]) -> None:
+        seen = int(event.get("followups_seen") or 0)  # as the step took them in (its load)
+        receive(self.state, self.followups[:seen])
+        del self.followups[:seen]
         recorded = msgspec.convert(event.get("spans") or [], list[Span])
         model = Replay(responses_from_spans(recorded))
         clock = SimClock(self.state.usage.elapsed_ms / 1000)
@@ -245,6 +250,8 @@ def replay_events(
             rp.turn(event, after)
         elif kind == "decision":
             rp.decide(event)
+        elif kind == "followup":
+            rp.followups.append(msgspec.convert(event["followup"], FollowUp))
         elif kind == "parked" and not state.terminal:
             state.status = Status.PARKED
         elif kind == "resumed" and state.status is Status.PARKED:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 import structlog
 
+from turnstile.jobs.errors import StateFormatError
 from turnstile.jobs.kernel import READ_POOL_SIZE
 from turnstile.jobs.state import RunState
 from turnstile.ledger.client import Ledger
@@ -34,7 +35,7 @@ from turnstile.worker.scheduling.limits import time_limits
 from turnstile.worker.scheduling.ratelimits import Buckets
 from turnstile.worker.settings import Settings
 from turnstile.worker.store.connect import connect
-from turnstile.worker.store.runs import Claim, NextStep, RunStore, StoreUnavailable
+from turnstile.worker.store.runs import Claim, NextStep, RunStore, Started, StoreUnavailable
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -89,7 +90,10 @@ def build_services(
         config.redis_url, grace_s=config.ledger_grace_s,
         dimensions=(*DEFAULT_DIMENSIONS, *jobs.dimensions()),
     )  # fmt: skip
-    store = RunStore(client, ledger, wait_for=config.wait_for, jobs=jobs)
+    store = RunStore(
+        client, ledger, wait_for=config.wait_for, jobs=jobs,
+        pickup_lease_ms=int(config.pickup_lease_s * 1000),
+    )  # fmt: skip
     route = fair.route(client, config, send_step)
 
     sends = iter(range(1, 2**62))
@@ -132,6 +136,18 @@ def build_services(
     # A 429 met by any turn of this process empties the endpoint's bucket for the fleet.
     buckets = Buckets(client)
     retry.on_rate_limited(buckets.block)
+
+    def send_started(started: Started) -> None:
+        """A conversation's waiting run that a commit started: its first step, now (the lease
+        the commit gave it makes the sweeper send it otherwise)."""
+        try:
+            state = RunState.from_json(started.state)
+        except StateFormatError as exc:  # the sweeper's step fails it, with the reason
+            log.warning("started_state_unreadable", run_id=started.run_id, error=str(exc))
+            return
+        send(StepMessage(started.tenant, started.run_id, 1, started.queue), state)
+
+    store.on_started = send_started
     turns = config.concurrency if config.pool == Pool.GEVENT else 1
     return Services(
         settings=config,

@@ -19,6 +19,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from turnstile.errors import StoreUnavailableError
 from turnstile.jobs.budget import Usage
 from turnstile.jobs.clock import ActiveClock
+from turnstile.jobs.conversations import receive, start, supersede
 from turnstile.jobs.decisions import cancel
 from turnstile.jobs.errors import StateFormatError, UnknownJobError
 from turnstile.jobs.job import Job
@@ -34,7 +35,7 @@ from turnstile.jobs.kernel import (
 )
 from turnstile.jobs.model import Model
 from turnstile.jobs.outcomes import Outcome, Resource, Status
-from turnstile.jobs.state import RunState
+from turnstile.jobs.state import FollowUp, RunState
 from turnstile.jobs.trace import Trace
 from turnstile.ledger import replies as ledger_replies
 from turnstile.ledger.results import ReserveResult
@@ -145,6 +146,7 @@ class Step:
     committed_at: float = 0.0  # when that commit returned (monotonic), for the gap
     following: Step | None = None  # the next turn, once this one's commit claimed it
     drawn: tuple[str, int] | None = None  # the rate-limited endpoint and the tokens drawn
+    followups_seen: int = 0  # merged messages the load found and this turn's state took in
 
     def __post_init__(self) -> None:
         self.token = self.token or f"{self.delivery}.{secrets.token_hex(4)}"
@@ -168,6 +170,8 @@ class Step:
             version=self.msg.version,
             old_status=loaded.status or "running",
             state_json=state.to_json().decode() if state is not None else "",
+            followups_seen=self.followups_seen,
+            conversation=(state.conversation or "") if state is not None else "",
             **kw,
         )
 
@@ -194,6 +198,7 @@ class Step:
             tenant=self.msg.tenant, run_id=self.msg.run_id, version=self.msg.version,
             old_status=loaded.status or "running", state=state, reason=reason,
             events=events or [], settlements=settlements or [], clear=clear or [],
+            followups_seen=self.followups_seen,
         )  # fmt: skip
 
     def fail(self, loaded: Loaded, reason: str, state: RunState | None = None) -> Committed:
@@ -310,6 +315,7 @@ class Step:
             self.fail(loaded, str(exc))
             return "broken"
         structlog.contextvars.bind_contextvars(step=state.usage.steps + 1)
+        start(state)  # a run of a conversation that waited for its turn: it has come
         return self._gate_and_turn(loaded, state, job)
 
     def _parse(self, loaded: Loaded) -> RunState | None:
@@ -326,6 +332,9 @@ class Step:
                         "reason": reason}  # fmt: skip
             self.finish_now(loaded, state, job, [decision], clear=["cancel_by", "cancel_reason"])
             return "cancelled"
+        if loaded.supersede_by:
+            self.finish_now(loaded, state, job, [self._supersede(state, loaded.supersede_by)])
+            return "superseded"
         if loaded.tenant_paused or loaded.queue_paused or loaded.queue_draining:
             self.park(loaded, state)
             return "parked"
@@ -334,6 +343,27 @@ class Step:
         except Exception as exc:  # the job's code, or a model string this worker cannot use
             return self._unbuildable(loaded, state, job, exc)
         return self._admit_and_turn(loaded, state, job, model)
+
+    def _supersede(self, state: RunState, by_run: str) -> dict[str, Any]:
+        """End the run `superseded` (a newer run of its conversation interrupted it); its
+        event."""
+        at = now_iso()
+        supersede(state, by_run=by_run, at=at)
+        log.info("run_superseded", by_run=by_run)
+        return {"type": "superseded", "by_run": by_run, "at": at}
+
+    def _take_followups(self, loaded: Loaded, state: RunState) -> None:
+        """The messages merged into the run since its last turn, into its state: this turn's
+        view shows them, and its commit consumes exactly these (see run_commit.lua)."""
+        if not loaded.followups:
+            return
+        try:
+            taken = msgspec.json.decode(loaded.followups, type=list[FollowUp])
+        except msgspec.DecodeError as exc:  # never written so: say so, and leave them be
+            log.error("followups_unreadable", error=str(exc))
+            return
+        receive(state, taken)
+        self.followups_seen = len(taken)
 
     def _unbuildable(self, loaded: Loaded, state: RunState, job: Job, exc: Exception) -> str:
         """The run's model cannot be built here: the run ends `error` now, with the exception's
@@ -354,7 +384,8 @@ class Step:
     def _admit_and_turn(self, loaded: Loaded, state: RunState, job: Job, model: Model) -> str:
         step_no = state.usage.steps + 1
         _, hard_s = time_limits(state, self.settings)
-        view = job.render(state)  # rendered once: it sizes the hold and is the model's input
+        self._take_followups(loaded, state)
+        view = job.view(state)  # rendered once: it sizes the hold and is the model's input
         unfit, worst = exposure(state, job, view)
         holds: list[tuple[str, Usage]] = []
         if unfit is None:
@@ -515,6 +546,9 @@ class Step:
                 move = turn(state, runtime, view=view)
         except SoftTimeLimitExceeded:
             state, move = self._out_of_time(loaded)
+            if self.followups_seen:  # the state as loaded, with what this turn took in
+                self.followups_seen = 0
+                self._take_followups(loaded, state)
             actual = sum((h for _, h in holds), Usage())  # worst case: nothing more is known
         else:
             actual = state.usage - before
@@ -536,6 +570,8 @@ class Step:
             "spans": msgspec.to_builtins(trace.spans), "at": now_iso(),
         }  # fmt: skip
         event.update(answered_by(trace))
+        if self.followups_seen:
+            event["followups_seen"] = self.followups_seen
         if self.claimed is not None:
             event["eager"] = True  # run at once by the worker whose commit claimed it
         committed = self.finish_now(loaded, state, job, [event], settlements=settlements)
@@ -551,24 +587,31 @@ class Step:
         return self.msg.traceparent or tracing.run_traceparent(self.msg.run_id)
 
     def _cancel_if_requested(self, version: int, state: RunState) -> str | None:
-        """A cancel requested while the turn ran finds the run suspended, where no step will
-        come to see it: honour it now, through the same compare-and-set (an operator's
-        decision that got there first wins)."""
-        by, reason, stored = self.services.store.client.hmget(
-            keys.run(self.msg.tenant, self.msg.run_id), "cancel_by", "cancel_reason", "version"
-        )
-        if not by or str(stored) != str(version):
+        """A cancel requested while the turn ran (or an interrupt by a newer run of the run's
+        conversation) finds the run suspended, where no step will come to see it: honour it
+        now, through the same compare-and-set (an operator's decision that got there first
+        wins)."""
+        by, reason, stored, by_run = self.services.store.client.hmget(
+            keys.run(self.msg.tenant, self.msg.run_id), "cancel_by", "cancel_reason", "version",
+            "supersede_by",
+        )  # fmt: skip
+        if not (by or by_run) or str(stored) != str(version):
             return None
-        at, why = now_iso(), str(reason or "cancelled")
-        cancel(state, by=str(by), at=at, reason=why)
-        decision = {"type": "decision", "kind": "cancelled", "by": str(by), "at": at,
-                    "reason": why}  # fmt: skip
+        if by:
+            at, why = now_iso(), str(reason or "cancelled")
+            cancel(state, by=str(by), at=at, reason=why)
+            event = {"type": "decision", "kind": "cancelled", "by": str(by), "at": at,
+                     "reason": why}  # fmt: skip
+        else:
+            event = self._supersede(state, str(by_run))
         left = self.services.store.leave(
             tenant=self.msg.tenant, run_id=self.msg.run_id, version=version,
-            old_status=Status.SUSPENDED.value, state=state, events=[decision],
+            old_status=Status.SUSPENDED.value, state=state, events=[event],
             clear=["cancel_by", "cancel_reason"],
         )  # fmt: skip
-        return "cancelled" if left.kind == "ok" else None
+        if left.kind != "ok":
+            return None
+        return "cancelled" if by else "superseded"
 
     def _renew_lease(self) -> None:
         self.services.store.renew(

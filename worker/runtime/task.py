@@ -109,7 +109,9 @@ def _one_step(
 
 
 # Results of a step after which its run is over (see worker/runtime/step.py and step_task).
-RUN_ENDED = frozenset({"finished", "refused", "cancelled", "broken", "poison", "missing"})
+RUN_ENDED = frozenset(
+    {"finished", "refused", "cancelled", "superseded", "broken", "poison", "missing"}
+)
 
 
 def _release(worker: WorkerServices, msg: StepMessage, result: str) -> None:

@@ -44,6 +44,19 @@ def by_outcome(tenant: str, outcome: str) -> str:
     return _t(tenant, f"outcome:{outcome}")
 
 
+def conversation(tenant: str, key: str) -> str:
+    """Hash: a conversation of the tenant's: `active` (the run id of its one active run, absent
+    when none), and `m:<submission id>` -> "<run id>|<fingerprint>" for each idempotent
+    submission merged into one of its runs (a retry finds where it went)."""
+    return _t(tenant, f"conv:{key}")
+
+
+def conversation_waiting(tenant: str, key: str) -> str:
+    """List: the conversation's waiting runs (enqueued, or interrupting at the front), in the
+    order they start."""
+    return _t(tenant, f"conv-waiting:{key}")
+
+
 def leases(tenant: str) -> str:
     """Sorted set: run id scored by when its lease lapses (server ms)."""
     return _t(tenant, "leases")

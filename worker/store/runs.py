@@ -39,6 +39,8 @@ from turnstile.worker.store.values import UNAVAILABLE, is_cluster_client, text
 
 HOST = socket.gethostname()
 EVENTS_MAXLEN = 10_000  # per run; a run of this many events has long hit its step limit
+PICKUP_LEASE_MS = 60_000  # TURNSTILE_PICKUP_LEASE_S's default; the callers pass theirs
+CONVERSATION_TRIES = 20  # a release whose waiting list keeps changing under it gives up
 REASON_MAX_CHARS = 500  # a stored reason is an excerpt: a message's arguments can be megabytes
 
 
@@ -78,6 +80,35 @@ def excerpt(text: str, limit: int = REASON_MAX_CHARS) -> str:
 
 
 @dataclass(frozen=True)
+class Joining:
+    """A submission to a conversation, as run_create.lua takes it: the key, the policy, what
+    the caller read of the conversation (its active run and where a follow-up goes), the run's
+    state as a waiting one, and, for a merge, the follow-up and its event."""
+
+    key: str
+    policy: str
+    active: str = ""
+    target: str = ""
+    waiting_state: str = ""
+    followup: str = ""  # JSON
+    event: dict[str, Any] = field(default_factory=dict)  # on the target (merge) or the active
+    idempotent: bool = False
+    max_followups: int = 50
+
+
+@dataclass(frozen=True)
+class Joined:
+    """What run_create.lua did with a conversation's submission (see its Returns)."""
+
+    kind: Literal["created", "exists", "busy", "waiting", "interrupting", "merged", "moved",
+                  "full"]  # fmt: skip
+    active: str = ""  # the active run the reply names
+    target: str = ""  # merged: the run the follow-up went to; moved: where it would go now
+    again: bool = False  # merged before, by the same idempotent submission
+    fingerprint: str = ""  # exists: the stored submission's
+
+
+@dataclass(frozen=True)
 class Loaded:
     kind: Literal["missing", "stale", "idle", "busy", "go"]
     version: int = 0
@@ -93,6 +124,8 @@ class Loaded:
     hold_reply: Any = ""  # ledger_reserve's reply, or the unfit dimension
     hold_id: str = ""  # the reservation id, when the load took a hold
     gap_ms: int = 0  # since the run last changed: for a continuing run, since its commit
+    supersede_by: str = ""  # a run of its conversation that interrupts it (see run_create.lua)
+    followups: str = ""  # JSON list: messages merged into the run that no turn has seen yet
 
 
 @dataclass
@@ -116,6 +149,8 @@ class Change:
     if_idle: bool = False  # commit only if no turn of the run is in flight ("busy" otherwise)
     next_step: NextStep | None = None  # queued by the commit itself (fair share, see fair.py)
     claim: Claim | None = None  # or claimed for this worker, where fair share allows (eager)
+    followups_seen: int = 0  # merged messages this change consumed (the first n waiting)
+    conversation: str = ""  # the run's conversation: a stopping commit releases it
 
 
 class NextStep(Protocol):
@@ -149,11 +184,23 @@ class Claim:
 
 @dataclass(frozen=True)
 class Committed:
-    kind: Literal["ok", "stale", "missing", "ledger", "busy"]
+    kind: Literal["ok", "stale", "missing", "ledger", "busy", "moved"]
     version: int = 0
     detail: str = ""
     queued: bool = False  # the commit queued the run's next step (`Change.next_step`)
     claimed: Loaded | None = None  # or claimed it, and loaded it for this worker (`claim`)
+    started: Started | None = None  # the run of its conversation that this commit started
+
+
+@dataclass(frozen=True)
+class Started:
+    """A waiting run of a conversation that a stopping commit made active: its first step is
+    the caller's to send (its lease makes the sweeper send it otherwise)."""
+
+    tenant: str
+    run_id: str
+    queue: str
+    state: str
 
 
 def loaded_from(reply: Any, version: int, queue_flags: Any) -> Loaded:
@@ -180,7 +227,28 @@ def loaded_from(reply: Any, version: int, queue_flags: Any) -> Loaded:
         hold_reply=reply[8],
         hold_id=text(reply[9]),
         gap_ms=int(reply[10]),
+        supersede_by=text(reply[11]) if len(reply) > 11 else "",
+        followups=text(reply[12]) if len(reply) > 12 else "",
     )
+
+
+def committed_from(reply: Any, change: Change) -> Committed:
+    """run_commit.lua's reply as a Committed."""
+    kind = text(reply[0])
+    if kind == "ok":
+        if len(reply) == 4:  # claimed: the step's load, as run_load.lua would reply
+            claimed = loaded_from(reply[3], int(reply[1]), None)
+            return Committed("ok", version=int(reply[1]), claimed=claimed)
+        if len(reply) > 4:  # a waiting run of the conversation started
+            started = Started(change.tenant, text(reply[3]), text(reply[4]), text(reply[5]))
+            return Committed("ok", version=int(reply[1]), started=started)
+        return Committed("ok", version=int(reply[1]), queued=change.next_step is not None)
+    if kind in ("stale", "busy"):
+        return Committed(kind, version=int(reply[1]))  # type: ignore[arg-type]
+    if kind in ("ledger", "moved"):  # moved: the first waiting run of the conversation now
+        said = " ".join(text(part) for part in reply[1:]).strip()
+        return Committed(kind, detail=said)  # type: ignore[arg-type]
+    return Committed("missing")
 
 
 class RunStore:
@@ -191,9 +259,14 @@ class RunStore:
         *,
         wait_for: WaitFor | None = None,
         jobs: Jobs | None = None,
+        pickup_lease_ms: int = PICKUP_LEASE_MS,
     ) -> None:
         self.client = client
         self.ledger = ledger
+        self.pickup_lease_ms = pickup_lease_ms  # a conversation's next run's, when it starts
+        # Sends the first step of a conversation's run that a commit started (set by the
+        # store's owner: the client, a worker's services); without one the sweeper sends it.
+        self.on_started: Callable[[Started], None] | None = None
         self.wait_for = wait_for or WaitFor()  # what a create or a commit reaches first
         self.cluster = is_cluster_client(client)
         self._create = register(client, "run_create")
@@ -266,6 +339,70 @@ class RunStore:
             except UNAVAILABLE as exc:
                 raise StoreUnavailable(f"store unavailable: {exc}") from exc
         return created, stored
+
+    def join(
+        self,
+        *,
+        tenant: str,
+        run_id: str,
+        state_json: str,
+        fingerprint: str,
+        queue: str,
+        job: str,
+        user_id: str,
+        pickup_lease_ms: int,
+        event: dict[str, Any],
+        hold: str,
+        priority: int,
+        joining: Joining,
+    ) -> Joined:
+        """Create a run of a conversation, or apply its policy to the conversation's active run,
+        in one script (run_create.lua): at most one run of a conversation is ever active."""
+        run_keys = [
+            keys.run(tenant, run_id),
+            keys.events(tenant, run_id),
+            keys.runs(tenant),
+            keys.by_status(tenant, "running"),
+            keys.leases(tenant),
+            keys.conversation(tenant, joining.key),
+            keys.conversation_waiting(tenant, joining.key),
+            keys.run(tenant, joining.active or run_id),
+            keys.run(tenant, joining.target or joining.active or run_id),
+            keys.events(tenant, joining.target or joining.active or run_id),
+            keys.by_status(tenant, "waiting"),
+        ]
+        args = [
+            run_id, state_json, fingerprint, queue, job, user_id,
+            pickup_lease_ms, encode_event(event), EVENTS_MAXLEN, hold, priority,
+            joining.key, joining.policy, joining.active, joining.target, joining.waiting_state,
+            joining.followup, encode_event(joining.event) if joining.event else "",
+            "1" if joining.idempotent else "", joining.max_followups,
+        ]  # fmt: skip
+
+        def build(pipe: Any) -> None:
+            pipe.sadd(keys.TENANTS, tenant)
+            evalsha(pipe, self._create, run_keys, args)
+
+        reply = self._durable(
+            build, f"the submission of run {run_id} was written but", self._create
+        )[-1]
+        kind = text(reply[0])
+        if kind in ("created", "waiting", "interrupting"):
+            try:
+                self.client.sadd(keys.QUEUES, queue)
+            except UNAVAILABLE as exc:
+                raise StoreUnavailable(f"store unavailable: {exc}") from exc
+        if kind == "created":
+            return Joined("created")
+        if kind == "exists":
+            return Joined("exists", fingerprint=text(reply[1]))
+        if kind in ("busy", "waiting", "interrupting"):
+            return Joined(kind, active=text(reply[1]))  # type: ignore[arg-type]
+        if kind == "merged":
+            return Joined("merged", target=text(reply[1]), again=text(reply[2]) == "1")
+        if kind == "moved":
+            return Joined("moved", active=text(reply[1]), target=text(reply[2]))
+        return Joined("full", target=text(reply[1]))
 
     def load(
         self,
@@ -350,6 +487,28 @@ class RunStore:
         return Committed("missing")
 
     def commit(self, change: Change) -> Committed:
+        """Commit one change (run_commit.lua). A stopping commit of a run of a conversation
+        names the conversation's first waiting run as it read it; when another came first in
+        between (an interrupt), it reads again and commits again (nothing was written)."""
+        head = ""
+        for _ in range(CONVERSATION_TRIES):
+            if change.conversation and change.status == Status.STOPPED.value:
+                head = self._first_waiting(change.tenant, change.conversation)
+            committed = self._commit_once(change, head)
+            if committed.started is not None and self.on_started is not None:
+                self.on_started(committed.started)
+            if committed.kind != "moved":
+                return committed
+        return Committed("moved", detail="the conversation's waiting runs kept changing")
+
+    def _first_waiting(self, tenant: str, conversation: str) -> str:
+        try:
+            first = self.client.lindex(keys.conversation_waiting(tenant, conversation), 0)
+        except UNAVAILABLE as exc:
+            raise StoreUnavailable(f"store unavailable: {exc}") from exc
+        return text(first) if first is not None else ""
+
+    def _commit_once(self, change: Change, head: str) -> Committed:
         tenant = change.tenant
         outcome_key = keys.by_outcome(tenant, change.outcome or "none")
         script_keys = [
@@ -381,6 +540,7 @@ class RunStore:
         _, release = self.ledger.settle_script_args(tenant, change.run_id, {})
         args += [len(change.clear), *change.clear, change.hold, "1" if change.if_idle else ""]
         args.append(release[1])  # the ledger's journal length, for the releases
+        self._conversation_args(change, head, script_keys, args)
         then = None
         announce_after = False  # on a cluster, a claim that queued after all is announced here
         if change.next_step is not None:
@@ -407,21 +567,33 @@ class RunStore:
             )
         except UNAVAILABLE as exc:
             raise StoreUnavailable(f"store unavailable: {exc}") from exc
-        kind = text(reply[0])
-        if announce_after and kind == "ok" and len(reply) <= 3:
+        if announce_after and text(reply[0]) == "ok" and len(reply) <= 3:
             self._announce(change.next_step)
-        if kind == "ok":
-            if len(reply) > 3:  # claimed: the step's load, as run_load.lua would reply
-                claimed = loaded_from(reply[3], int(reply[1]), None)
-                return Committed("ok", version=int(reply[1]), claimed=claimed)
-            return Committed("ok", version=int(reply[1]), queued=change.next_step is not None)
-        if kind == "stale":
-            return Committed("stale", version=int(reply[1]))
-        if kind == "ledger":
-            return Committed("ledger", detail=f"{text(reply[1])} {text(reply[2])}".strip())
-        if kind == "busy":
-            return Committed("busy", version=int(reply[1]))
-        return Committed("missing")
+        return committed_from(reply, change)
+
+    def _conversation_args(
+        self, change: Change, head: str, script_keys: list[str], args: list[Any]
+    ) -> None:
+        """The commit's follow-ups and, for a stopping run of a conversation, its release's
+        keys (at the end of KEYS: a stopping commit queues no next step) and arguments."""
+        tenant = change.tenant
+        releases = bool(change.conversation) and change.status == Status.STOPPED.value
+        args += [change.followups_seen, len(script_keys) + 1 if releases else "", head,
+                 self.pickup_lease_ms]  # fmt: skip
+        args.append(
+            encode_event({"type": "started", "after": change.run_id,
+                          "conversation": change.conversation, "at": now_iso()})
+            if releases and head else ""
+        )  # fmt: skip
+        if releases:
+            script_keys += [
+                keys.conversation(tenant, change.conversation),
+                keys.conversation_waiting(tenant, change.conversation),
+                keys.run(tenant, head or change.run_id),
+                keys.events(tenant, head or change.run_id),
+                keys.by_status(tenant, Status.WAITING.value),
+                keys.by_status(tenant, Status.RUNNING.value),
+            ]
 
     def _claim_asked(self, claim: Claim | None) -> Claim | None:
         """The claim to ask the commit for: on a cluster, only if the queue's part of the
@@ -460,6 +632,7 @@ class RunStore:
         clear: Sequence[str] = (),
         if_idle: bool = False,
         at: str = "",
+        followups_seen: int = 0,
     ) -> Committed:
         """The one way out of a run: every path that ends, parks or cancels a run commits here.
 
@@ -484,14 +657,26 @@ class RunStore:
             status, outcome, detail = state.status.value, "", ""
         else:
             raise ValueError(f"a run leaves stopped or parked, not {state.status.value}")
+        conversation = (
+            state.conversation or "" if state is not None else self._field(tenant, run_id,
+                                                                           "conversation")
+        )  # fmt: skip
         return self.commit(
             Change(
                 tenant=tenant, run_id=run_id, version=version, old_status=old_status,
                 status=status, state_json=state.to_json().decode() if state is not None else "",
                 outcome=outcome, detail=detail, reason=reason, lease_ms=None, events=out,
                 settlements=list(settlements), clear=list(clear), hold="-", if_idle=if_idle,
+                followups_seen=followups_seen, conversation=conversation,
             )
         )  # fmt: skip
+
+    def _field(self, tenant: str, run_id: str, name: str) -> str:
+        try:
+            value = self.client.hget(keys.run(tenant, run_id), name)
+        except UNAVAILABLE as exc:
+            raise StoreUnavailable(f"store unavailable: {exc}") from exc
+        return text(value) if value is not None else ""
 
     def _finished(self, state: RunState | None, reason: str, at: str) -> dict[str, Any]:
         """A stopped run's one `finished` event, with its closing message."""

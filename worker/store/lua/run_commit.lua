@@ -54,6 +54,10 @@ KEYS
   8-13              the tenant's six ledger keys, in the library's order
   14-16             to queue the next step: its pending set (continuations), the pending
                     index, the slots (its priority is KEYS 1's)
+  then, for a stopping commit of a run of a conversation (instead of 14-24, which only a run
+  that goes on uses), from the index ARGV names: the conversation hash, its waiting list, the
+  first waiting run's hash and its events stream (any run key of the tenant's when none waits),
+  the waiting and the running status sets
   17-24             to claim it (eager): the tenant's control hash, its caps hash (on a
                     cluster, only these two and the tenant's pending set of first steps as
                     KEYS 19: see "Cluster"), the queue's control hash, the queue's pending
@@ -77,6 +81,10 @@ ARGV
   then the next turn's ledger hold (see run_load.lua): "" keeps it, "-" drops it, else its JSON
   then "1" to commit only if no turn of the run is in flight (its in-flight lease is live), or ""
   then the ledger's journal max length (for the releases)
+  then the number of follow-ups the change consumed (the first n of field `followups`: the
+  ones its turn's load read; merges only append), the index in KEYS of the conversation's keys
+  (a stopping commit of a run of a conversation) or "", the conversation's first waiting run
+  as the caller read it (or ""), the pickup lease (ms) it starts with and its "started" event
   then, to queue the next step (KEYS 14-16): its entry (JSON, for the new version) and the
   slot to give back, else nothing
   then, to claim it instead where it may be (KEYS 17-24): the tenant, the in-flight lease (ms),
@@ -86,7 +94,18 @@ ARGV
   and queued instead announces the step itself (see fair.Pending.announce, which the caller
   pipelines after a commit that did not ask), so a claimed step adds its tenant to no set of
   tenants with work.
+Conversations: a commit that stops the active run of a conversation releases it in the same
+script: its first waiting run (enqueued, or interrupting at the front) becomes the active one,
+`running`, with a pickup lease (the caller sends its first step; the sweeper does when the
+caller does not), or the conversation is left with no active run. A waiting run that stops
+(cancelled) leaves the waiting list. When the first waiting run is not the one the caller read
+(one more interrupt came in between), nothing is written and the reply says so. Follow-ups the
+turn saw are consumed here, compare-and-set with the version like the state that now holds
+them; a run that stops with follow-ups it never saw says so in its events (`followups_unseen`).
+
 Returns
+  {"ok", new_version, queued, run, queue, state} (a waiting run of the conversation started: its
+  id, queue and state) | {"moved", first waiting run} (nothing written) |
   {"ok", new_version, queued} (queued: 1 if the next step was queued, 0 if not asked or it
   was waiting already) | {"ok", new_version, 2, load} (the step was claimed: `load` is
   run_load.lua's reply for it) | {"stale", version} | {"missing"} | {"ledger", outcome, detail}
@@ -182,6 +201,10 @@ local n_hdel = tonumber(ARGV[i])
 local hdel_at = i + 1
 i = i + n_hdel + 1
 local hold, if_idle, maxlen = ARGV[i] or '', ARGV[i + 1] or '', ARGV[i + 2] or '1000'
+-- Conversations (see "Conversations" above): follow-ups seen, and the release's keys.
+local seen, conv_at = tonumber(ARGV[i + 3] or '') or 0, tonumber(ARGV[i + 4] or '')
+local expected_head, conv_lease, started_event = ARGV[i + 5] or '', ARGV[i + 6], ARGV[i + 7]
+i = i + 5
 local next_entry, give_back = ARGV[i + 3] or '', ARGV[i + 4] or ''
 local claimer = ARGV[i + 5] or ''
 
@@ -191,6 +214,15 @@ if if_idle == '1' then
   local running = redis.call('HGET', KEYS[7], ARGV[1])
   if running and tonumber(string.match(running, '|(%d+)$') or '0') > now then
     return {'busy', version}
+  end
+end
+
+local releasing, head = false, nil
+if conv_at and ARGV[4] == 'stopped' then
+  releasing = redis.call('HGET', KEYS[conv_at], 'active') == ARGV[1]
+  head = releasing and redis.call('LINDEX', KEYS[conv_at + 1], 0) or nil
+  if releasing and (head or '') ~= expected_head then
+    return {'moved', head or ''}
   end
 end
 
@@ -249,6 +281,45 @@ else
   redis.call('ZADD', KEYS[3], now + tonumber(ARGV[8]), run_id)
 end
 redis.call('HDEL', KEYS[7], run_id)
+if seen > 0 then
+  local rest = cjson.decode(redis.call('HGET', KEYS[1], 'followups') or '[]')
+  local kept = {}
+  for j = seen + 1, #rest do
+    kept[#kept + 1] = rest[j]
+  end
+  if #kept == 0 then
+    redis.call('HDEL', KEYS[1], 'followups')
+  else
+    redis.call('HSET', KEYS[1], 'followups', cjson.encode(kept))
+  end
+end
+if status == 'stopped' then
+  local unseen = redis.call('HGET', KEYS[1], 'followups')
+  if unseen and unseen ~= '[]' then
+    redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[9], '*', 'event',
+      '{"followups":' .. unseen .. ',"type":"followups_unseen"}')
+  end
+end
+if conv_at and status == 'stopped' then
+  redis.call('LREM', KEYS[conv_at + 1], 0, run_id)  -- a waiting run that ends leaves the list
+  if releasing and head then
+    redis.call('LPOP', KEYS[conv_at + 1])
+    local fields = redis.call('HMGET', KEYS[conv_at + 2], 'status', 'queue', 'state')
+    if fields[1] == 'waiting' then
+      redis.call('HSET', KEYS[conv_at], 'active', head)
+      redis.call('HSET', KEYS[conv_at + 2], 'status', 'running', 'updated_ms',
+        string.format('%d', now))
+      redis.call('SREM', KEYS[conv_at + 4], head)
+      redis.call('SADD', KEYS[conv_at + 5], head)
+      redis.call('ZADD', KEYS[3], now + tonumber(conv_lease), head)
+      redis.call('XADD', KEYS[conv_at + 3], 'MAXLEN', '~', ARGV[9], '*', 'event', started_event)
+      return {'ok', new_version, 0, head, fields[2], fields[3]}
+    end
+    redis.call('HDEL', KEYS[conv_at], 'active')
+  elseif releasing then
+    redis.call('HDEL', KEYS[conv_at], 'active')
+  end
+end
 local queued = 0
 if next_entry ~= '' and claimer ~= '' then
   local claim = {

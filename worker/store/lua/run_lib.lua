@@ -9,7 +9,8 @@ delivered one. This body follows the ledger's library (`ledger_reserve`).
 ]]
 local function run_load_at(K, A)
   local fields = redis.call('HMGET', K[1], 'version', 'status', 'state', 'attempt_version',
-    'attempt_tokens', 'cancel_by', 'cancel_reason', 'hold', 'holds', 'updated_ms')
+    'attempt_tokens', 'cancel_by', 'cancel_reason', 'hold', 'holds', 'updated_ms', 'supersede_by',
+    'followups')
   local version, status = fields[1], fields[2]
   if not version then
     return {'missing'}
@@ -56,9 +57,10 @@ local function run_load_at(K, A)
     .. string.format('%d', lease_until))
   local paused = redis.call('HGET', K[3], 'paused') or ''
   local cancel_by = fields[6] or ''
+  local supersede_by = fields[11] or ''
 
   local hold, reply, hold_id = 'none', '', ''
-  if paused ~= '' or cancel_by ~= '' then
+  if paused ~= '' or cancel_by ~= '' or supersede_by ~= '' then
     hold = 'skipped'
   elseif fields[8] then
     local stored = cjson.decode(fields[8])
@@ -78,5 +80,5 @@ local function run_load_at(K, A)
   -- The gap since the run last changed: for a continuing run, from its commit to this start.
   local gap = now - (tonumber(fields[10] or '') or now)
   return {'go', fields[3], attempts, paused, cancel_by, fields[7] or '', status, hold, reply, hold_id,
-    gap}
+    gap, supersede_by, fields[12] or ''}
 end

@@ -2,7 +2,8 @@
 Load a run for one step, gate it and admit it, in one round trip: its state, if the step's
 version is current and the run is live; the attempt count (a step that keeps killing its
 worker is poison: see below); the in-flight lease and mark; the tenant's pause flag and any cancel
-request; and, when the run may go on, the ledger hold for its next turn, taken here with
+request (or a newer run of its conversation that interrupts it); the follow-ups merged into it
+since its last turn; and, when the run may go on, the ledger hold for its next turn, taken here with
 `ledger_reserve`. The body is `run_load_at` in run_lib.lua (which follows the ledger's
 library, see ledger/lib.lua): an eager commit (run_commit.lua) loads its claimed step with it.
 
@@ -41,12 +42,14 @@ Returns
                                               (its in-flight lease is live): one turn per
                                               version, so a duplicate never forks the run
   {"go", state, attempts, tenant_paused, cancel_by, cancel_reason, status, hold, reply, hold_id,
-   gap_ms}
+   gap_ms, supersede_by, followups}
       hold   "admitted" | "rejected" | "conflict" | "unfit" | "none" (no hold stored) |
              "skipped" (paused or cancelled: nothing reserved)
       reply  ledger_reserve's reply when it was called, else the unfit dimension or ""
       hold_id  the reservation id when ledger_reserve was called, else ""
       gap_ms   milliseconds since the run last changed (its commit, for a continuing run)
+      supersede_by  the run of its conversation that interrupts it (nothing is reserved), or ""
+      followups     JSON list of the messages merged into it that no turn has seen, or ""
 ]]
 return run_load_at(
   {KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]},
