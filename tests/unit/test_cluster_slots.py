@@ -24,9 +24,10 @@ from turnstile.worker.store.scripts import LUA
 
 CLUSTER = Settings(redis_url="redis+cluster://127.0.0.1:7000", broker_url="redis://127.0.0.1:1/0")
 ONE_SERVER = Settings(redis_url="redis://127.0.0.1:6379/0")
+ENDPOINT = "openai:gpt-4.1-mini"  # a rate-limited endpoint: its buckets are in its own slot
 TENANTS = ["acme", "t-1", "a{b}c", "x" * 64]
 QUEUES = ["turnstile", "q-urgent"]
-LIBRARIES = {"fair_lib", "run_lib"}  # function libraries, put in front of a script: no KEYS
+LIBRARIES = {"fair_lib", "run_lib", "rl_lib"}  # function libraries, put in front of a script: no KEYS
 
 
 def _slots(script_keys: list[str]) -> set[int]:
@@ -53,7 +54,10 @@ def calls(tenant: str, queue: str) -> dict[str, list[str]]:
     first = fair.pending_entry(StepMessage(tenant, run, 1, queue, ""), 60.0, 90.0)
     return {
         "run_create": [keys.run(tenant, run), keys.events(tenant, run), keys.runs(tenant),
-                       keys.by_status(tenant, "running"), keys.leases(tenant)],
+                       keys.by_status(tenant, "running"), keys.leases(tenant),
+                       keys.conversation(tenant, "c-1"), keys.conversation_waiting(tenant, "c-1"),
+                       keys.run(tenant, "run-0"), keys.run(tenant, "run-0"),
+                       keys.events(tenant, "run-0"), keys.by_status(tenant, "waiting")],
         "run_load": [keys.run(tenant, run), keys.leases(tenant), keys.control(tenant),
                      keys.inflight(tenant), *keys.ledger(tenant)],
         "run_renew": [keys.leases(tenant), keys.inflight(tenant)],
@@ -63,7 +67,11 @@ def calls(tenant: str, queue: str) -> dict[str, list[str]]:
         "run_expire": [keys.run(tenant, run), keys.events(tenant, run), keys.runs(tenant),
                        keys.by_status(tenant, "stopped"), keys.by_outcome(tenant, "none"),
                        keys.leases(tenant), keys.inflight(tenant)],
-        "fair_push": first.keys,
+        "fair_push": [*first.keys, first.run_key],
+        "fair_due": [keys.deferred(tenant)],
+        "rl_draw": [keys.rate_bucket(ENDPOINT), keys.rate_bucket(ENDPOINT, tenant),
+                    keys.rate_paid(ENDPOINT)],
+        "rl_adjust": [keys.rate_bucket(ENDPOINT), keys.rate_bucket(ENDPOINT, tenant)],
         "fair_take": Dispatcher._take_keys(None, tenant, queue),  # type: ignore[arg-type]
         "rate": [http_keys.rate("key-1", 123)],
         "streams": [http_keys.streams("key-1")],
@@ -95,6 +103,7 @@ def test_the_eager_claim_reads_the_queue_in_the_script_only_on_one_server(tenant
     on_cluster = fair.claim(StepMessage(tenant, "r", 2, "q", ""), 90.0, CLUSTER, "tok")
     alone = fair.claim(StepMessage(tenant, "r", 2, "q", ""), 90.0, ONE_SERVER, "tok")
     assert on_cluster.queue_allows is not None and alone.queue_allows is None
-    assert len(on_cluster.keys) == 2 and on_cluster.args[-1] == "1"
+    # The tenant's control and caps and its pending first steps; "1" (split), then the aging.
+    assert len(on_cluster.keys) == 3 and on_cluster.args[-2] == "1"
     assert len(_slots(_commit_keys(tenant, "q", ONE_SERVER))) > 1  # a single server's only
     assert len(_slots(_commit_keys(tenant, "q", CLUSTER))) == 1
