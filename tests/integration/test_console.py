@@ -149,8 +149,8 @@ def test_log_in_with_a_key_and_out(
 ) -> None:
     """A wrong key is refused on the login page; a tenant key logs in (its name and tenant
     shown), and logging out ends the session: a page then asks to log in again."""
-    console.go("/runs")
-    assert console.page.url.startswith(f"{console.base}/login")
+    console.go("")  # /console itself leads to the runs, which ask to log in first
+    assert console.page.url.startswith(f"{console.base}/login?next=")
     assert "log in" in console.flash()
     console.shot("login")
     console.login("tsk_not-a-key")
@@ -200,8 +200,10 @@ def test_a_run_finishes_live(
     assert "request is complete" in console.page.inner_text("#message")
     assert "Refund issued" in console.page.inner_text("#answer")
     assert console.page.locator("table.plan tr.ps-done").count() == 3
-    console.go("/runs?status=stopped")
+    console.go("/runs?status=stopped&job=support")
     assert console.page.inner_text(f"tr[data-run='{run_id}'] td.status") == "stopped"
+    console.go("/runs?job=another-job")
+    assert console.page.locator("#rows tr[data-run]").count() == 0
 
 
 def _wait_suspended(client: Client, tenant: str, *run_ids: str) -> None:
