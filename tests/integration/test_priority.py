@@ -171,7 +171,8 @@ def test_an_eager_claim_yields_to_a_waiting_step_that_outranks_it(
 ) -> None:
     """A commit of a priority 5 run claims its next step while the tenant's first steps of
     priorities 2 and 5 wait (a continuation goes before its level's first steps), not while
-    one of 9 waits, nor once the one of 2 has waited past 3 levels (aging 1 s)."""
+    one of 9 waits, nor once the one of 2 has waited past 3 levels (aging 1 s); and it does
+    while one of 6 waits if a first step of 5 has waited 2 levels (the take's order)."""
     client = client_for(redis_url, priority_aging_s=AGING_S)
     tenant, queue = f"t-{unique}", f"nobody-{unique}"
     assert _commit_claiming(client, tenant, queue, 5)  # nothing else waits
@@ -184,6 +185,14 @@ def test_an_eager_claim_yields_to_a_waiting_step_that_outranks_it(
     _submit(client, tenant, queue, 9)
     assert not _commit_claiming(client, tenant, queue, 5)
     assert _commit_claiming(client, tenant, queue, 9)  # the same priority, a continuation
+    # A level's first step that has waited lifts the level: its continuation, this one, goes
+    # before a newer first step of priority 6 (2 + 5 levels against 6), as the dispatcher's take.
+    _taken(_taker(client), tenant, queue)
+    old_5 = _submit(client, tenant, queue, 5)
+    _age(client, tenant, queue, old_5, 2.0)
+    _submit(client, tenant, queue, 6)
+    assert _commit_claiming(client, tenant, queue, 5)
+    assert _taken(_taker(client), tenant, queue)[0] == (old_5, 1)
 
 
 # -- with real workers ------------------------------------------------------------------------

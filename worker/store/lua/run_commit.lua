@@ -116,15 +116,21 @@ local function tenant_may_claim(claim, give_back, now)
   -- The tenant's own pending steps on the queue: the claim is fair share's next pick only if
   -- no waiting step outranks this one (fair_lib.lua's order, with this step queued now).
   local mine = fair_priority(KEYS[1])
-  local mine_score = now - mine * claim.aging
-  for _, level in ipairs(fair_levels(KEYS[14], claim.starts, true)) do
-    local p, score = level[1], level[2] - level[1] * claim.aging
-    if p == mine then
+  local levels = fair_levels(KEYS[14], claim.starts, true)
+  local oldest = now  -- its level's oldest step: this one, or a first step waiting longer
+  for _, level in ipairs(levels) do
+    if level[1] == mine then
       if level[3] then
         return false  -- a continuation of the same priority waits: it goes first
       end
-    elseif score < mine_score or (score == mine_score and p > mine) then
-      return false  -- a step of a higher effective priority waits
+      oldest = math.min(oldest, level[2])
+    end
+  end
+  local mine_score = oldest - mine * claim.aging
+  for _, level in ipairs(levels) do
+    local p, score = level[1], level[2] - level[1] * claim.aging
+    if p ~= mine and (score < mine_score or (score == mine_score and p > mine)) then
+      return false  -- a level of a higher effective priority waits: it goes first
     end
   end
   local cap = tonumber(redis.call('HGET', KEYS[18], 'turns_in_flight') or '')
