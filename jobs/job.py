@@ -16,6 +16,7 @@ from jsonschema.exceptions import SchemaError
 
 from turnstile.jobs.budget import LEDGER_FIELDS, Budget
 from turnstile.jobs.errors import JobDefinitionError, ParamsError
+from turnstile.jobs.extensions import check_extendable
 from turnstile.jobs.model import Model, is_model, is_provider_model, spec_problem
 from turnstile.jobs.state import Call, RunState
 from turnstile.jobs.tools import Tool
@@ -165,6 +166,9 @@ class Job:
     shared_params: tuple[str, ...] = ()  # make runs share a world; replay refuses them
     examples: tuple[Example, ...] = ()
     fallback_model: str | None = None
+    # Budget dimensions (steps, tool_calls, tokens, cost, deadline) whose running out suspends
+    # a run `needs_budget`, for a person to extend or stop, instead of ending it.
+    extendable: tuple[str, ...] = ()
     _params_validator: Draft202012Validator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -173,6 +177,9 @@ class Job:
                 f"job name {self.name!r}: lower-case letters, digits, '.', '_', '-', at most 64"
             )
         self._check_models()
+        object.__setattr__(
+            self, "extendable", check_extendable(self.extendable, f"job {self.name!r}")
+        )
         for key, tool in self.tools.items():
             if not isinstance(tool, Tool) or tool.name != key:
                 raise JobDefinitionError(f"job {self.name!r}: {key!r} is not a Tool of that name")

@@ -83,8 +83,24 @@ class RunPage(BaseModel):
     next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null: done.")
 
 
+class ExtendBody(Strict):
+    """New limits for a run held `needs_budget`; each one left out stays as it is."""
+
+    steps: StrictInt | None = Count
+    tool_calls: StrictInt | None = Count
+    tokens: StrictInt | None = Count
+    cost_microusd: StrictInt | None = Count
+    deadline_ms: StrictInt | None = Count
+
+
 class ApproveBody(Strict):
-    digest: str = Field(min_length=1, max_length=128, description="The held call's digest.")
+    digest: str = Field(
+        min_length=1, max_length=128, description="The held call's (or budget hold's) digest."
+    )
+    extend: ExtendBody | None = Field(
+        default=None,
+        description="For a run held needs_budget: its new limits (none: the suggested ones).",
+    )
 
 
 class DenyBody(Strict):
@@ -99,7 +115,7 @@ class Decided(BaseModel):
     run_id: str
     status: str
     outcome: str
-    result: str = Field(description="approved, denied, cancelled or requested")
+    result: str = Field(description="approved, extended, denied, cancelled or requested")
     by: str
 
 

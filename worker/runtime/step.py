@@ -33,7 +33,7 @@ from turnstile.jobs.kernel import (
 )
 from turnstile.jobs.model import Model
 from turnstile.jobs.outcomes import Outcome, Resource, Status
-from turnstile.jobs.state import RunState
+from turnstile.jobs.state import HeldBudget, RunState
 from turnstile.jobs.trace import Trace
 from turnstile.ledger import replies as ledger_replies
 from turnstile.ledger.results import ReserveResult
@@ -226,10 +226,16 @@ class Step:
         """Commit a state the step changed, with its events, and what follows from it."""
         if state.status is Status.STOPPED:
             return self._leave(loaded, state, events=events, settlements=settlements, clear=clear)
-        if state.status is Status.SUSPENDED and state.pending is not None:
+        if state.status is Status.SUSPENDED and state.held_budget is not None:
+            # A held decision of its own kind: the hold's fields as stored (kind "budget").
+            events.append(
+                {"type": "suspended", **msgspec.to_builtins(state.held_budget), "at": now_iso()}
+            )
+        elif state.status is Status.SUSPENDED and state.pending is not None:
             held = state.pending
             events.append(
-                {"type": "suspended", "tool": held.call.name, "args": held.call.args,
+                {"type": "suspended", "kind": "call", "tool": held.call.name,
+                 "args": held.call.args,
                  "digest": held.digest, "reason": held.reason, "at": now_iso()}
             )  # fmt: skip
         live = state.status is Status.RUNNING
@@ -504,7 +510,10 @@ class Step:
                 self.services.send(self._following, state)
             return "continued"
         if isinstance(move, Suspended):
-            log.info("run_suspended", tool=move.held.call.name)
+            if isinstance(move.held, HeldBudget):
+                log.info("run_suspended", needs_budget=move.held.dimensions)
+            else:
+                log.info("run_suspended", tool=move.held.call.name)
             return self._cancel_if_requested(committed.version, state) or "suspended"
         assert isinstance(move, Finished)
         log.info("run_finished", outcome=move.outcome.value, detail=move.detail)
