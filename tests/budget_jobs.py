@@ -6,6 +6,7 @@ Written against the public API only."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,7 +21,8 @@ BUDGET = Budget(
 
 @tool(facts=("said",), fact_scope="line")
 def say(ctx: ToolContext, line: str, text: str) -> dict[str, Any]:
-    """Say one line."""
+    """Say one line (taking `sleep_s` of the run's params to say it: a turn a kill can land in)."""
+    time.sleep(float(ctx.params.get("sleep_s", 0)))
     return {"status": "ok", "said": text}
 
 
@@ -52,6 +54,7 @@ def spender(client: object = None) -> Job:
             "properties": {
                 "turns": {"type": "integer", "minimum": 1, "maximum": 30},
                 "latency_s": {"type": "number", "minimum": 0, "maximum": 5},
+                "sleep_s": {"type": "number", "minimum": 0, "maximum": 5},
             },
             "additionalProperties": False,
         },
