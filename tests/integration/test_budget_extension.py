@@ -129,6 +129,10 @@ def test_a_run_held_on_its_token_limit_is_extended_over_http_and_completes(
     )  # fmt: skip
     ledger = client.ledger.read(tenant)
     assert (ledger["tokens"].committed, ledger["tokens"].reserved) == (state.usage.tokens, 0)
+    # The extension replays where it happened: the kernel reaches the stored state again.
+    replayed = runner.invoke(app, ["replay", run_id, "--json"],
+                             env={"TURNSTILE_REDIS_URL": redis_url, **JOBS})  # fmt: skip
+    assert json.loads(replayed.stdout)["matches"], replayed.output
 
 
 def test_a_held_run_that_is_stopped_ends_budget_exhausted_naming_tokens(
