@@ -2,15 +2,17 @@
 and the checks an extension passes before it changes the run's limits. Pure, integers only.
 
 A job (`Job.extendable`) or its tenant names the dimensions (steps, tool_calls, tokens, cost,
-deadline: the names `budget_exhausted` gives) whose running out suspends the run
-`needs_budget` instead of ending it. The hold says, per amount (steps, tool_calls, tokens,
-cost_microusd, deadline_ms), what was spent, what the next turn needs, the run's limits and a
-suggested extension; a person approves new limits with its digest, or stops the run.
+deadline: the names `budget_exhausted` gives; `tenant.<dimension>` for a soft ceiling of the
+tenant's ledger) whose running out suspends the run `needs_budget` instead of ending it. The
+hold says, per amount (steps, tool_calls, tokens, cost_microusd, deadline_ms, or
+tenant.<dimension>), what was spent, what the next turn needs, the limits and a suggested
+extension; a person approves new limits with its digest, or stops the run.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable, Mapping
 
 import msgspec
@@ -34,6 +36,13 @@ AMOUNTS: dict[Resource, tuple[str, str]] = {
 EXTENDABLE = tuple(r.value for r in AMOUNTS)  # what `extendable` may name
 AMOUNT_NAMES = tuple(name for name, _ in AMOUNTS.values())  # what an extension may set
 LIMIT_FIELD = dict(AMOUNTS.values())  # amount name -> Budget field
+TENANT = "tenant."  # a soft ceiling of the tenant's ledger: tenant.<dimension>
+_TENANT_NAME = re.compile(r"tenant\.[a-z][a-z0-9_]{0,63}")
+
+
+def is_tenant(name: object) -> bool:
+    """Whether `name` names a ledger dimension of the tenant's (`tenant.tokens`)."""
+    return isinstance(name, str) and _TENANT_NAME.fullmatch(name) is not None
 
 
 def check_extendable(names: Iterable[object], where: str) -> tuple[str, ...]:
@@ -42,9 +51,10 @@ def check_extendable(names: Iterable[object], where: str) -> tuple[str, ...]:
         raise JobDefinitionError(f"{where}: extendable must be a tuple of names, e.g. ('tokens',)")
     out = []
     for name in names:
-        if name not in EXTENDABLE:
+        if name not in EXTENDABLE and not is_tenant(name):
             raise JobDefinitionError(
-                f"{where}: {name!r} is not a budget dimension; one of {', '.join(EXTENDABLE)}"
+                f"{where}: {name!r} is not a budget dimension; one of {', '.join(EXTENDABLE)}, "
+                "or tenant.<dimension> for a soft ceiling of the tenant's"
             )
         out.append(str(name))
     return tuple(sorted(set(out)))
@@ -87,16 +97,35 @@ def hold_for(state: RunState, reserve: Usage, reason: str) -> HeldBudget | None:
     )  # fmt: skip
 
 
+def tenant_hold(
+    state: RunState, rows: Mapping[str, tuple[int, int, int]], reason: str
+) -> HeldBudget:
+    """The hold of a run whose next turn would take the tenant past soft ceilings it made
+    extendable: per `tenant.<dimension>`, (what the tenant has spent and holds, what the turn
+    needs, the ceiling)."""
+    names = sorted(rows)
+    spent = {n: rows[n][0] for n in names}
+    needed = {n: rows[n][1] for n in names}
+    limits = {n: rows[n][2] for n in names}
+    suggested = {n: suggest(spent[n], needed[n], limits[n]) for n in names}
+    canonical = msgspec.json.encode(["budget", state.run_id, names, state.usage, rows])
+    return HeldBudget(
+        dimensions=names, spent=spent, needed=needed, limits=limits, suggested=suggested,
+        digest=hashlib.sha256(canonical).hexdigest()[:16], reason=reason,
+    )  # fmt: skip
+
+
 def parse_limits(pairs: Iterable[str]) -> dict[str, int]:
     """`tokens=50000 cost_microusd=2000000` (a command line's form) as limits; each pair is
     checked for its form here, and for its value by `extended_budget`."""
     out: dict[str, int] = {}
     for pair in pairs:
         name, sep, raw = pair.partition("=")
-        if not sep or name not in AMOUNT_NAMES:
+        if not sep or (name not in AMOUNT_NAMES and not is_tenant(name)):
             raise DecisionError(
                 f"bad extension {pair!r}: expected NAME=LIMIT, NAME one of "
                 + ", ".join(AMOUNT_NAMES)
+                + " or tenant.<dimension>"
             )
         if not raw.isdigit():
             raise DecisionError(f"bad extension {pair!r}: the limit must be a whole number")
@@ -114,22 +143,36 @@ def extended_budget(state: RunState, limits: Mapping[str, object]) -> tuple[Budg
         raise DecisionError("an extension names at least one new limit")
     checked: dict[str, int] = {}
     for name, value in limits.items():
-        if name not in LIMIT_FIELD:
+        held_here = name in held.dimensions
+        if name not in LIMIT_FIELD and not (is_tenant(name) and held_here):
             raise DecisionError(
-                f"cannot extend {name!r}: one of {', '.join(AMOUNT_NAMES)} may be extended"
+                f"cannot extend {name!r}: one of {', '.join(AMOUNT_NAMES)} may be extended, "
+                "or a soft ceiling of the tenant's that holds the run"
             )
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_LIMIT:
             raise DecisionError(f"{name} must be a whole number in 0..2^53, not {value!r}")
-        current = int(getattr(state.budget, LIMIT_FIELD[name]))
+        if is_tenant(name):
+            current = held.limits[name]
+            if value < held.spent[name] + held.needed[name]:
+                raise DecisionError(
+                    f"{name}={value} leaves no room for the next turn: it needs at least "
+                    f"{held.spent[name] + held.needed[name]}"
+                )
+        else:
+            current = int(getattr(state.budget, LIMIT_FIELD[name]))
         if value < current:
             raise DecisionError(
                 f"{name}={value} is below the run's limit of {current}: an extension only raises"
             )
         checked[name] = value
     budget = msgspec.structs.replace(
-        state.budget, **{LIMIT_FIELD[n]: v for n, v in checked.items()}
+        state.budget, **{LIMIT_FIELD[n]: v for n, v in checked.items() if n in LIMIT_FIELD}
     )
     for dimension in held.dimensions:
+        if is_tenant(dimension):
+            if dimension not in checked:
+                raise DecisionError(f"the run is held by {dimension}: give {dimension}=LIMIT")
+            continue
         name = AMOUNTS[Resource(dimension)][0]
         limit = int(getattr(budget, LIMIT_FIELD[name]))
         room = held.spent[name] + held.needed[name]

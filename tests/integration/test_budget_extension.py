@@ -56,14 +56,17 @@ def client(
         yield c
 
 
-def _submit(web: httpx.Client, queue: str, **params: Any) -> str:
-    made = web.post("/v1/runs", json={"user": "u1", "job": "spender", "goal": "say lines",
-                                      "queue": queue, "params": params})  # fmt: skip
+def _submit(
+    web: httpx.Client, queue: str, budget: dict[str, int] | None = None, **params: Any
+) -> str:
+    body = {"user": "u1", "job": "spender", "goal": "say lines", "queue": queue,
+            "params": params, "budget": budget}  # fmt: skip
+    made = web.post("/v1/runs", json=body)
     assert made.status_code == 202, made.text
     return str(made.json()["run_id"])
 
 
-def _held(web: httpx.Client, run_id: str) -> dict[str, Any]:
+def _held(web: httpx.Client, run_id: str, detail: str = "tokens") -> dict[str, Any]:
     """The run's view once it is held `needs_budget`."""
     seen: dict[str, Any] = {}
 
@@ -73,7 +76,7 @@ def _held(web: httpx.Client, run_id: str) -> dict[str, Any]:
 
     wait_until(held, timeout_s=90, what=lambda: f"run {run_id} held needs_budget; saw {seen}")
     assert (seen["status"], seen["outcome"], seen["detail"]) == (
-        "suspended", "needs_budget", "tokens",
+        "suspended", "needs_budget", detail,
     ), seen  # fmt: skip
     return seen
 
@@ -257,3 +260,44 @@ def test_extensions_that_do_not_apply_are_one_line_refusals_with_nothing_written
     assert _ended(client, tenant, run_id)["outcome"] == "completed"
     with pytest.raises(DecisionRefusedError, match="already ended"):
         decisions.approve(client, run_id, by="ops", extend={"tokens": 9000})
+
+
+def test_a_run_held_by_its_tenants_soft_ceiling_is_extended_by_raising_it(
+    redis_url: str, api: ApiServer, client: Client, queue: str, unique: str
+) -> None:
+    """A tenant that made its soft token ceiling extendable (`tenants set ... extendable=
+    tenant.tokens`) has a run held before the turn that would pass it, the turn's hold given
+    back; the extension raises the soft ceiling (never a hard one) and the run completes."""
+    tenant = f"xe-{unique}"
+    env = {"TURNSTILE_REDIS_URL": redis_url, **JOBS}
+    bad = runner.invoke(app, ["tenants", "set", tenant, "extendable=tokenz"], env=env)
+    assert bad.exit_code == 1 and "'tokenz' is not a budget dimension" in bad.stderr, bad.output
+    assert client.client.hget(keys.caps(tenant), "extendable") is None
+    made = runner.invoke(app, ["tenants", "set", tenant, "extendable=tenant.tokens"], env=env)
+    assert made.exit_code == 0 and "extendable=tenant.tokens" in made.stdout, made.output
+    client.ledger.set_ceiling(tenant, "tokens", 250, hard=False)
+    with http(api, make_key(redis_url, tenant)) as web:
+        run_id = _submit(web, queue, {"max_tokens": 5000})
+        held = _held(web, run_id, "tenant.tokens")["pending"]
+        assert held["dimensions"] == ["tenant.tokens"] and held["limits"] == {"tenant.tokens": 250}
+        assert held["spent"]["tenant.tokens"] + held["needed"]["tenant.tokens"] > 250
+        assert client.ledger.read(tenant)["tokens"].reserved == 0  # the turn's hold given back
+        body = {"digest": held["digest"], "extend": {"tenant.cost_microusd": 10**6}}
+        refused = web.post(f"/v1/runs/{run_id}/approve", json=body)
+        assert refused.status_code == 409 and "cannot extend" in refused.json()["detail"]
+        client.ledger.set_ceiling(tenant, "tokens", 250, hard=True)  # made hard meanwhile
+        before = _snapshot(client, tenant, run_id)
+        body = {"digest": held["digest"], "extend": {"tenant.tokens": 3000}}
+        refused = web.post(f"/v1/runs/{run_id}/approve", json=body)
+        assert refused.status_code == 409 and "never extended" in refused.json()["detail"]
+        assert _snapshot(client, tenant, run_id) == before
+        client.ledger.set_ceiling(tenant, "tokens", 250, hard=False)
+        ok = web.post(f"/v1/runs/{run_id}/approve", json=body)
+        assert ok.status_code == 200 and ok.json()["result"] == "extended", ok.text
+    ledger = client.ledger.read(tenant)
+    assert (ledger["tokens"].ceiling, ledger["tokens"].hard) == (3000, False)
+    stored = _ended(client, tenant, run_id)
+    assert stored["outcome"] == "completed", stored
+    state = client.state(run_id, tenant)
+    ledger = client.ledger.read(tenant)
+    assert (ledger["tokens"].committed, ledger["tokens"].reserved) == (state.usage.tokens, 0)

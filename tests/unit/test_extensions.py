@@ -107,6 +107,13 @@ def test_an_extension_that_does_not_apply_is_refused_and_changes_nothing(
     assert state.to_json() == before
 
 
+def test_a_run_held_by_its_own_limit_cannot_extend_a_tenant_ceiling() -> None:
+    """Only a soft ceiling of the tenant's that holds the run may be named."""
+    state, _, held = _held("tokens", "tenant.tokens")
+    with pytest.raises(DecisionError, match=r"cannot extend 'tenant\.tokens'"):
+        approve(state, by="ops", at=AT, digest=held.digest, extend={"tenant.tokens": 10**6})
+
+
 def test_an_extension_on_a_run_not_waiting_for_one_is_refused() -> None:
     state, _, _ = _held("tokens")
     cancel(state, by="ops", at=AT)
@@ -136,6 +143,10 @@ def test_bad_names_are_refused_where_they_are_declared_or_typed() -> None:
     assert parse_limits(["tokens=50000", "deadline_ms=90000"]) == {
         "tokens": 50000, "deadline_ms": 90000,
     }  # fmt: skip
-    for bad in ("tokens", "tokens=-5", "tokens=1.5", "tokens=", "power=3"):
+    assert _job("tenant.tokens", "tokens").extendable == ("tenant.tokens", "tokens")
+    assert parse_limits(["tenant.refund_cents=900"]) == {"tenant.refund_cents": 900}
+    with pytest.raises(JobDefinitionError, match="not a budget dimension"):
+        _job("tenant.Tokens")
+    for bad in ("tokens", "tokens=-5", "tokens=1.5", "tokens=", "power=3", "tenant.=3"):
         with pytest.raises(DecisionError, match="bad extension"):
             parse_limits([bad])

@@ -64,16 +64,19 @@ def _extendable(pairs: list[str]) -> list[str] | None:
     """`extendable=tokens,cost` (`none`: none): the budget dimensions whose running out
     suspends the tenant's runs `needs_budget`; checked before anything is written."""
     from turnstile.jobs.extensions import EXTENDABLE as DIMENSIONS
+    from turnstile.jobs.extensions import is_tenant
     from turnstile.worker.scheduling.fair import CapError
 
     if not pairs:
         return None
     raw = pairs[-1].partition("=")[2]
     names = [] if raw in ("none", "") else raw.split(",")
-    unknown = [n for n in names if n not in DIMENSIONS]
+    unknown = [n for n in names if n not in DIMENSIONS and not is_tenant(n)]
     if unknown:
         raise CapError(
-            f"extendable: {unknown[0]!r} is not a budget dimension; one of " + ", ".join(DIMENSIONS)
+            f"extendable: {unknown[0]!r} is not a budget dimension; one of "
+            + ", ".join(DIMENSIONS)
+            + ", or tenant.<dimension> for a soft ceiling"
         )
     return sorted(set(names))
 

@@ -32,7 +32,7 @@ from turnstile.jobs.decisions import approve as kernel_approve
 from turnstile.jobs.decisions import cancel as kernel_cancel
 from turnstile.jobs.decisions import deny as kernel_deny
 from turnstile.jobs.errors import KernelError
-from turnstile.jobs.extensions import EXTENDABLE
+from turnstile.jobs.extensions import EXTENDABLE, TENANT, is_tenant
 from turnstile.jobs.job import Job
 from turnstile.jobs.outcomes import Status
 from turnstile.jobs.runs import new_run
@@ -120,7 +120,7 @@ def tenant_extendable(raw: object) -> tuple[str, ...]:
     """A tenant's `extendable` setting as stored ("tokens,cost"), its unknown names dropped:
     the setting is checked when written (`turnstile tenants set`)."""
     names = str(raw or "").split(",")
-    return tuple(n for n in names if n in EXTENDABLE)
+    return tuple(n for n in names if n in EXTENDABLE or is_tenant(n))
 
 
 def _check_extension_allowed(
@@ -134,6 +134,16 @@ def _check_extension_allowed(
     ceiling, and no more room for the run than the tenant has left under one. Only the run's
     own limits are extended (and the deadline only up to the most a run may have)."""
     for name, limit in limits.items():
+        if is_tenant(name):  # a ceiling of the tenant's: only a soft one is ever extended
+            dimension = name.removeprefix(TENANT)
+            row = ledger.get(dimension)
+            if row is None or row.ceiling is None:
+                raise DecisionRefusedError(f"tenant {tenant!r} has no {dimension} ceiling now")
+            if row.hard:
+                raise DecisionRefusedError(
+                    f"tenant {tenant!r}'s {dimension} ceiling is hard now: it is never extended"
+                )
+            continue
         if name == "deadline_ms":
             if limit > max_deadline_ms:
                 raise DecisionRefusedError(
@@ -421,6 +431,27 @@ class Client(Reading, Memory):
             self._send(StepMessage(tenant, run_id, committed.version, stored["queue"]), state)
         return state
 
+    def _raise_soft_ceilings(
+        self,
+        tenant: str,
+        digest: str,
+        limits: Mapping[str, int],
+        ledger: Mapping[str, DimensionState],
+    ) -> None:
+        """An extension of the tenant's soft ceilings (`tenant.<dimension>`), set before the
+        run is resumed, so its step is admitted under them. Idempotent per hold: the same
+        extension again is a replay; another one for the same hold is a LedgerConflict."""
+        for name, limit in limits.items():
+            if is_tenant(name):
+                dimension = name.removeprefix(TENANT)
+                row = ledger[dimension]
+                if row.ceiling is not None and row.ceiling >= limit:
+                    continue  # raised as far since the hold: an extension never lowers it
+                self.ledger.set_ceiling(
+                    tenant, dimension, limit, hard=False, period=row.period.value,
+                    op_id=f"extend:{digest}:{dimension}",
+                )  # fmt: skip
+
     def approve(
         self,
         run_id: str,
@@ -443,10 +474,12 @@ class Client(Reading, Memory):
             decision = state.decisions[-1]
             if held is not None:
                 assert decision.limits is not None
+                ledger = self.ledger.read(state.tenant)
                 _check_extension_allowed(
-                    state.tenant, state, decision.limits, self.ledger.read(state.tenant),
+                    state.tenant, state, decision.limits, ledger,
                     int(self.config.max_deadline_s * 1000),
                 )  # fmt: skip
+                self._raise_soft_ceilings(state.tenant, held.digest, decision.limits, ledger)
                 return {"type": "decision", "kind": "extended", "digest": decision.digest,
                         "dimensions": held.dimensions, "limits": decision.limits}  # fmt: skip
             assert state.approval is not None

@@ -200,7 +200,7 @@ def approve_run(run_id: RunIdPath, body: ApproveBody, key: Caller, ctx: Ctx) -> 
     call, another one, is not waiting for an extension, or the extension would pass a hard
     ceiling of the tenant's."""
     tenant = run_tenant(ctx, key, run_id)
-    extend = None if body.extend is None else body.extend.model_dump(exclude_none=True)
+    extend = None if body.extend is None else dict(body.extend)
     state = decisions.approve(
         ctx.client, run_id, by=key.name, digest=body.digest, tenant=tenant, extend=extend
     )

@@ -4,9 +4,17 @@ than a setting silently ignored, and their numbers and flags are strict: `true` 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StringConstraints,
+)
 
 from turnstile.ledger.inputs import Period
 from turnstile.worker.http.context import NAME, QUEUE, RUN_ID
@@ -83,23 +91,22 @@ class RunPage(BaseModel):
     next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null: done.")
 
 
-class ExtendBody(Strict):
-    """New limits for a run held `needs_budget`; each one left out stays as it is."""
-
-    steps: StrictInt | None = Count
-    tool_calls: StrictInt | None = Count
-    tokens: StrictInt | None = Count
-    cost_microusd: StrictInt | None = Count
-    deadline_ms: StrictInt | None = Count
+# What an extension may set: the run's own limits, or a soft ceiling of the tenant's.
+EXTEND_NAME = r"^(steps|tool_calls|tokens|cost_microusd|deadline_ms|tenant\.[a-z][a-z0-9_]{0,63})$"
+ExtendName = Annotated[str, StringConstraints(pattern=EXTEND_NAME)]
+Limit = Annotated[StrictInt, Field(ge=0, le=2**53)]
 
 
 class ApproveBody(Strict):
     digest: str = Field(
         min_length=1, max_length=128, description="The held call's (or budget hold's) digest."
     )
-    extend: ExtendBody | None = Field(
+    extend: dict[ExtendName, Limit] | None = Field(
         default=None,
-        description="For a run held needs_budget: its new limits (none: the suggested ones).",
+        max_length=16,
+        description="For a run held needs_budget: new limits by name (steps, tool_calls, tokens,"
+        " cost_microusd, deadline_ms, tenant.<dimension> for a soft ceiling); none: the"
+        " suggested ones.",
     )
 
 

@@ -20,6 +20,7 @@ from turnstile.jobs.budget import Usage
 from turnstile.jobs.clock import ActiveClock
 from turnstile.jobs.decisions import cancel
 from turnstile.jobs.errors import StateFormatError, UnknownJobError
+from turnstile.jobs.extensions import TENANT, tenant_hold
 from turnstile.jobs.job import Job
 from turnstile.jobs.kernel import (
     Continue,
@@ -373,8 +374,43 @@ class Step:
                 finish(state, Outcome.BUDGET_EXHAUSTED, reason, f"tenant.{dimension}")
                 self.finish_now(loaded, state, job, [])
                 return "refused"
+            soft = [d for d in result.soft_exceeded if f"{TENANT}{d}" in state.extendable]
+            held = self._soft_hold(state, worst, soft) if soft else None
+            if held is not None:
+                return self._suspend_for_soft(loaded, state, job, held, (reservation_id, worst))
             holds.append((reservation_id, worst))
         return self._turn(loaded, state, job, holds, hard_s, view=view, model=model)
+
+    def _soft_hold(self, state: RunState, worst: Usage, soft: list[str]) -> HeldBudget | None:
+        """The hold of a run whose turn would take the tenant past soft ceilings it (or the
+        job) made extendable: what the tenant spent and holds (the turn's own hold left out),
+        what the turn needs, the ceiling. None if no such ceiling is left."""
+        ledger = self.services.ledger.read(self.msg.tenant)
+        amounts = ledger_amounts(worst)
+        rows = {}
+        for d in soft:
+            row = ledger.get(d)
+            if row is not None and row.ceiling is not None and not row.hard:
+                used = max(0, row.committed + row.reserved - amounts.get(d, 0))
+                rows[f"{TENANT}{d}"] = (used, amounts.get(d, 0), row.ceiling)
+        if not rows:
+            return None
+        reason = "the next turn would pass the tenant's soft " + ", ".join(soft) + " ceiling"
+        return tenant_hold(state, rows, reason)
+
+    def _suspend_for_soft(
+        self, loaded: Loaded, state: RunState, job: Job, held: HeldBudget,
+        hold: tuple[str, Usage],
+    ) -> str:  # fmt: skip
+        """Give the turn's hold back and suspend the run `needs_budget` before anything ran."""
+        reservation_id, worst = hold
+        state.held_budget = held
+        finish(state, Outcome.NEEDS_BUDGET, held.reason, ",".join(held.dimensions))
+        zero = {d: 0 for d in ledger_amounts(worst)}
+        give_back = self.services.ledger.settle_script_args(state.tenant, reservation_id, zero)[1]
+        log.info("tenant_soft_ceiling_holds_run", dimensions=held.dimensions)
+        committed = self.finish_now(loaded, state, job, [], settlements=[give_back])
+        return self._next(committed, state, Suspended(held))
 
     def _hold(
         self, loaded: Loaded, reservation_id: str, worst: Usage, hard_s: float
