@@ -144,3 +144,4 @@ def test_kills_and_duplicate_decisions_around_budget_holds_leave_the_ledger_exac
     assert holds >= RUNS, f"only {holds} holds were decided"
     assert len(deciders.refused) >= holds, "every duplicate decision is refused"
     assert problems == [], "\n".join(problems)
+    print(f"{RUNS} runs, {kills} kills, {holds} holds, {len(deciders.refused)} duplicates refused")
