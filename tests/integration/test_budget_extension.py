@@ -245,6 +245,8 @@ def test_extensions_that_do_not_apply_are_one_line_refusals_with_nothing_written
             assert _snapshot(client, tenant, run_id) == before, args
         shown = runner.invoke(app, ["status", run_id, "--json"], env=env)
         assert json.loads(shown.stdout)["pending"]["digest"] == held["digest"]
+        table = runner.invoke(app, ["status", run_id], env=env).stdout
+        assert "held budget" in table and f"suggested tokens={held['suggested']['tokens']}" in table
         listed = runner.invoke(app, ["runs", "--status", "suspended", "--tenant", tenant,
                                      "--json"], env=env)  # fmt: skip
         assert [r["outcome"] for r in json.loads(listed.stdout)["runs"]] == ["needs_budget"]
