@@ -22,6 +22,7 @@ from turnstile.jobs.conversations import (
     with_followups,
 )
 from turnstile.jobs.errors import JobDefinitionError, ParamsError
+from turnstile.jobs.extensions import check_extendable
 from turnstile.jobs.model import Model, is_model, is_provider_model, spec_problem
 from turnstile.jobs.state import Call, RunState
 from turnstile.jobs.tools import Tool
@@ -176,6 +177,9 @@ class Job:
     # What a submission to a conversation with an active run does when it names no policy
     # (jobs/conversations.py): `reject` unless the job says otherwise.
     conversation_policy: ConversationPolicy = ConversationPolicy.REJECT
+    # Budget dimensions (steps, tool_calls, tokens, cost, deadline) whose running out suspends
+    # a run `needs_budget`, for a person to extend or stop, instead of ending it.
+    extendable: tuple[str, ...] = ()
     _params_validator: Draft202012Validator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -189,6 +193,9 @@ class Job:
             raise JobDefinitionError(f"job {self.name!r}: {problem}")
         object.__setattr__(
             self, "conversation_policy", ConversationPolicy(self.conversation_policy)
+        )
+        object.__setattr__(
+            self, "extendable", check_extendable(self.extendable, f"job {self.name!r}")
         )
         for key, tool in self.tools.items():
             if not isinstance(tool, Tool) or tool.name != key:

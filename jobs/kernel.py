@@ -27,6 +27,7 @@ from turnstile.jobs.calls import (
     vet,
 )
 from turnstile.jobs.clock import Clock
+from turnstile.jobs.extensions import hold_for
 from turnstile.jobs.job import Job
 from turnstile.jobs.loops import NO_CALL, oscillating, repeated, stalled, turn_signature
 from turnstile.jobs.model import (
@@ -50,7 +51,7 @@ from turnstile.jobs.replies import (
     parse_reply,
     reply_tokens,
 )
-from turnstile.jobs.state import HeldCall, RunState
+from turnstile.jobs.state import HeldBudget, HeldCall, RunState
 from turnstile.jobs.tools import ToolContext, error
 from turnstile.jobs.trace import ROOT_ID, Span, Trace
 
@@ -71,7 +72,7 @@ class Finished:
 
 @dataclass(frozen=True)
 class Suspended:
-    held: HeldCall
+    held: HeldCall | HeldBudget  # a call for a person to approve, or a budget to extend
 
 
 Move = Continue | Finished | Suspended
@@ -116,6 +117,10 @@ def finish(state: RunState, outcome: Outcome, reason: str, detail: str | None = 
         state.status = Status.SUSPENDED
         assert state.pending is not None
         return Suspended(state.pending)
+    if outcome is Outcome.NEEDS_BUDGET:
+        state.status = Status.SUSPENDED
+        assert state.held_budget is not None
+        return Suspended(state.held_budget)
     state.status = Status.STOPPED
     return Finished(outcome, reason, detail)
 
@@ -124,9 +129,22 @@ def current_move(state: RunState) -> Move:
     if state.status is Status.STOPPED:
         assert state.outcome is not None
         return Finished(state.outcome, state.reason or "", state.detail)
+    if state.status is Status.SUSPENDED and state.held_budget is not None:
+        return Suspended(state.held_budget)
     if state.status is Status.SUSPENDED and state.pending is not None:
         return Suspended(state.pending)
     return Continue()
+
+
+def out_of_budget(state: RunState, reserve: Usage, unfit: Resource, reason: str) -> Move:
+    """`reserve` does not fit the run's budget: the run suspends `needs_budget`, held for a
+    person, when every dimension it does not fit is extendable (`state.extendable`); else it
+    ends `budget_exhausted`, naming `unfit`."""
+    held = hold_for(state, reserve, reason)
+    if held is None:
+        return finish(state, Outcome.BUDGET_EXHAUSTED, reason, unfit)
+    state.held_budget = held
+    return finish(state, Outcome.NEEDS_BUDGET, reason, ",".join(held.dimensions))
 
 
 def _ms(seconds: float) -> int:
@@ -478,15 +496,12 @@ def _run_held(state: RunState, rt: Runtime) -> Move | None:
         return finish(state, Outcome.ERROR, f"held call names an unknown tool {held.call.name!r}")
     budget, usage = state.budget, state.usage
     if usage.tool_calls + 1 > budget.max_tool_calls:
-        return finish(
-            state,
-            Outcome.BUDGET_EXHAUSTED,
-            "no tool call left for the held call",
-            Resource.TOOL_CALLS,
+        return out_of_budget(
+            state, Usage(tool_calls=1), Resource.TOOL_CALLS, "no tool call left for the held call"
         )
     if _remaining_ms(state) <= 0:
-        return finish(
-            state, Outcome.BUDGET_EXHAUSTED, "no time left for the held call", Resource.DEADLINE
+        return out_of_budget(
+            state, Usage(tool_calls=1), Resource.DEADLINE, "no time left for the held call"
         )
     step = usage.steps + 1
     span = rt.trace.start(f"r{step}", "resume", "run held call", ROOT_ID)
@@ -562,12 +577,17 @@ def exposure(state: RunState, job: Job, view: str | None = None) -> tuple[Resour
 
 def admit(state: RunState, job: Job, view: str) -> Resource | None:
     """The first budget dimension the next turn does not fit, or None when it is admitted."""
-    exposure = turn_exposure(
+    reserve = _reserve(state, job, view)
+    return first_unfit(consumed=state.usage, reserve=reserve, budget=state.budget)
+
+
+def _reserve(state: RunState, job: Job, view: str) -> Usage:
+    """The next turn's worst case, as admission checks it against the run's budget."""
+    return turn_exposure(
         input_tokens=est_input_tokens(state, job, view),
         budget=state.budget,
         tool_cost_bound_microusd=job.tool_cost_bound_microusd,
     )
-    return first_unfit(consumed=state.usage, reserve=exposure, budget=state.budget)
 
 
 def turn(state: RunState, rt: Runtime, *, view: str | None = None) -> Move:
@@ -587,10 +607,11 @@ def turn(state: RunState, rt: Runtime, *, view: str | None = None) -> Move:
         view = None
     if view is None:
         view = rt.job.view(state)
-    unfit = admit(state, rt.job, view)
+    reserve = _reserve(state, rt.job, view)
+    unfit = first_unfit(consumed=state.usage, reserve=reserve, budget=state.budget)
     if unfit is not None:
-        return finish(
-            state, Outcome.BUDGET_EXHAUSTED, f"the next turn does not fit the {unfit} budget", unfit
+        return out_of_budget(
+            state, reserve, unfit, f"the next turn does not fit the {unfit} budget"
         )
     state.usage.steps += 1
     step = state.usage.steps
@@ -613,7 +634,8 @@ def _status_of(move: Move) -> str:
     if isinstance(move, Finished):
         return move.detail or move.outcome.value
     if isinstance(move, Suspended):
-        return Outcome.NEEDS_APPROVAL.value
+        budget = isinstance(move.held, HeldBudget)
+        return (Outcome.NEEDS_BUDGET if budget else Outcome.NEEDS_APPROVAL).value
     return "ok"
 
 

@@ -12,6 +12,8 @@ class Outcome(StrEnum):
     NEEDS_APPROVAL = (
         "needs_approval"  # suspended and resumable: the only outcome that is not terminal
     )
+    # suspended and resumable too: out of a budget dimension the run may have extended
+    NEEDS_BUDGET = "needs_budget"
     APPROVAL_DENIED = "approval_denied"
     ESCALATED = "escalated"
     GUARDRAIL_STOP = "guardrail_stop"
@@ -22,7 +24,7 @@ class Outcome(StrEnum):
     ERROR = "error"
 
 
-TERMINAL: frozenset[Outcome] = frozenset(Outcome) - {Outcome.NEEDS_APPROVAL}
+TERMINAL: frozenset[Outcome] = frozenset(Outcome) - {Outcome.NEEDS_APPROVAL, Outcome.NEEDS_BUDGET}
 
 
 class Resource(StrEnum):

@@ -24,6 +24,7 @@ def new_run(
     params: Mapping[str, Any] | None = None,
     budget: Budget | None = None,
     memory: list[str] | None = None,
+    extendable: tuple[str, ...] = (),
 ) -> RunState:
     """A fresh run, checked before anything is written anywhere."""
     for name, value in (("run_id", run_id), ("tenant", tenant), ("user_id", user_id)):
@@ -52,4 +53,5 @@ def new_run(
         params=params,
         budget=budget,
         memory=list(memory or []),
+        extendable=sorted(set(job.extendable) | set(extendable)),
     )

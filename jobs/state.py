@@ -44,14 +44,33 @@ class HeldCall(msgspec.Struct, kw_only=True):
     reason: str
 
 
-class Decision(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """Who decided what about a run, and when (the time is the caller's, as an ISO string)."""
+class HeldBudget(msgspec.Struct, kw_only=True):
+    """A run out of budget, held for a person: extend its limits, or stop it. Self-describing
+    for whoever lists held decisions: `kind` "budget", the `dimensions` the next turn does not
+    fit (as `budget_exhausted` names them), and per amount (steps, tool_calls, tokens,
+    cost_microusd, deadline_ms) what was `spent`, what the next turn `needed`, the run's
+    `limits` and the `suggested` new limits; `digest` pins an extension to this hold."""
 
-    kind: Literal["approved", "denied", "cancelled"]
+    kind: Literal["budget"] = "budget"
+    dimensions: list[str]
+    spent: dict[str, int]
+    needed: dict[str, int]
+    limits: dict[str, int]
+    suggested: dict[str, int]
+    digest: str
+    reason: str
+
+
+class Decision(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Who decided what about a run, and when (the time is the caller's, as an ISO string).
+    An extension (`extended`) records the new `limits`."""
+
+    kind: Literal["approved", "denied", "cancelled", "extended"]
     by: str
     at: str
     digest: str | None = None
     reason: str | None = None
+    limits: dict[str, int] | None = None
 
 
 class FollowUp(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -67,8 +86,9 @@ class RunState(msgspec.Struct, kw_only=True):
     """Everything about a run, saved whole after every turn: who asked for what (tenant,
     user, job, goal, params), its budget and usage, its `status` (running, suspended, parked,
     stopped), `outcome`, `detail` and `reason` once it has one, the plan, the facts, the last
-    calls and their results (`last_result`), the call held for a person (`pending`), the
-    decisions made, the `answer`, and its conversation's follow-ups (`followups`). The model
+    calls and their results (`last_result`), the call held for a person (`pending`) or the
+    budget held for one (`held_budget`), the decisions made, the `answer`, and its
+    conversation's follow-ups (`followups`). The model
     never sees it whole, only its rendered view."""
 
     schema_version: int = SCHEMA_VERSION
@@ -95,6 +115,10 @@ class RunState(msgspec.Struct, kw_only=True):
     answer: str | None = None
     unconfirmed: str | None = None  # plan step (or tool) of a write whose outcome is unknown
     pending: HeldCall | None = None
+    held_budget: HeldBudget | None = None  # out of an extendable dimension, held for a person
+    # Budget dimensions (steps, tool_calls, tokens, cost, deadline) whose running out suspends
+    # the run `needs_budget` instead of ending it: the job's and its tenant's, at submit.
+    extendable: list[str] = msgspec.field(default_factory=list)
     approval: Decision | None = None
     decisions: list[Decision] = msgspec.field(default_factory=list)
     memory: list[str] = msgspec.field(default_factory=list)  # notes recalled at the start

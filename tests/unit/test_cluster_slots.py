@@ -27,7 +27,11 @@ ONE_SERVER = Settings(redis_url="redis://127.0.0.1:6379/0")
 ENDPOINT = "openai:gpt-4.1-mini"  # a rate-limited endpoint: its buckets are in its own slot
 TENANTS = ["acme", "t-1", "a{b}c", "x" * 64]
 QUEUES = ["turnstile", "q-urgent"]
-LIBRARIES = {"fair_lib", "run_lib", "rl_lib"}  # function libraries, put in front of a script: no KEYS
+LIBRARIES = {
+    "fair_lib",
+    "run_lib",
+    "rl_lib",
+}  # function libraries, put in front of a script: no KEYS
 
 
 def _slots(script_keys: list[str]) -> set[int]:

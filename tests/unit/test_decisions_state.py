@@ -82,9 +82,11 @@ def test_decisions_that_do_not_apply_are_clear_errors() -> None:
         cancel(state, by="ops", at=AT)
 
 
-def test_outcomes_are_a_closed_set_with_one_non_terminal() -> None:
-    assert {o.value for o in Outcome} - {o.value for o in TERMINAL} == {"needs_approval"}
-    assert len(Outcome) == 12
+def test_outcomes_are_a_closed_set_with_two_non_terminal() -> None:
+    """A run held for a person (a call to approve, a budget to extend) has not ended."""
+    non_terminal = {o.value for o in Outcome} - {o.value for o in TERMINAL}
+    assert non_terminal == {"needs_approval", "needs_budget"}
+    assert len(Outcome) == 13
 
 
 def test_closing_messages_are_built_from_the_plan() -> None:

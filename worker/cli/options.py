@@ -63,7 +63,14 @@ DrainTimeout = Annotated[
 Digest = Annotated[
     str | None,
     typer.Option("--digest", envvar="TURNSTILE_DIGEST", show_default=False,
-                 help="Approve only if the held call has this digest (see `status`)."),
+                 help="Approve only if the held call (or budget hold) has this digest (see "
+                      "`status`)."),
+]  # fmt: skip
+Extend = Annotated[
+    list[str] | None,
+    typer.Option("--extend", show_default=False, metavar="NAME=LIMIT",
+                 help="For a run held needs_budget: a new limit (steps, tool_calls, tokens, "
+                      "cost_microusd, deadline_ms), repeatable; none: the suggested one."),
 ]  # fmt: skip
 DenyReason = Annotated[
     str,

@@ -77,8 +77,20 @@ def span_status(span: dict[str, Any]) -> str:
 
 
 def _held_line(event: dict[str, Any]) -> str:
+    if event.get("kind") == "budget":  # a budget hold: what it spent and what is suggested
+        suggested = event.get("suggested") or {}
+        spent, limits = event.get("spent") or {}, event.get("limits") or {}
+        said = ", ".join(
+            f"{n} {spent.get(n)} of {limits.get(n)}, suggested {n}={v}"
+            for n, v in suggested.items()
+        )
+        return f"held for budget: {said} (digest {event.get('digest')})"
     args = json.dumps(event.get("args"))
     return f"held for approval: {event.get('tool')} {args} (digest {event.get('digest')})"
+
+
+def _limits(limits: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in limits.items())
 
 
 _LINES: dict[str, Callable[[dict[str, Any]], str]] = {
@@ -86,7 +98,10 @@ _LINES: dict[str, Callable[[dict[str, Any]], str]] = {
     "finished": _finished_line,
     "suspended": _held_line,
     "submitted": lambda e: f"submitted to queue {e.get('queue')}",
-    "decision": lambda e: f"{e.get('kind')} by {e.get('by')} at {e.get('at')}",
+    "decision": lambda e: (
+        f"{e.get('kind')} by {e.get('by')} at {e.get('at')}"
+        + (f" to {_limits(e['limits'])}" if e.get("limits") else "")
+    ),
     "parked": lambda e: f"parked: {e.get('why')}",
     "resumed": lambda e: f"resumed by {e.get('by')}",
     "rate_limited": lambda e: (

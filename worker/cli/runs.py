@@ -102,8 +102,17 @@ def status(
     table.add_row("active time", f"{usage['elapsed_ms'] / 1000:.1f} s of "
                                  f"{budget['deadline_ms'] / 1000:.0f} s")  # fmt: skip
     table.add_row("plan", " ".join(f"{s['id']}:{s['tool']}={s['status']}" for s in view["plan"]))
-    if view["pending"]:
-        held = view["pending"]
+    held = view["pending"]
+    if held and held.get("kind") == "budget":
+        table.add_row("held budget", escape(", ".join(held["dimensions"])))
+        for name in held["suggested"]:
+            table.add_row(
+                f"  {name}",
+                f"spent {held['spent'][name]} of {held['limits'][name]}; the next turn needs "
+                f"{held['needed'][name]}; suggested {name}={held['suggested'][name]}",
+            )
+        table.add_row("digest", held["digest"])
+    elif held:
         table.add_row("held call", escape(f"{held['tool']} {json.dumps(held['args'])}"))
         table.add_row("digest", held["digest"])
     for d in view["decisions"]:

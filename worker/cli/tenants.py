@@ -29,7 +29,9 @@ tenants_app = typer.Typer(
 TenantArg = Annotated[str, typer.Argument(help="The tenant (it need not have runs yet).")]
 Pairs = Annotated[
     list[str],
-    typer.Argument(help="turns_in_flight=N, active_runs=N (none: no cap), weight=N (default 1).",
+    typer.Argument(help="turns_in_flight=N, active_runs=N (none: no cap), weight=N (default 1), "
+                        "extendable=tokens,cost (budget dimensions whose running out suspends "
+                        "a run needs_budget; none: none).",
                    show_default=False),
 ]  # fmt: skip
 
@@ -43,12 +45,43 @@ def set_(conn: Connection, tenant: TenantArg, pairs: Pairs) -> None:
     from turnstile.worker.scheduling import fair
 
     check_name("tenant", tenant)
-    caps = fair.parse_caps(pairs)
-    fair.set_caps(conn.client.client, tenant, caps)
-    typer.echo(_shown(tenant, caps))
+    extendable = [p for p in pairs if p.startswith(f"{EXTENDABLE}=")]
+    rest = [p for p in pairs if p not in extendable]
+    names = _extendable(extendable)
+    caps = fair.parse_caps(rest) if rest or not extendable else {}
+    if names is not None:
+        conn.client.client.hset(keys.caps(tenant), EXTENDABLE, ",".join(names))
+    if caps:
+        fair.set_caps(conn.client.client, tenant, caps)
+    shown = {**caps, **({} if names is None else {EXTENDABLE: ",".join(names) or "none"})}
+    typer.echo(_shown(tenant, shown))
 
 
-def _shown(tenant: str, caps: Mapping[str, int | None]) -> str:
+EXTENDABLE = "extendable"  # the budget dimensions whose running out suspends a tenant's runs
+
+
+def _extendable(pairs: list[str]) -> list[str] | None:
+    """`extendable=tokens,cost` (`none`: none): the budget dimensions whose running out
+    suspends the tenant's runs `needs_budget`; checked before anything is written."""
+    from turnstile.jobs.extensions import EXTENDABLE as DIMENSIONS
+    from turnstile.jobs.extensions import is_tenant
+    from turnstile.worker.scheduling.fair import CapError
+
+    if not pairs:
+        return None
+    raw = pairs[-1].partition("=")[2]
+    names = [] if raw in ("none", "") else raw.split(",")
+    unknown = [n for n in names if n not in DIMENSIONS and not is_tenant(n)]
+    if unknown:
+        raise CapError(
+            f"extendable: {unknown[0]!r} is not a budget dimension; one of "
+            + ", ".join(DIMENSIONS)
+            + ", or tenant.<dimension> for a soft ceiling"
+        )
+    return sorted(set(names))
+
+
+def _shown(tenant: str, caps: Mapping[str, int | str | None]) -> str:
     return f"tenant {tenant}: " + " ".join(
         f"{k}={'none' if v is None else v}" for k, v in caps.items()
     )

@@ -34,6 +34,7 @@ from turnstile.jobs.decisions import approve as kernel_approve
 from turnstile.jobs.decisions import cancel as kernel_cancel
 from turnstile.jobs.decisions import deny as kernel_deny
 from turnstile.jobs.errors import KernelError, StateFormatError
+from turnstile.jobs.extensions import EXTENDABLE, TENANT, is_tenant
 from turnstile.jobs.job import Job
 from turnstile.jobs.outcomes import Status
 from turnstile.jobs.runs import new_run
@@ -124,6 +125,57 @@ def _check_tenant_allows(tenant: str, budget: Budget, ledger: Mapping[str, Dimen
             raise SubmissionError(
                 f"budget asks for {asked[dimension]} {dimension}; "
                 f"tenant {tenant!r} allows {state.ceiling}"
+            )
+
+
+def tenant_extendable(raw: object) -> tuple[str, ...]:
+    """A tenant's `extendable` setting as stored ("tokens,cost"), its unknown names dropped:
+    the setting is checked when written (`turnstile tenants set`)."""
+    names = str(raw or "").split(",")
+    return tuple(n for n in names if n in EXTENDABLE or is_tenant(n))
+
+
+def _check_extension_allowed(
+    tenant: str,
+    state: RunState,
+    limits: Mapping[str, int],
+    ledger: Mapping[str, DimensionState],
+    max_deadline_ms: int,
+) -> None:
+    """An extension never passes the tenant's hard ceilings: no new limit above a hard
+    ceiling, and no more room for the run than the tenant has left under one. Only the run's
+    own limits are extended (and the deadline only up to the most a run may have)."""
+    for name, limit in limits.items():
+        if is_tenant(name):  # a ceiling of the tenant's: only a soft one is ever extended
+            dimension = name.removeprefix(TENANT)
+            row = ledger.get(dimension)
+            if row is None or row.ceiling is None:
+                raise DecisionRefusedError(f"tenant {tenant!r} has no {dimension} ceiling now")
+            if row.hard:
+                raise DecisionRefusedError(
+                    f"tenant {tenant!r}'s {dimension} ceiling is hard now: it is never extended"
+                )
+            continue
+        if name == "deadline_ms":
+            if limit > max_deadline_ms:
+                raise DecisionRefusedError(
+                    f"deadline_ms={limit} is above the {max_deadline_ms} ms a run may have"
+                )
+            continue
+        row = ledger.get(name)
+        if row is None or not row.hard or row.ceiling is None:
+            continue
+        if limit > row.ceiling:
+            raise DecisionRefusedError(
+                f"{name}={limit} would pass tenant {tenant!r}'s hard {name} ceiling of "
+                f"{row.ceiling}: it is never extended"
+            )
+        more = limit - int(getattr(state.usage, name))
+        left = max(0, row.ceiling - row.committed - row.reserved)
+        if more > left:
+            raise DecisionRefusedError(
+                f"{name}={limit} would let the run spend {more} more {name}; tenant "
+                f"{tenant!r} has {left} left under its hard ceiling of {row.ceiling}"
             )
 
 
@@ -275,7 +327,8 @@ class Client(Reading, Memory):
         digest = fingerprint([*asked, conversation, policy] if conversation else asked)
         # Every refusal is found by reading before anything is written: a refused submission
         # adds no queue, no tenant and no run id to any index.
-        draining, owner, stored_digest = self._before_writing(queue, tenant, run_id)
+        draining, owner, stored_digest, extendable = self._before_writing(queue, tenant, run_id)
+        state.extendable = sorted(set(state.extendable) | set(extendable))
         if draining:
             raise SubmissionError(f"queue {queue!r} is draining: it takes no new runs")
         if owner not in (None, tenant):
@@ -479,18 +532,21 @@ class Client(Reading, Memory):
 
     def _before_writing(
         self, queue: str, tenant: str, run_id: str
-    ) -> tuple[bool, str | None, str | None]:
+    ) -> tuple[bool, str | None, str | None, tuple[str, ...]]:
         """In one round trip: whether the queue is draining, the tenant that holds the run id
-        (None: no one yet) and the fingerprint of the tenant's run of that id, if any."""
+        (None: no one yet), the fingerprint of the tenant's run of that id, if any, and the
+        budget dimensions the tenant made extendable."""
         pipe = self.client.pipeline(transaction=False)
         pipe.hget(keys.queue_control(queue), "draining")
         pipe.hget(RUN_TENANTS, run_id)
         pipe.hget(keys.run(tenant, run_id), "fingerprint")
-        draining, owner, stored = pipe.execute()
+        pipe.hget(keys.caps(tenant), "extendable")
+        draining, owner, stored, extendable = pipe.execute()
         return (
             bool(draining),
             None if owner is None else str(owner),
             None if stored is None else str(stored),
+            tenant_extendable(extendable),
         )
 
     def _claim_run_id(self, run_id: str, tenant: str) -> str:
@@ -565,13 +621,57 @@ class Client(Reading, Memory):
             self._send(StepMessage(tenant, run_id, committed.version, stored["queue"]), state)
         return state
 
-    def approve(self, run_id: str, *, by: str, digest: str | None = None) -> RunState:
+    def _raise_soft_ceilings(
+        self,
+        tenant: str,
+        digest: str,
+        limits: Mapping[str, int],
+        ledger: Mapping[str, DimensionState],
+    ) -> None:
+        """An extension of the tenant's soft ceilings (`tenant.<dimension>`), set before the
+        run is resumed, so its step is admitted under them. Idempotent per hold: the same
+        extension again is a replay; another one for the same hold is a LedgerConflict."""
+        for name, limit in limits.items():
+            if is_tenant(name):
+                dimension = name.removeprefix(TENANT)
+                row = ledger[dimension]
+                if row.ceiling is not None and row.ceiling >= limit:
+                    continue  # raised as far since the hold: an extension never lowers it
+                self.ledger.set_ceiling(
+                    tenant, dimension, limit, hard=False, period=row.period.value,
+                    op_id=f"extend:{digest}:{dimension}",
+                )  # fmt: skip
+
+    def approve(
+        self,
+        run_id: str,
+        *,
+        by: str,
+        digest: str | None = None,
+        extend: Mapping[str, int] | None = None,
+    ) -> RunState:
         """Approve the call a suspended run holds, exactly that tool with those arguments
-        (`digest`, from `state.pending.digest`, pins it); the run goes on. DecisionRefusedError
-        if the run is not suspended or holds another call."""
+        (`digest`, from `state.pending.digest`, pins it); the run goes on. For a run held
+        `needs_budget`, approve an extension: `extend` maps amounts (steps, tool_calls, tokens,
+        cost_microusd, deadline_ms) to new limits (None: the hold's suggestion), `digest`
+        (`state.held_budget.digest`) pins the hold; the run re-admits with them. Refused
+        (DecisionRefusedError) if the run is not suspended, holds another call or hold, or the
+        extension would pass a hard ceiling of its tenant's; nothing is written then."""
 
         def apply(state: RunState) -> dict[str, Any]:
-            kernel_approve(state, by=by, at=now_iso(), digest=digest)
+            held = state.held_budget
+            kernel_approve(state, by=by, at=now_iso(), digest=digest, extend=extend)
+            decision = state.decisions[-1]
+            if held is not None:
+                assert decision.limits is not None
+                ledger = self.ledger.read(state.tenant)
+                _check_extension_allowed(
+                    state.tenant, state, decision.limits, ledger,
+                    int(self.config.max_deadline_s * 1000),
+                )  # fmt: skip
+                self._raise_soft_ceilings(state.tenant, held.digest, decision.limits, ledger)
+                return {"type": "decision", "kind": "extended", "digest": decision.digest,
+                        "dimensions": held.dimensions, "limits": decision.limits}  # fmt: skip
             assert state.approval is not None
             return {"type": "decision", "kind": "approved", "digest": state.approval.digest}
 
@@ -579,11 +679,16 @@ class Client(Reading, Memory):
 
     def deny(self, run_id: str, *, by: str, reason: str) -> RunState:
         """Deny the call a suspended run holds: the run ends `approval_denied`, or, for a job
-        that shows denials to its model, goes on with the denial as the call's result."""
+        that shows denials to its model, goes on with the denial as the call's result. Denying
+        a run held `needs_budget` stops it `budget_exhausted`, naming the dimension."""
 
         def apply(state: RunState) -> dict[str, Any]:
+            held = state.held_budget
             kernel_deny(state, self.jobs.get(state.job), by=by, at=now_iso(), reason=reason)
-            return {"type": "decision", "kind": "denied", "reason": reason}
+            event: dict[str, Any] = {"type": "decision", "kind": "denied", "reason": reason}
+            if held is not None:  # a budget hold: the run ends budget_exhausted
+                event.update(digest=held.digest, dimensions=held.dimensions)
+            return event
 
         return self._decide(run_id, by, apply)
 

@@ -198,16 +198,24 @@ def _decided(ctx: Ctx, tenant: str, run_id: str, result: str, by: str) -> Decide
 
 @router.post("/v1/runs/{run_id}/approve", response_model=Decided, tags=["decisions"])
 def approve_run(run_id: RunIdPath, body: ApproveBody, key: Caller, ctx: Ctx) -> Decided:
-    """Approve exactly the held call with this digest; the run goes on. Refused (409) if the
-    run holds no call, or another one."""
+    """Approve exactly the held call with this digest; the run goes on. For a run held
+    `needs_budget`, approve an extension (`extend`: new limits; none: the suggested ones) of
+    the hold with this digest; the run re-admits with them. Refused (409) if the run holds no
+    call, another one, is not waiting for an extension, or the extension would pass a hard
+    ceiling of the tenant's."""
     tenant = run_tenant(ctx, key, run_id)
-    decisions.approve(ctx.client, run_id, by=key.name, digest=body.digest, tenant=tenant)
-    return _decided(ctx, tenant, run_id, "approved", key.name)
+    extend = None if body.extend is None else dict(body.extend)
+    state = decisions.approve(
+        ctx.client, run_id, by=key.name, digest=body.digest, tenant=tenant, extend=extend
+    )
+    result = "extended" if state.decisions[-1].kind == "extended" else "approved"
+    return _decided(ctx, tenant, run_id, result, key.name)
 
 
 @router.post("/v1/runs/{run_id}/deny", response_model=Decided, tags=["decisions"])
 def deny_run(run_id: RunIdPath, body: DenyBody, key: Caller, ctx: Ctx) -> Decided:
-    """Deny the held call: the run ends `approval_denied` (or its job shows the model why)."""
+    """Deny the held call: the run ends `approval_denied` (or its job shows the model why); a
+    run held `needs_budget` ends `budget_exhausted`, naming the dimension."""
     tenant = run_tenant(ctx, key, run_id)
     decisions.deny(ctx.client, run_id, by=key.name, reason=body.reason, tenant=tenant)
     return _decided(ctx, tenant, run_id, "denied", key.name)

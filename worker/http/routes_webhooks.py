@@ -40,7 +40,8 @@ class WebhookEvent(StrEnum):
     FINISHED = "run.finished"
 
 
-# The stream event each webhook event is read from.
+# The stream event each webhook event is read from. A `suspended` event is any held decision:
+# a call to approve (`kind: "call"`) or a budget to extend (`kind: "budget"`).
 FROM_STREAM = {"suspended": WebhookEvent.NEEDS_APPROVAL, "finished": WebhookEvent.FINISHED}
 
 

@@ -4,9 +4,17 @@ than a setting silently ignored, and their numbers and flags are strict: `true` 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StringConstraints,
+)
 
 from turnstile.ledger.inputs import Period
 from turnstile.worker.http.context import NAME, QUEUE, RUN_ID
@@ -120,8 +128,23 @@ class RunPage(BaseModel):
     next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null: done.")
 
 
+# What an extension may set: the run's own limits, or a soft ceiling of the tenant's.
+EXTEND_NAME = r"^(steps|tool_calls|tokens|cost_microusd|deadline_ms|tenant\.[a-z][a-z0-9_]{0,63})$"
+ExtendName = Annotated[str, StringConstraints(pattern=EXTEND_NAME)]
+Limit = Annotated[StrictInt, Field(ge=0, le=2**53)]
+
+
 class ApproveBody(Strict):
-    digest: str = Field(min_length=1, max_length=128, description="The held call's digest.")
+    digest: str = Field(
+        min_length=1, max_length=128, description="The held call's (or budget hold's) digest."
+    )
+    extend: dict[ExtendName, Limit] | None = Field(
+        default=None,
+        max_length=16,
+        description="For a run held needs_budget: new limits by name (steps, tool_calls, tokens,"
+        " cost_microusd, deadline_ms, tenant.<dimension> for a soft ceiling); none: the"
+        " suggested ones.",
+    )
 
 
 class DenyBody(Strict):
@@ -136,7 +159,7 @@ class Decided(BaseModel):
     run_id: str
     status: str
     outcome: str
-    result: str = Field(description="approved, denied, cancelled or requested")
+    result: str = Field(description="approved, extended, denied, cancelled or requested")
     by: str
 
 

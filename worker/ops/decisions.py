@@ -1,11 +1,14 @@
-"""An operator's decisions on a run (approve, deny, cancel), checked before the client is
-asked: a run that ended, or holds no call, is refused with a line saying why. And `resolve`,
+"""An operator's decisions on a run (approve, deny, cancel; approve with new limits for a run
+held `needs_budget`), checked before the client is asked: a run that ended, holds no call, or
+is not waiting for an extension is refused with a line saying why. And `resolve`,
 a run's tenant and hash by its id, which every command about one run starts from."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from turnstile.errors import DecisionRefusedError, RunNotFoundError
-from turnstile.jobs.outcomes import Status
+from turnstile.jobs.outcomes import Outcome, Status
 from turnstile.jobs.state import RunState
 from turnstile.worker.client._client import Client
 
@@ -17,6 +20,13 @@ def _decidable(run_id: str, stored: dict[str, str], verb: str) -> None:
             f"run {run_id} already ended {stored.get('outcome') or 'stopped'}: "
             f"there is nothing to {verb}"
         )
+    if verb == "extend" and (
+        status != Status.SUSPENDED.value or stored.get("outcome") != Outcome.NEEDS_BUDGET.value
+    ):
+        why = stored.get("outcome") if status == Status.SUSPENDED.value else status
+        raise DecisionRefusedError(
+            f"run {run_id} is {why or status}: it is not waiting for a budget extension"
+        )
     if verb != "cancel" and status != Status.SUSPENDED.value:
         raise DecisionRefusedError(
             f"run {run_id} is {status}, not suspended: it holds no call to {verb}"
@@ -24,13 +34,22 @@ def _decidable(run_id: str, stored: dict[str, str], verb: str) -> None:
 
 
 def approve(
-    c: Client, run_id: str, *, by: str, digest: str | None = None, tenant: str | None = None
+    c: Client,
+    run_id: str,
+    *,
+    by: str,
+    digest: str | None = None,
+    tenant: str | None = None,
+    extend: Mapping[str, int] | None = None,
 ) -> RunState:
-    """Approve exactly the held call: the one with `digest`, or the one held now."""
+    """Approve exactly the held call: the one with `digest`, or the one held now. For a run
+    held `needs_budget`, approve the extension `extend` (new limits; None: the hold's
+    suggestion) of the hold with `digest`, or of the one held now."""
     tenant, stored = resolve(c, run_id, tenant)
-    _decidable(run_id, stored, "approve")
-    held = RunState.from_json(stored["state"]).pending
-    return c.approve(run_id, by=by, digest=digest or (held.digest if held else None))
+    _decidable(run_id, stored, "approve" if extend is None else "extend")
+    state = RunState.from_json(stored["state"])
+    held = state.held_budget or state.pending
+    return c.approve(run_id, by=by, digest=digest or (held.digest if held else None), extend=extend)
 
 
 def deny(c: Client, run_id: str, *, by: str, reason: str, tenant: str | None = None) -> RunState:

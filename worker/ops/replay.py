@@ -171,6 +171,9 @@ class _Replaying:
         try:
             if kind == "approved":
                 approve(self.state, by=by, at=at, digest=event.get("digest"))
+            elif kind == "extended":  # a budget hold's extension, with its new limits
+                approve(self.state, by=by, at=at, digest=event.get("digest"),
+                        extend=event.get("limits") or {})  # fmt: skip
             elif kind == "denied":
                 deny(self.state, self.job, by=by, at=at, reason=str(event.get("reason", "")))
             elif kind == "cancelled":

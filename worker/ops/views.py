@@ -26,11 +26,14 @@ def run_view(c: Client, run_id: str, tenant: str | None = None) -> dict[str, Any
     state = RunState.from_json(stored["state"])
     stream = events(c, tenant, run_id)
     finished = next((e for _, e in reversed(stream) if e["type"] == "finished"), None)
-    pending = None
-    if state.pending is not None and stored.get("status") == Status.SUSPENDED.value:
+    pending: dict[str, Any] | None = None
+    suspended = stored.get("status") == Status.SUSPENDED.value
+    if state.held_budget is not None and suspended:  # a budget hold, its fields as stored
+        pending = msgspec.to_builtins(state.held_budget)
+    elif state.pending is not None and suspended:
         held = state.pending
-        pending = {"tool": held.call.name, "args": held.call.args, "digest": held.digest,
-                   "reason": held.reason}  # fmt: skip
+        pending = {"kind": "call", "tool": held.call.name, "args": held.call.args,
+                   "digest": held.digest, "reason": held.reason}  # fmt: skip
     return {
         "run_id": run_id, "tenant": tenant, "status": stored.get("status", ""),
         "outcome": stored.get("outcome", ""), "detail": stored.get("detail", ""),

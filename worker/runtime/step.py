@@ -22,6 +22,7 @@ from turnstile.jobs.clock import ActiveClock
 from turnstile.jobs.conversations import receive, start, supersede
 from turnstile.jobs.decisions import cancel
 from turnstile.jobs.errors import StateFormatError, UnknownJobError
+from turnstile.jobs.extensions import TENANT, tenant_hold
 from turnstile.jobs.job import Job
 from turnstile.jobs.kernel import (
     Continue,
@@ -35,7 +36,7 @@ from turnstile.jobs.kernel import (
 )
 from turnstile.jobs.model import Model
 from turnstile.jobs.outcomes import Outcome, Resource, Status
-from turnstile.jobs.state import FollowUp, RunState
+from turnstile.jobs.state import FollowUp, HeldBudget, RunState
 from turnstile.jobs.trace import Trace
 from turnstile.ledger import replies as ledger_replies
 from turnstile.ledger.results import ReserveResult
@@ -234,10 +235,16 @@ class Step:
         """Commit a state the step changed, with its events, and what follows from it."""
         if state.status is Status.STOPPED:
             return self._leave(loaded, state, events=events, settlements=settlements, clear=clear)
-        if state.status is Status.SUSPENDED and state.pending is not None:
+        if state.status is Status.SUSPENDED and state.held_budget is not None:
+            # A held decision of its own kind: the hold's fields as stored (kind "budget").
+            events.append(
+                {"type": "suspended", **msgspec.to_builtins(state.held_budget), "at": now_iso()}
+            )
+        elif state.status is Status.SUSPENDED and state.pending is not None:
             held = state.pending
             events.append(
-                {"type": "suspended", "tool": held.call.name, "args": held.call.args,
+                {"type": "suspended", "kind": "call", "tool": held.call.name,
+                 "args": held.call.args,
                  "digest": held.digest, "reason": held.reason, "at": now_iso()}
             )  # fmt: skip
         live = state.status is Status.RUNNING
@@ -401,6 +408,10 @@ class Step:
                 finish(state, Outcome.BUDGET_EXHAUSTED, reason, f"tenant.{dimension}")
                 self.finish_now(loaded, state, job, [])
                 return "refused"
+            soft = [d for d in result.soft_exceeded if f"{TENANT}{d}" in state.extendable]
+            held = self._soft_hold(state, worst, soft) if soft else None
+            if held is not None:
+                return self._suspend_for_soft(loaded, state, job, held, (reservation_id, worst))
             holds.append((reservation_id, worst))
             deferred = self._rate_limit(loaded, state, job, worst)
             if deferred is not None:
@@ -494,6 +505,37 @@ class Step:
             except Exception as exc:  # the run's lease lapses after the wait: the sweeper sends it
                 log.warning("defer_failed", error=str(exc))
         return "deferred"
+
+    def _soft_hold(self, state: RunState, worst: Usage, soft: list[str]) -> HeldBudget | None:
+        """The hold of a run whose turn would take the tenant past soft ceilings it (or the
+        job) made extendable: what the tenant spent and holds (the turn's own hold left out),
+        what the turn needs, the ceiling. None if no such ceiling is left."""
+        ledger = self.services.ledger.read(self.msg.tenant)
+        amounts = ledger_amounts(worst)
+        rows = {}
+        for d in soft:
+            row = ledger.get(d)
+            if row is not None and row.ceiling is not None and not row.hard:
+                used = max(0, row.committed + row.reserved - amounts.get(d, 0))
+                rows[f"{TENANT}{d}"] = (used, amounts.get(d, 0), row.ceiling)
+        if not rows:
+            return None
+        reason = "the next turn would pass the tenant's soft " + ", ".join(soft) + " ceiling"
+        return tenant_hold(state, rows, reason)
+
+    def _suspend_for_soft(
+        self, loaded: Loaded, state: RunState, job: Job, held: HeldBudget,
+        hold: tuple[str, Usage],
+    ) -> str:  # fmt: skip
+        """Give the turn's hold back and suspend the run `needs_budget` before anything ran."""
+        reservation_id, worst = hold
+        state.held_budget = held
+        finish(state, Outcome.NEEDS_BUDGET, held.reason, ",".join(held.dimensions))
+        zero = {d: 0 for d in ledger_amounts(worst)}
+        give_back = self.services.ledger.settle_script_args(state.tenant, reservation_id, zero)[1]
+        log.info("tenant_soft_ceiling_holds_run", dimensions=held.dimensions)
+        committed = self.finish_now(loaded, state, job, [], settlements=[give_back])
+        return self._next(committed, state, Suspended(held))
 
     def _hold(
         self, loaded: Loaded, reservation_id: str, worst: Usage, hard_s: float
@@ -644,7 +686,10 @@ class Step:
                 self.services.send(self._following, state)
             return "continued"
         if isinstance(move, Suspended):
-            log.info("run_suspended", tool=move.held.call.name)
+            if isinstance(move.held, HeldBudget):
+                log.info("run_suspended", needs_budget=move.held.dimensions)
+            else:
+                log.info("run_suspended", tool=move.held.call.name)
             return self._cancel_if_requested(committed.version, state) or "suspended"
         assert isinstance(move, Finished)
         log.info("run_finished", outcome=move.outcome.value, detail=move.detail)
