@@ -88,6 +88,7 @@ def test_the_backlog_is_what_waits_and_runs_and_falls_to_zero(redis_url: str, un
 
         wait_until(agrees, timeout_s=90, what=lambda: f"last seen: {seen}")
         assert seen["reply"]["in_flight"] <= 2  # the worker's slots
+        print(f"backlog while busy: {seen['reply']} ({seen['live']} live runs)")
 
         wait_until(lambda: settled(client, list(run_ids)), timeout_s=240, what="runs finished")
         done = op.get(f"/v1/queues/{queue}/backlog").json()
