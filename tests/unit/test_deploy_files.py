@@ -7,6 +7,7 @@ the autoscaler counts every list a queue lies in, Valkey fsyncs before every rep
 from __future__ import annotations
 
 import copy
+import dataclasses
 import fnmatch
 import itertools
 import json
@@ -20,11 +21,17 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
 from kombu.transport.redis import Channel as RedisChannel
 from prometheus_client import CollectorRegistry
 
 from turnstile.worker.broker.layout import priority_lists
+from turnstile.worker.http import routes_ops
+from turnstile.worker.http.app import create_app
+from turnstile.worker.http.context import operator
 from turnstile.worker.observability.metrics import Metrics
+from turnstile.worker.ops import queues
 from turnstile.worker.settings import Settings
 from turnstile.worker.store.durability import FSYNC_POLICY, aof_refusal
 
@@ -176,6 +183,7 @@ def test_manifests_parse_with_the_expected_kinds(
     assert kinds.get("flower.yaml", ["Deployment", "Service"]) == ["Deployment", "Service"]
     assert kinds["keda-redis.yaml"] == ["ScaledObject"]
     assert kinds["keda-rabbitmq.yaml"] == ["ScaledObject", "TriggerAuthentication"]
+    assert kinds["keda-backlog.yaml"] == ["ScaledObject", "TriggerAuthentication"]
     for docs in manifests.values():
         for doc in docs:
             assert doc["apiVersion"] and doc["metadata"]["name"]
@@ -301,7 +309,7 @@ def test_every_manifest_is_valid_against_its_schema(
             else:
                 assert kubernetes_error(doc) is None, where
             checked += 1
-    assert checked >= 11
+    assert checked >= 13
 
 
 def test_compose_is_valid_against_the_compose_specification() -> None:
@@ -338,6 +346,8 @@ def test_the_schemas_refuse_what_would_be_dropped_or_refused(
 
 
 # -- autoscaling (KEDA) ------------------------------------------------------------------------
+
+AUTOSCALERS = ("keda-redis.yaml", "keda-rabbitmq.yaml", "keda-backlog.yaml")
 
 
 def scaled_object(manifests: dict[str, list[dict[str, Any]]], file: str) -> dict[str, Any]:
@@ -414,15 +424,65 @@ def test_rabbitmq_autoscaler_counts_ready_and_unacknowledged(
         assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
 
 
+def test_backlog_autoscaler_reads_a_route_the_api_serves_with_an_operator_key(
+    manifests: dict[str, list[dict[str, Any]]],
+) -> None:
+    """keda-backlog.yaml has one metrics-api trigger per queue of TURNSTILE_QUEUES, each on the
+    API's Service, at a path the app serves by GET to operator keys only (the backlog route),
+    its valueLocation a whole-number field of that route's answer, against
+    TURNSTILE_CONCURRENCY turns per pod; the key is sent as a bearer token from the
+    TriggerAuthentication beside it."""
+    scaled = scaled_object(manifests, "keda-backlog.yaml")
+    scales_the_worker(manifests, scaled)
+    env = worker_pod_env(manifests)
+    service = one(manifests, "Service", "turnstile-api")
+    (port,) = [p["port"] for p in service["spec"]["ports"] if p["name"] == "http"]
+    (auth,) = [d for d in manifests["keda-backlog.yaml"] if d["kind"] == "TriggerAuthentication"]
+    assert [ref["parameter"] for ref in auth["spec"]["secretTargetRef"]] == ["token"]
+    served = create_app(Settings(redis_url="redis://127.0.0.1:1/0")).openapi()["paths"]
+    answer = {f.name: f.type for f in dataclasses.fields(queues.Backlog)}
+    triggers = scaled["spec"]["triggers"]
+    queued = []
+    for trigger in triggers:
+        meta = trigger["metadata"]
+        assert trigger["type"] == "metrics-api" and trigger["metricType"] == "AverageValue"
+        url = urlparse(meta["url"])
+        assert (url.scheme, url.hostname, url.port) == ("http", service["metadata"]["name"], port)
+        (route,) = [
+            r for r in routes_ops.router.routes
+            if isinstance(r, APIRoute) and "GET" in (r.methods or ())
+            and r.path_regex.match(url.path)
+        ]  # fmt: skip
+        assert route.endpoint is routes_ops.queue_backlog and "get" in served[route.path]
+        assert operator in dependencies_of(route.dependant)
+        queued.append(route.path_regex.match(url.path)["queue"])  # type: ignore[index]
+        assert meta.get("format", "json") == "json"
+        assert re.fullmatch(r"[a-z_]+", meta["valueLocation"])  # a plain GJSON field name
+        assert answer[meta["valueLocation"]] in (int, "int")
+        assert meta["valueLocation"] == "backlog"  # waiting + in flight, not a part of it
+        assert float(meta["targetValue"]) == int(env["TURNSTILE_CONCURRENCY"])
+        assert meta["authMode"] == "bearer"
+        assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
+    assert sorted(queued) == sorted(env["TURNSTILE_QUEUES"].split(","))
+
+
+def dependencies_of(dependant: Dependant) -> set[Any]:
+    """Every callable a route depends on, its dependencies' own included."""
+    out = {dependant.call}
+    for sub in dependant.dependencies:
+        out |= dependencies_of(sub)
+    return out
+
+
 def test_scale_down_waits_out_a_drain(manifests: dict[str, list[dict[str, Any]]]) -> None:
-    """Both autoscalers remove pods only after the demand has stayed lower for as long as a
+    """The autoscalers remove pods only after the demand has stayed lower for as long as a
     pod's drain may take (its terminationGracePeriodSeconds, itself above the longest turn),
     a part of them at a time, and behave alike."""
     worker = one(manifests, "Deployment", "turnstile-worker")
     grace = worker["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert grace > longest_turn_s(worker_pod_env(manifests))
     behaviors = []
-    for file in ("keda-redis.yaml", "keda-rabbitmq.yaml"):
+    for file in AUTOSCALERS:
         behavior = scaled_object(manifests, file)["spec"]["advanced"][
             "horizontalPodAutoscalerConfig"
         ]["behavior"]
@@ -430,7 +490,7 @@ def test_scale_down_waits_out_a_drain(manifests: dict[str, list[dict[str, Any]]]
         assert down["stabilizationWindowSeconds"] >= grace
         assert all(p["type"] == "Percent" and p["value"] < 100 for p in down["policies"])
         behaviors.append(behavior)
-    assert behaviors[0] == behaviors[1]
+    assert all(b == behaviors[0] for b in behaviors)
 
 
 # -- Prometheus, Grafana, the image ------------------------------------------------------------

@@ -101,6 +101,17 @@ def list_queues(_: Operator, ctx: Ctx) -> dict[str, Any]:
     return {"queues": [dataclasses.asdict(q) for q in queues.queues(ctx.client)]}
 
 
+@router.get("/v1/queues/{queue}/backlog", tags=["operators"])
+def queue_backlog(queue: QueuePath, _: Operator, ctx: Ctx) -> dict[str, Any]:
+    """The queue's backlog, what an autoscaler scales on: steps waiting (in the tenants'
+    pending lists and on the broker) and turns in flight, read without scanning the store.
+    404 for a queue the store does not know (no run was ever submitted to it)."""
+    try:
+        return dataclasses.asdict(queues.backlog(ctx.client, queue))
+    except ControlError as exc:
+        raise Problem(404, "not_found", str(exc)) from None
+
+
 def _by(key: ApiKey, body: ControlBody | None) -> str:
     """Who acted, for the record: always the key's name, with the person it names if any."""
     return f"{key.name} ({body.by})" if body and body.by else key.name

@@ -1,5 +1,6 @@
 """What an operator sees of the queues: depth on the broker, turns in flight, running and
-parked runs, flags, dead letters and each tenant's fair share; and `drain --wait`'s wait."""
+parked runs, flags, dead letters and each tenant's fair share; a queue's backlog, the figure
+an autoscaler reads; and `drain --wait`'s wait."""
 
 from __future__ import annotations
 
@@ -10,10 +11,18 @@ from typing import Any
 from turnstile.worker.broker.layout import broker_depth, dead_letter_count
 from turnstile.worker.client._client import Client
 from turnstile.worker.ops.errors import DrainTimeoutError
-from turnstile.worker.ops.subjects import Subject, check_known, live_inflight, parked_runs, runs_in
+from turnstile.worker.ops.subjects import (
+    SCAN_COUNT,
+    Subject,
+    check_known,
+    live_inflight,
+    parked_runs,
+    runs_in,
+    scan,
+)
 from turnstile.worker.scheduling import fair
 from turnstile.worker.store import keys
-from turnstile.worker.store.values import text
+from turnstile.worker.store.values import server_ms, text
 
 DRAIN_POLL_S = 0.2
 
@@ -68,6 +77,40 @@ def _fair_tenants(c: Client, queue: str) -> list[dict[str, Any]]:
         if view.waiting or view.in_flight:
             out.append(asdict(view))
     return out
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """The steps of a queue waiting or running: what its workers have to do, as an autoscaler
+    reads it (`waiting + in_flight` over the turns one worker holds)."""
+
+    queue: str
+    pending: int  # in the tenants' pending lists (fair share), for the dispatcher
+    on_broker: int  # sent to the broker and not taken by a worker yet
+    waiting: int  # pending + on_broker
+    in_flight: int  # turns running now
+    backlog: int  # waiting + in_flight
+
+
+def backlog(c: Client, queue: str) -> Backlog:
+    """The queue's backlog, exact and cheap: the pending lists of the tenants in the queue's
+    active set (the dispatcher's; a tenant with a step pending is in it), a round trip per
+    slice of them; the broker's lists; and the tenants' turns in flight, a round trip per slice
+    of tenants. No key is scanned for. On a broker that is not Redis, `on_broker` is what the
+    store records as sent by the dispatcher and not loaded yet (keys.fair_sent)."""
+    check_known(c, Subject(queue=queue))
+    active = sorted({t for some in scan(c, keys.fair_active(queue)) for t in some})  # SSCAN repeats
+    pending = 0
+    for start in range(0, len(active), SCAN_COUNT):
+        some = active[start : start + SCAN_COUNT]
+        pending += sum(fair.pending_counts(c.client, some, queue).values())
+    on_broker = broker_depth(c.config.broker, queue)
+    if on_broker is None:
+        since = server_ms(c.client) - fair.sent_window_ms(c.config)
+        on_broker = int(c.client.zcount(keys.fair_sent(queue), since, "+inf"))
+    in_flight = len(live_inflight(c, Subject(queue=queue)))
+    waiting = pending + on_broker
+    return Backlog(queue, pending, on_broker, waiting, in_flight, waiting + in_flight)
 
 
 def queues(c: Client) -> list[QueueView]:

@@ -103,11 +103,17 @@ def live_inflight(c: Client, subject: Subject) -> list[tuple[str, str, str]]:
     own lease is in the future: a worker that died mid-turn leaves one behind."""
     now = server_ms(c.client)
     out = []
-    for tenant in _tenants_of(c, subject):
-        entries = {text(k): text(v) for k, v in c.client.hgetall(keys.inflight(tenant)).items()}
-        for run_id in sorted(entries):
-            fields = entries[run_id].split("|")
-            queue, lease = fields[0], fields[-1]
-            if lease.isdigit() and int(lease) > now and subject.queue in (None, queue):
-                out.append((tenant, run_id, queue))
+    names = _tenants_of(c, subject)
+    for start in range(0, len(names), SCAN_COUNT):  # one round trip per slice of tenants
+        some = names[start : start + SCAN_COUNT]
+        pipe = c.client.pipeline(transaction=False)
+        for tenant in some:
+            pipe.hgetall(keys.inflight(tenant))
+        for tenant, raw in zip(some, pipe.execute(), strict=True):
+            entries = {text(k): text(v) for k, v in raw.items()}
+            for run_id in sorted(entries):
+                fields = entries[run_id].split("|")
+                queue, lease = fields[0], fields[-1]
+                if lease.isdigit() and int(lease) > now and subject.queue in (None, queue):
+                    out.append((tenant, run_id, queue))
     return out
