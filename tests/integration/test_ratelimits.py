@@ -139,43 +139,46 @@ def test_a_429_on_one_worker_keeps_the_other_from_calling_the_provider_until_its
     redis_url: str,
 ) -> None:
     """The provider allows 4 requests a minute (then one every 15 s); our limit is far above
-    it. Five runs: the fifth call meets a 429 on one worker, which blocks the endpoint's bucket
-    in the store and waits in its retry. A run submitted then is taken by the other worker,
-    which defers it on the 429 without calling the provider; no request reaches the provider
-    during the wait but one already on its way, and every run completes."""
-    queue, tenant, endpoint = _names()
+    it. Worker A, alone on its queue, runs five runs: the fifth call meets a 429, which blocks
+    the endpoint's bucket in the store while A waits in its retry. Worker B, alone on another
+    queue, then gets a run: it defers it on the 429 without calling the provider. No request
+    reaches the provider during the wait but one already on its way, and every run completes."""
+    queue_a, tenant, endpoint = _names()
+    queue_b = f"{queue_a}-b"
     client = client_for(redis_url)
     ratelimits.set_limits(client.client, endpoint, {"rpm": 1000})
 
-    def submit() -> str:
+    def submit(queue: str) -> str:
         return client.submit(
             tenant, USER, "support", GOAL, {"model": endpoint}, budget=LONG, queue=queue
         )
 
     with wire_server("openai", script={"always": FINAL, "rpm": 4}) as wire:
-        with running_workers(redis_url, [queue], 2, env=wire.env) as workers:
-            run_ids = [submit() for _ in range(5)]
+        with (
+            running_workers(redis_url, [queue_a], 1, env=wire.env, prefix="a") as (a,),
+            running_workers(redis_url, [queue_b], 1, env=wire.env, prefix="b") as (b,),
+        ):
+            run_ids = [submit(queue_a) for _ in range(5)]
             wait_until(
-                lambda: any(a.get("limited") for a in wire.received()),
+                lambda: any(x.get("limited") for x in wire.received()),
                 what=lambda: f"a 429 from the provider; it received {wire.received()}",
             )
-            run_ids.append(submit())
+            run_ids.append(submit(queue_b))
             wait_until(lambda: settled(client, run_ids), timeout_s=150, what="every run to end")
-            logs = [(w.events("rate_blocked"), w.events("rate_limit_deferred")) for w in workers]
+            logs = {w: (w.events("rate_blocked"), w.events("rate_limit_deferred")) for w in (a, b)}
         asked = wire.received()
     assert [client.state(r).outcome for r in run_ids] == [Outcome.COMPLETED] * 6
-    first = min(a["t"] for a in asked if a.get("limited"))
-    during = [a for a in asked if first + 0.5 < a["t"] < first + 13.0]
-    assert during == [], (first, [(round(a["t"] - first, 2), a.get("limited")) for a in asked])
-    # The worker that met the first 429 (A) waited in its retry; the other one deferred a turn
-    # on that 429, read from the store, before it met any 429 of its own.
-    stamps = [(min((b["timestamp"] for b in blocked), default="~"), i)
-              for i, (blocked, _) in enumerate(logs)]  # fmt: skip
-    a = min(stamps)[1]
-    other_blocked, other_deferred = logs[1 - a]
-    own_first = min((b["timestamp"] for b in other_blocked), default="~")
-    on_429 = [d for d in other_deferred if d["limit"] == "429" and d["timestamp"] < own_first]
-    assert on_429, logs
+    first = min(x["t"] for x in asked if x.get("limited"))
+    during = [x for x in asked if first + 0.5 < x["t"] < first + 13.0]
+    assert during == [], (first, [(round(x["t"] - first, 2), x.get("limited")) for x in asked])
+    # A met the 429; B deferred its run on it, read from the store, without a 429 of its own
+    # before (each worker is its own process).
+    a_blocked, _ = logs[a]
+    b_blocked, b_deferred = logs[b]
+    assert a_blocked, logs
+    own_first = min((x["timestamp"] for x in b_blocked), default="~")
+    on_429 = [d for d in b_deferred if d["limit"] == "429" and d["timestamp"] < own_first]
+    assert on_429, logs[b]
 
 
 def test_a_run_whose_deadline_would_pass_while_it_waits_ends_budget_exhausted_naming_the_wait(
