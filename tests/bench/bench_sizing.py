@@ -149,7 +149,7 @@ class Sampler:
             pipe = self.store.pipeline(transaction=False)
             for tenant in self.tenants:
                 for kind in ("cont", "start"):
-                    pipe.llen(keys.pending(tenant, self.queue, kind))
+                    pipe.zcard(keys.pending(tenant, self.queue, kind))
             pending = sum(int(n) for n in pipe.execute())
             self.samples.append((sum(int(n) for n in lists), int(unacked), pending))
 

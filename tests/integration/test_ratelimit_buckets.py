@@ -168,10 +168,10 @@ def test_the_dispatcher_queues_a_deferred_step_once_it_is_due_and_not_before(
     promoter = Promoter(client)
     soonest = promoter.promote()
     assert soonest is not None and 0 < soonest <= 0.6
-    assert client.llen(keys.pending(tenant, queue, "cont")) == 0
+    assert client.zcard(keys.pending(tenant, queue, "cont")) == 0
     time.sleep(soonest + 0.05)
     assert promoter.promote() == 0.0
-    [entry] = client.lrange(keys.pending(tenant, queue, "cont"), 0, -1)
+    [entry] = client.zrange(keys.pending(tenant, queue, "cont"), 0, -1)
     assert {k: json.loads(entry)[k] for k in ("run_id", "version", "hard_s")} == {
         "run_id": "run-1", "version": 3, "hard_s": 20.0,
     }  # fmt: skip
