@@ -49,9 +49,10 @@ KEYS
   8-13              the tenant's six ledger keys, in the library's order
   14-16             to queue the next step: its pending list, the pending index, the slots
   17-23             to claim it (eager): the tenant's control hash, its caps hash (on a
-                    cluster, only these two: see "Cluster"), the queue's control hash, the queue's pending tenants (fair_active), the
-                    queue's sent steps (fair_sent), the set of queues with pending steps,
-                    the dispatcher's wake-up list (to announce a step queued after all)
+                    cluster, only these two: see "Cluster"), the queue's control hash, the
+                    queue's pending tenants (fair_active), the queue's sent steps
+                    (fair_sent), the set of queues with pending steps, the dispatcher's
+                    wake-up list (to announce a step queued after all)
 ARGV
   1 run id
   2 expected version
