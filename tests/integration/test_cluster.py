@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+import redis
 from redis.crc import key_slot
 from typer.testing import CliRunner
 
@@ -36,6 +37,8 @@ from turnstile.worker.dev.shop import RedisShop
 from turnstile.worker.http import apikeys
 from turnstile.worker.scheduling import fair
 from turnstile.worker.store import keys
+from turnstile.worker.store.scripts import FAIR, LEDGER, RUN, register
+from turnstile.worker.store.values import server_ms
 
 pytestmark = pytest.mark.integration
 
@@ -202,6 +205,16 @@ def test_a_primary_killed_mid_run_every_run_ends_once_with_no_overspend(
             figures = client.ledger.read(tenant)["cost_microusd"]
             assert figures.committed <= ceiling
             ledger_is_the_runs_usage(client, tenant, runs)
+            # The promoted replica was never sent SCRIPT LOAD (a replica does not get its
+            # primary's scripts): it has the commit script now because a NOSCRIPT made the
+            # workers load it there.
+            promoted = cluster.primary_of(keys.runs(tenant))
+            commit = register(client.client, "run_commit", LEDGER, FAIR, RUN).sha
+            node = redis.Redis(port=promoted.port)
+            try:
+                assert node.script_exists(commit) == [True]
+            finally:
+                node.close()
         finally:
             client.close()
 
@@ -251,3 +264,35 @@ def test_api_keys_are_made_checked_and_revoked_on_a_cluster(client: Client, uniq
     apikeys.revoke(client.client, record.id)
     assert apikeys.verify(client.client, secret) is None
     assert apikeys.listed(client.client, f"k-{unique}")[0].revoked_at
+
+
+def test_the_queues_part_of_an_eager_check_is_read_before_the_commit(
+    client: Client, unique: str
+) -> None:
+    """On a cluster the queue's part of run_commit.lua's check is read by the worker: a claim
+    is allowed only while the queue is neither paused nor draining, no other tenant waits on
+    it, and no step sent to the broker within the window waits there but the tenant's own
+    first steps."""
+    r, queue, tenant, other = client.client, f"qa-{unique}", f"me-{unique}", f"you-{unique}"
+
+    def allows() -> bool:
+        return fair.queue_allows_claim(r, tenant, queue, 60_000)
+
+    assert allows()
+    r.sadd(keys.fair_active(queue), tenant)  # this tenant's own steps wait: still its turn
+    assert allows()
+    r.zadd(keys.fair_sent(queue), {f"{tenant}|run-a:1": server_ms(r)})  # its own first step
+    assert allows()
+    r.zadd(keys.fair_sent(queue), {f"{tenant}|run-b:4": server_ms(r)})  # its continuation
+    assert not allows()
+    r.zrem(keys.fair_sent(queue), f"{tenant}|run-b:4")
+    r.zadd(keys.fair_sent(queue), {f"{other}|run-c:1": server_ms(r) - 120_000})  # lost: old
+    assert allows()
+    r.zadd(keys.fair_sent(queue), {f"{other}|run-c:1": server_ms(r)})  # another's, waiting
+    assert not allows()
+    r.zrem(keys.fair_sent(queue), f"{other}|run-c:1")
+    r.sadd(keys.fair_active(queue), other)  # another tenant waits on the queue
+    assert not allows()
+    r.srem(keys.fair_active(queue), other)
+    r.hset(keys.queue_control(queue), "draining", "1")
+    assert not allows()

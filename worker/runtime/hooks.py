@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import redis
 import structlog
 from celery import signals
 
@@ -149,12 +150,12 @@ class SweeperHook(Hook):
         config = self.config
         if config.redis_url is None:
             return
-        client = connect(config.redis_url, config)
-        sweeper = Sweeper(client, config, fair.route(client, config, self.send))
         self.stop.clear()
-        threading.Thread(
-            target=sweeper.loop, args=(self.stop,), name="turnstile-sweeper", daemon=True
-        ).start()
+
+        def sweep(client: redis.Redis) -> None:
+            Sweeper(client, config, fair.route(client, config, self.send)).loop(self.stop)
+
+        _with_store(config, self.stop, "turnstile-sweeper", sweep)
 
     def worker_shutdown(self, **kwargs: Any) -> None:
         self.stop.set()
@@ -173,17 +174,39 @@ class DispatcherHook(Hook):
         if config.redis_url is None or not config.fair_share:
             return
         depth = layout.depth_reader(config.broker, lambda url: connect(url, config))
-        dispatcher = fair_dispatcher.Dispatcher(
-            connect(config.redis_url, config), depth, config, self.send_many
-        )
-        dispatcher.capacity = _capacity(sender)
+        capacity = _capacity(sender)
         self.stop.clear()
-        threading.Thread(
-            target=dispatcher.loop, args=(self.stop,), name="turnstile-dispatcher", daemon=True
-        ).start()
+
+        def dispatch(client: redis.Redis) -> None:
+            dispatcher = fair_dispatcher.Dispatcher(client, depth, config, self.send_many)
+            dispatcher.capacity = capacity
+            dispatcher.loop(self.stop)
+
+        _with_store(config, self.stop, "turnstile-dispatcher", dispatch)
 
     def worker_shutdown(self, **kwargs: Any) -> None:
         self.stop.set()
+
+
+def _with_store(
+    config: Settings, stop: threading.Event, name: str, run: Callable[[redis.Redis], None]
+) -> None:
+    """`run` on a thread of its own with a client of the store, made there: a cluster's client
+    reads the slot map when it is made, so a cluster that is down as the worker starts is
+    waited for (a single server's client connects at its first command)."""
+
+    def target() -> None:
+        while not stop.is_set():
+            try:
+                client = connect(str(config.redis_url), config)
+            except StoreUnavailableError as exc:
+                log.warning("store_unavailable", thread=name, error=str(exc))
+                stop.wait(config.dispatch_poll_s)
+                continue
+            run(client)
+            return
+
+    threading.Thread(target=target, name=name, daemon=True).start()
 
 
 def _capacity(consumer: Any) -> tuple[str, list[str], int] | None:

@@ -171,7 +171,9 @@ def queue_allows_claim(client: redis.Redis, tenant: str, queue: str, window_ms: 
     flags, active, own, sent = pipe.execute()
     if any(flags) or int(active) - int(bool(own)) > 0:
         return False
-    since = server_ms(client) - window_ms
+    if not sent:
+        return True
+    since = server_ms(client) - window_ms  # the store's clock (a cluster's pipeline has none)
     recent = [str(member) for member, score in sent if score >= since]
     if len(recent) > 256:
         return False
