@@ -172,7 +172,7 @@ def test_the_dispatcher_queues_a_deferred_step_once_it_is_due_and_not_before(
     time.sleep(soonest + 0.05)
     assert promoter.promote() == 0.0
     [entry] = client.zrange(keys.pending(tenant, queue, "cont"), 0, -1)
-    assert {k: json.loads(entry)[k] for k in ("run_id", "version", "hard_s")} == {
+    assert {k: json.loads(str(entry))[k] for k in ("run_id", "version", "hard_s")} == {
         "run_id": "run-1", "version": 3, "hard_s": 20.0,
     }  # fmt: skip
     assert tenant in client.smembers(keys.fair_active(queue))
