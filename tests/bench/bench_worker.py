@@ -420,7 +420,7 @@ def report(m: Measured) -> None:
         redis_broker = (c[0], c[1], "redis", c[3])
         if c[2] == "amqp" and redis_broker in m.rates:
             per_round = [r / b for r, b in zip(m.rates[c], m.rates[redis_broker], strict=True)]
-            print(f"RabbitMQ/Redis broker, {c[0]} eager {c[1]}: median "
+            print(f"RabbitMQ/Redis broker, {c[0]} eager {c[1]}, {c[3]} store: median "
                   f"{statistics.median(per_round):.2f} turns/s ratio "
                   f"(per round: {', '.join(f'{x:.2f}' for x in per_round)})")  # fmt: skip
     for c in m.configs:
