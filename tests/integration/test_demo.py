@@ -87,7 +87,9 @@ def test_a_terminated_demo_stops_what_it_started() -> None:
     bindir = Path(sys.executable).parent
     env = _demo_env(mark)
     demo = subprocess.Popen(
-        [str(bindir / "turnstile"), "demo", "--runs", "200", "--json"],
+        # The most runs (500), so the demo is still running when the signal comes: 200 zero-latency
+        # runs once ended between the workers' readiness and the signal, and the demo exited 0.
+        [str(bindir / "turnstile"), "demo", "--runs", "500", "--json"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert demo.stderr is not None
@@ -96,6 +98,7 @@ def test_a_terminated_demo_stops_what_it_started() -> None:
             break
     started = _marked(mark)
     assert len(started) >= 3, started  # the server and two workers, seen by their mark
+    assert demo.poll() is None, "the demo ended before it was signalled: nothing tested"
     demo.send_signal(signal.SIGTERM)
     assert demo.wait(60) == 128 + signal.SIGTERM
     demo.stderr.close()
