@@ -141,8 +141,8 @@ def test_a_cluster_with_slots_no_node_serves_is_refused_in_one_line(redis_url: s
 
 @pytest.mark.slow
 @pytest.mark.xfail(
-    reason="known defect (issue 22 left open): in about one run in five a worker keeps sending its "
-    "steps to the killed primary's address after its replica took over (step_retry 'Connection "
+    reason="known defect (issue 22 left open): in some runs (2 of 3 full-suite runs) a worker keeps "
+    "sending its steps to the killed primary's address after its replica took over (step_retry 'Connection "
     "refused' for minutes), so the runs do not end within the wait; not yet found why the cluster "
     "client's slot map is not re-read",
     strict=False,
