@@ -141,10 +141,10 @@ def test_a_cluster_with_slots_no_node_serves_is_refused_in_one_line(redis_url: s
 
 @pytest.mark.slow
 @pytest.mark.xfail(
-    reason="known defect (issue 22 left open): in some runs (2 of 3 full-suite runs) a worker keeps "
-    "sending its steps to the killed primary's address after its replica took over (step_retry 'Connection "
-    "refused' for minutes), so the runs do not end within the wait; not yet found why the cluster "
-    "client's slot map is not re-read",
+    reason="known defect (issue 22 left open): in some runs (2 of 3 full-suite runs) a "
+    "worker keeps sending its steps to the killed primary's address after its replica took "
+    "over (step_retry 'Connection refused' for minutes), so the runs do not end within the "
+    "wait; not yet found why the cluster client's slot map is not re-read",
     strict=False,
 )
 def test_a_primary_killed_mid_run_every_run_ends_once_with_no_overspend(
