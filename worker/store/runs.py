@@ -251,6 +251,17 @@ def committed_from(reply: Any, change: Change) -> Committed:
     return Committed("missing")
 
 
+def _create_keys(tenant: str, run_id: str) -> list[str]:
+    """run_create.lua's KEYS 1-5, every run's (a run of a conversation adds KEYS 6-11)."""
+    return [
+        keys.run(tenant, run_id),
+        keys.events(tenant, run_id),
+        keys.runs(tenant),
+        keys.by_status(tenant, "running"),
+        keys.leases(tenant),
+    ]
+
+
 class RunStore:
     def __init__(
         self,
@@ -306,13 +317,7 @@ class RunStore:
     ) -> tuple[bool, str]:
         """Create the run once, with its priority (0-9, see scheduling/priority.py). Returns
         (created, stored fingerprint)."""
-        run_keys = [
-            keys.run(tenant, run_id),
-            keys.events(tenant, run_id),
-            keys.runs(tenant),
-            keys.by_status(tenant, "running"),
-            keys.leases(tenant),
-        ]
+        run_keys = _create_keys(tenant, run_id)
         args = [
             run_id, state_json, fingerprint, queue, job, user_id,
             pickup_lease_ms, encode_event(event), EVENTS_MAXLEN, hold, priority,
@@ -359,11 +364,7 @@ class RunStore:
         """Create a run of a conversation, or apply its policy to the conversation's active run,
         in one script (run_create.lua): at most one run of a conversation is ever active."""
         run_keys = [
-            keys.run(tenant, run_id),
-            keys.events(tenant, run_id),
-            keys.runs(tenant),
-            keys.by_status(tenant, "running"),
-            keys.leases(tenant),
+            *_create_keys(tenant, run_id),
             keys.conversation(tenant, joining.key),
             keys.conversation_waiting(tenant, joining.key),
             keys.run(tenant, joining.active or run_id),
