@@ -10,8 +10,10 @@ from typing import Any, Self, cast
 
 import redis
 import structlog
+from redis._parsers.commands import CommandPolicies, RequestPolicy, ResponsePolicy
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.commands.policies import BasePolicyResolver, PolicyResolver, StaticPolicyResolver
 from redis.exceptions import (
     ClusterDownError,
     OutOfMemoryError,
@@ -104,6 +106,48 @@ def _items_at(reply: object, index: int) -> object:
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")  # a URL of one of a cluster's nodes
 
 
+class _ScriptsByTheirKeys(BasePolicyResolver):
+    """EVAL and EVALSHA sent to the node of the keys they name, which redis-py reads from the
+    command itself. Without a policy, a cluster pipeline asks a node for a script call's keys
+    (COMMAND GETKEYS, a round trip more per call) and always the client's default node: once
+    that node is gone (a primary killed), every pipeline fails on it and, as that failure is
+    not one the pipeline re-reads the slot map on, fails forever."""
+
+    KEYED = CommandPolicies(
+        request_policy=RequestPolicy.DEFAULT_KEYED, response_policy=ResponsePolicy.DEFAULT_KEYED
+    )
+
+    def __init__(self, fallback: PolicyResolver | None = None) -> None:
+        super().__init__({"core": {"eval": self.KEYED, "evalsha": self.KEYED}}, fallback)
+
+    def with_fallback(self, fallback: PolicyResolver) -> PolicyResolver:
+        return _ScriptsByTheirKeys(fallback)
+
+
+class StoreCluster(RedisCluster):
+    """redis-py's cluster client, with two repairs a failover needs (redis-py 8.1):
+    - its pipelines route script calls by the keys they name (`_ScriptsByTheirKeys`; redis-py
+      does not hand a client's policies on to its pipelines);
+    - a command whose keys only a node can tell (XREAD) asks another node when the default
+      one does not answer, instead of asking the dead one again on every retry."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("policy_resolver", _ScriptsByTheirKeys(StaticPolicyResolver()))
+        super().__init__(*args, **kwargs)
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)  # type: ignore[no-untyped-call]
+        pipe._policy_resolver = self._policy_resolver
+        return pipe
+
+    def _get_command_keys(self, *args: Any) -> Any:
+        try:
+            return super()._get_command_keys(*args)  # type: ignore[no-untyped-call]
+        except (redis.ConnectionError, redis.TimeoutError):
+            self.replace_default_node()
+            return super()._get_command_keys(*args)  # type: ignore[no-untyped-call]
+
+
 def cluster_seed(url: str) -> str | None:
     """For a cluster's URL (`redis+cluster://host:port`, `rediss+cluster://...` with TLS), the
     plain URL of the node it names, which the cluster client asks for the others; None for a
@@ -132,7 +176,7 @@ def cluster_client(url: str, **options: Any) -> redis.Redis:
     if seed is None:
         raise ValueError(f"not a cluster URL: {url!r}")
     try:
-        client = RedisCluster.from_url(seed, **options)
+        client = StoreCluster.from_url(seed, **options)
     except RedisClusterException as exc:
         detail = str(exc).split("\n")[0]
         if "not enabled" in detail:

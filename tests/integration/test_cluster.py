@@ -5,11 +5,13 @@ disagree, a primary killed mid-run)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -36,8 +38,10 @@ from turnstile.worker.dev.embedded import EmbeddedServer, free_port
 from turnstile.worker.dev.shop import RedisShop
 from turnstile.worker.http import apikeys
 from turnstile.worker.scheduling import fair
+from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
-from turnstile.worker.store.scripts import FAIR, LEDGER, RUN, register
+from turnstile.worker.store.connect import connect, connect_async
+from turnstile.worker.store.scripts import FAIR, LEDGER, RUN, evalsha, register, with_scripts
 from turnstile.worker.store.values import server_ms
 
 pytestmark = pytest.mark.integration
@@ -139,25 +143,85 @@ def test_a_cluster_with_slots_no_node_serves_is_refused_in_one_line(redis_url: s
 # -- a primary killed mid-run ---------------------------------------------------------------------
 
 
+def _commandstats(cluster: EmbeddedCluster) -> dict[str, int]:
+    """Each live node's calls of each command since its last CONFIG RESETSTAT, summed."""
+    calls: dict[str, int] = {}
+    for node in cluster.nodes:
+        if node.running:
+            with redis.Redis(port=node.port) as one:
+                for name, stats in one.info("commandstats").items():
+                    calls[name] = calls.get(name, 0) + int(stats["calls"])
+    return calls
+
+
+def test_the_store_clients_outlive_their_default_node(unique: str) -> None:
+    """The primary a cluster client asks about commands (its default node) is killed and its
+    replica takes over: the worker's pipelines of script calls (a step's load and commit) and
+    the event stream's reads, blocking and asyncio, work again once the cluster has failed
+    over (redis-py alone kept asking the dead node for a script call's keys, so a worker's
+    every step failed on it for good). A script call in a pipeline is sent by the keys it
+    names, with no question to any node first (COMMAND GETKEYS)."""
+    config = Settings()
+    with EmbeddedCluster(replicas=1) as cluster:
+        client = connect(cluster.url, config, max_connections=4)
+        default = client.get_default_node()  # type: ignore[attr-defined]
+        key = next(
+            k for i in range(10_000)
+            if client.get_node_from_key(k := f"{{d{i}-{unique}}}:n").name == default.name  # type: ignore[attr-defined]
+        )  # fmt: skip
+        stream = f"{key}:events"
+        client.xadd(stream, {"type": "created"})
+        script = client.register_script("return redis.call('incr', KEYS[1])")
+
+        def step() -> list[Any]:
+            return with_scripts(client, [script], lambda pipe: evalsha(pipe, script, [key], []))
+
+        async def read_async() -> Any:
+            reader = connect_async(cluster.url, config)
+            try:
+                return await reader.xread({stream: "0"}, count=1)
+            finally:
+                await reader.aclose()
+
+        for node in cluster.nodes:
+            with redis.Redis(port=node.port) as one:
+                one.config_resetstat()
+        assert [step() for _ in range(3)] == [[1], [2], [3]]
+        assert "cmdstat_command|getkeys" not in _commandstats(cluster)
+
+        dead = next(n for n in cluster.nodes if n.port == default.port)
+        dead.kill()
+        cluster.wait_ok()
+        assert cluster.primary_of(key) is not dead
+
+        def recovered() -> bool:
+            try:
+                return step() == [4]
+            except redis.ConnectionError:
+                return False
+
+        wait_until(recovered, timeout_s=30, every_s=0.5, what="a pipeline past the dead node")
+        read: Any = client.xread({stream: "0"}, count=1)
+        assert read[0][1][0][1] == {"type": "created"}
+        assert asyncio.run(read_async())[0][1][0][1] == {"type": "created"}
+        client.close()
+
+
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="known defect (issue 22 left open): in some runs (2 of 3 full-suite runs) a "
-    "worker keeps sending its steps to the killed primary's address after its replica took "
-    "over (step_retry 'Connection refused' for minutes), so the runs do not end within the "
-    "wait; not yet found why the cluster client's slot map is not re-read",
-    strict=False,
-)
 def test_a_primary_killed_mid_run_every_run_ends_once_with_no_overspend(
     redis_url: str, unique: str
 ) -> None:
     """40 runs of one tenant on two workers, under a cost ceiling that admits about half, the
     store and the ledger on a cluster whose primaries each have a replica. Mid-run the
     primary serving the tenant's slot is SIGKILLed and its replica takes over (a commit not
-    yet replicated is lost with it, and its step runs again, as after any lost write). Every
+    yet replicated is lost with it, and its step runs again, as after any lost write). That
+    primary is also the one every client of the cluster asks about commands (redis-py's
+    default node, the first in the slot map), the worst case: a client that kept asking it
+    failed every step for good (see test_the_store_clients_outlive_their_default_node). Every
     run still ends exactly once: one `finished` event, its turns one per version, each effect
     of the shop once; the ledger never passes the ceiling and is exactly what the runs used,
     nothing left held."""
-    tenant, queue = f"fo-{unique}", f"qfo-{unique}"
+    queue = f"qfo-{unique}"
     env = {"TURNSTILE_PICKUP_LEASE_S": "10", "TURNSTILE_INFLIGHT_LEASE_S": "6",
            "TURNSTILE_SWEEP_INTERVAL_S": "1", "TURNSTILE_RETRY_MAX_S": "3"}  # fmt: skip
     with (
@@ -166,6 +230,11 @@ def test_a_primary_killed_mid_run_every_run_ends_once_with_no_overspend(
     ):
         client = client_for(cluster.url, broker_url=redis_url, pickup_lease_s=10)
         try:
+            default = client.client.get_default_node()  # type: ignore[attr-defined]
+            tenant = next(
+                t for i in range(10_000)
+                if cluster.primary_of(keys.runs(t := f"fo{i}-{unique}")).port == default.port
+            )  # fmt: skip
             ceiling = 400_000
             client.ledger.set_ceiling(tenant, "cost_microusd", ceiling)
             budget = Budget(max_cost_microusd=50_000)

@@ -10,6 +10,7 @@ that serves its keys' slot, follows MOVED and ASK, and re-reads the slot map aft
 
 from __future__ import annotations
 
+import random
 from typing import Any, cast
 
 import redis
@@ -86,7 +87,25 @@ def connect_async(url: str, config: Settings) -> aioredis.Redis:
     if seed is None:
         return aioredis.Redis.from_url(url, **options)
     # The asyncio cluster client reads the slot map at its first command, not here.
-    return cast(aioredis.Redis, aioredis.RedisCluster.from_url(seed, **options))
+    return cast(aioredis.Redis, AsyncStoreCluster.from_url(seed, **options))
+
+
+class AsyncStoreCluster(aioredis.RedisCluster):
+    """redis-py's asyncio cluster client, which asks one node, the default one when it was
+    made, for the keys of a command only a node can tell them of (XREAD, an event stream's
+    read): once that node is gone (a primary killed), every such command would fail on it. Here
+    the question goes to another primary when that node does not answer."""
+
+    async def _determine_slot(self, command: str, *args: Any) -> int:
+        try:
+            return await super()._determine_slot(command, *args)
+        except (redis.ConnectionError, redis.TimeoutError):
+            asked = self.commands_parser.node
+            others = [node for node in self.get_primaries() if node is not asked]
+            if not others:
+                raise
+            await self.commands_parser.initialize(random.choice(others))
+            return await super()._determine_slot(command, *args)
 
 
 def check(client: redis.Redis, url: str, config: Settings) -> None:
