@@ -73,13 +73,19 @@ class EmbeddedCluster:
         return self.url
 
     def wait_ok(self, timeout_s: float = READY_TIMEOUT_S) -> None:
-        """Until every live node says the cluster is ok and knows every slot's primary (after
-        the create, after a failover)."""
+        """Until every live node says the cluster is ok, knows every slot's primary and names
+        only live nodes as primaries (after the create; after a failover, when a node may
+        still say ok before it has noticed a primary's death, or its replica's promotion)."""
         deadline = time.monotonic() + timeout_s
         state: list[str] = []
         while time.monotonic() < deadline:
             state = [self._state(n) for n in self.nodes if n.running]
-            if state and all(s == "ok" for s in state) and self._replicas_synced():
+            if (
+                state
+                and all(s == "ok" for s in state)
+                and self._replicas_synced()
+                and self._primaries_live()
+            ):
                 return
             time.sleep(0.2)
         raise EmbeddedServerError(f"cluster not ok after {timeout_s:g}s: {state}")
@@ -109,6 +115,23 @@ class EmbeddedCluster:
             finally:
                 client.close()
             if info.get("role") == "slave" and info.get("master_link_status") != "up":
+                return False
+        return True
+
+    def _primaries_live(self) -> bool:
+        """Every live node's slot map names only running nodes as primaries."""
+        live = {n.port for n in self.nodes if n.running}
+        for node in self.nodes:
+            if not node.running:
+                continue
+            client = redis.Redis(port=node.port, socket_timeout=1)
+            try:
+                slots = client.execute_command("CLUSTER", "SLOTS")  # type: ignore[no-untyped-call]
+            except redis.RedisError:
+                return False
+            finally:
+                client.close()
+            if any(int(primary[1]) not in live for _, _, primary, *_ in slots):
                 return False
         return True
 

@@ -230,10 +230,17 @@ def test_replica_loses_nothing_acknowledged_when_the_primary_crashes(unique: str
     with broker() as b, EmbeddedServer() as primary, EmbeddedServer() as replica:
         follower = redis.Redis.from_url(replica.url)
         follower.replicaof("127.0.0.1", primary.port)
-        wait_until(
-            lambda: follower.info("replication").get("master_link_status") == "up",
-            what="the replica to sync",
-        )
+        leader = redis.Redis.from_url(primary.url)
+
+        def synced() -> bool:
+            # Both ends: the replica's link is up, and the primary counts it online (the
+            # client's durability check reads the primary's count, which lags a moment).
+            followed = leader.info("replication").get("slave0")
+            online = isinstance(followed, dict) and followed.get("state") == "online"
+            return online and follower.info("replication").get("master_link_status") == "up"
+
+        wait_until(synced, what="the replica to sync")
+        leader.close()
 
         def crash() -> str:
             primary.kill()
