@@ -165,6 +165,9 @@ def test_the_store_clients_outlive_their_default_node(unique: str) -> None:
     config = Settings()
     with EmbeddedCluster(replicas=1) as cluster:
         client = connect(cluster.url, config, max_connections=4)
+        watcher = connect(cluster.url, config)  # reads the stream only: its default node too
+        loop = asyncio.new_event_loop()
+        reader = connect_async(cluster.url, config)
         try:
             default = client.get_default_node()  # type: ignore[attr-defined]
             key = next(
@@ -178,18 +181,15 @@ def test_the_store_clients_outlive_their_default_node(unique: str) -> None:
             def step() -> list[Any]:
                 return with_scripts(client, [script], lambda pipe: evalsha(pipe, script, [key], []))
 
-            async def read_async() -> Any:
-                reader = connect_async(cluster.url, config)
-                try:
-                    return await reader.xread({stream: "0"}, count=1)
-                finally:
-                    await reader.aclose()
+            def read_async() -> Any:
+                return loop.run_until_complete(reader.xread({stream: "0"}, count=1))
 
             for node in cluster.nodes:
                 with redis.Redis(port=node.port) as one:
                     one.config_resetstat()
             assert [step() for _ in range(3)] == [[1], [2], [3]]
             assert "cmdstat_command|getkeys" not in _commandstats(cluster)
+            assert read_async()[0][1][0][1] == {"type": "created"}  # the asyncio client's map
 
             dead = next(n for n in cluster.nodes if n.port == default.port)
             dead.kill()
@@ -203,11 +203,14 @@ def test_the_store_clients_outlive_their_default_node(unique: str) -> None:
                     return False
 
             wait_until(recovered, timeout_s=30, every_s=0.5, what="a pipeline past the dead node")
-            read: Any = client.xread({stream: "0"}, count=1)
+            read: Any = watcher.xread({stream: "0"}, count=1)
             assert read[0][1][0][1] == {"type": "created"}
-            assert asyncio.run(read_async())[0][1][0][1] == {"type": "created"}
+            assert read_async()[0][1][0][1] == {"type": "created"}
         finally:
             client.close()
+            watcher.close()
+            loop.run_until_complete(reader.aclose())
+            loop.close()
     gc.collect()  # a socket this test left open is reported here, not in a later test
 
 
