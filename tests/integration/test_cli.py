@@ -314,8 +314,19 @@ def test_bad_input_is_one_line_and_changes_nothing(
             client.client.xlen(keys.events(tenant, run_id)),
             client.client.hgetall(keys.control(tenant)),
             client.client.hgetall(keys.queue_control(queue)),
-            client.client.llen(queue),
+            steps(),
         ]
+
+    def steps() -> int:
+        # The idle runs' steps, waiting for a dispatcher or on the queue: a dispatcher of
+        # another test's worker on this server may move them from one to the other meanwhile
+        # (read in one transaction, so never half moved).
+        pipe = client.client.pipeline(transaction=True)
+        for t in (tenant, idle["other"]):
+            for kind in ("cont", "start"):
+                pipe.zcard(keys.pending(t, queue, kind))
+        pipe.llen(queue)
+        return sum(pipe.execute())
 
     before = snapshot()
     refused(cli(redis_url, *(a.format(**idle) for a in args)), message.format(**idle), code)
