@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import redis
 from redis.crc import key_slot
@@ -118,37 +118,32 @@ class EmbeddedCluster:
                 return False
         return True
 
-    def _primaries_live(self) -> bool:
-        """Every live node's slot map names only running nodes as primaries."""
-        live = {n.port for n in self.nodes if n.running}
+    def _slot_maps(self) -> Iterator[list[Any] | None]:
+        """Each live node's CLUSTER SLOTS (None from a node that does not answer)."""
         for node in self.nodes:
             if not node.running:
                 continue
             client = redis.Redis(port=node.port, socket_timeout=1)
             try:
-                slots = client.execute_command("CLUSTER", "SLOTS")  # type: ignore[no-untyped-call]
+                yield client.execute_command("CLUSTER", "SLOTS")  # type: ignore[no-untyped-call]
             except redis.RedisError:
-                return False
+                yield None
             finally:
                 client.close()
-            if any(int(primary[1]) not in live for _, _, primary, *_ in slots):
-                return False
-        return True
+
+    def _primaries_live(self) -> bool:
+        """Every live node's slot map names only running nodes as primaries."""
+        live = {n.port for n in self.nodes if n.running}
+        return all(
+            slots is not None and all(int(primary[1]) in live for _, _, primary, *_ in slots)
+            for slots in self._slot_maps()
+        )
 
     def primary_of(self, key: str) -> EmbeddedServer:
         """The node that serves `key`'s slot now, as a live node's slot map says."""
         slot = key_slot(key.encode())
-        for node in self.nodes:
-            if not node.running:
-                continue
-            client = redis.Redis(port=node.port, socket_timeout=1)
-            try:
-                slots = client.execute_command("CLUSTER", "SLOTS")  # type: ignore[no-untyped-call]
-            except redis.RedisError:
-                continue
-            finally:
-                client.close()
-            for start, end, primary, *_ in slots:
+        for slots in self._slot_maps():
+            for start, end, primary, *_ in slots or ():
                 if int(start) <= slot <= int(end):
                     return next(n for n in self.nodes if n.port == int(primary[1]))
         raise EmbeddedServerError(f"no live node knows who serves {key!r}")
