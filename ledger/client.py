@@ -129,7 +129,8 @@ class StoreCluster(RedisCluster):
     - its pipelines route script calls by the keys they name (`_ScriptsByTheirKeys`; redis-py
       does not hand a client's policies on to its pipelines);
     - a command whose keys only a node can tell (XREAD) asks another node when the default
-      one does not answer, instead of asking the dead one again on every retry."""
+      one does not answer, instead of asking the dead one again on every retry;
+    and its `close` closes the nodes' connections."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("policy_resolver", _ScriptsByTheirKeys(StaticPolicyResolver()))
@@ -146,6 +147,16 @@ class StoreCluster(RedisCluster):
         except (redis.ConnectionError, redis.TimeoutError):
             self.replace_default_node()
             return super()._get_command_keys(*args)  # type: ignore[no-untyped-call]
+
+    def close(self) -> None:
+        """Close every node's connections too: redis-py's close leaves them open when the
+        client was made from a URL (each node's client does not own its pool then)."""
+        manager = getattr(self, "nodes_manager", None)  # None: __init__ failed before it
+        nodes = list(manager.nodes_cache.values()) if manager is not None else []
+        super().close()
+        for node in nodes:
+            if node.redis_connection is not None:
+                node.redis_connection.connection_pool.disconnect()
 
 
 def cluster_seed(url: str) -> str | None:

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import psutil
 import pytest
 import redis
 from redis.crc import key_slot
@@ -212,6 +213,34 @@ def test_the_store_clients_outlive_their_default_node(unique: str) -> None:
             loop.run_until_complete(reader.aclose())
             loop.close()
     gc.collect()  # a socket this test left open is reported here, not in a later test
+
+
+def _connections_to(ports: set[int]) -> set[tuple[Any, Any]]:
+    """This process's open TCP connections to those ports, as (local, remote) addresses."""
+    return {
+        (c.laddr, c.raddr)
+        for c in psutil.Process().net_connections("tcp")
+        if c.raddr and c.raddr.port in ports and c.status == psutil.CONN_ESTABLISHED
+    }
+
+
+def test_a_closed_cluster_client_leaves_no_connection_open(cluster_url: str, unique: str) -> None:
+    """A store client that spoke to every primary, transactions included, closes every
+    connection it opened (redis-py's own close left each node's open: the client of a service,
+    the CLI run in process, the HTTP API at shutdown would have kept them until collected)."""
+    client = connect(cluster_url, Settings())
+    ports = {node.port for node in client.get_nodes()}  # type: ignore[attr-defined]
+    before = _connections_to(ports)
+    spread = [f"{{c{i}-{unique}}}:n" for i in range(30)]
+    for key in spread:
+        with client.pipeline(transaction=True) as pipe:
+            pipe.incr(key)
+            pipe.get(key)
+            pipe.execute()
+    assert len({client.get_node_from_key(k).name for k in spread}) == 3  # type: ignore[attr-defined]
+    assert len(_connections_to(ports) - before) >= 3  # at least one to each primary
+    client.close()
+    assert _connections_to(ports) - before == set()
 
 
 @pytest.mark.slow
