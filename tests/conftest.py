@@ -64,12 +64,14 @@ def unique() -> str:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Collect what the session left in reference cycles, and say what it found unclosed.
 
-    A test that leaves a socket or a file open fails there (warnings are errors, and pytest
-    collects garbage per test). What is still in a cycle when the session ends, a client that
-    a background thread of some test connected while its server was going away, say, would
-    otherwise be collected by pytest after the last test and fail a run whose every test
-    passed, without naming any test. Here it is collected first, and each one is reported on
-    a line of its own; run with TURNSTILE_TEST_TRACEMALLOC=25 to see where it was made.
+    A socket or a file left open fails a test (warnings are errors): the test that drops it,
+    or, when it is caught in a reference cycle, whichever later test the garbage collector
+    happens to run in (pytest does not collect per test; the integration tests close the
+    clients they make for this reason, tests/integration/conftest.py). What is still in a
+    cycle when the session ends would otherwise be collected by pytest after the last test
+    and fail a run whose every test passed, without naming any test. Here it is collected
+    first, and each one is reported on a line of its own; run with
+    TURNSTILE_TEST_TRACEMALLOC=25 to see where it was made.
     """
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)

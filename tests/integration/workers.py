@@ -192,10 +192,19 @@ def running_workers(
         stop_all(workers, stop_timeout_s)
 
 
+# Every client `client_for` made, in order: tests/integration/conftest.py closes the ones a test
+# made when it ends. A client left to the garbage collector in a reference cycle (a test's
+# frame kept by a caught exception's traceback, say) is finalised in some later test with its
+# sockets still open, and the ResourceWarning (an error here) fails that test instead.
+MADE: list[Client] = []
+
+
 def client_for(redis_url: str, broker_url: str | None = None, **overrides: Any) -> Client:
     overrides.setdefault("allow_drills", True)  # as the test workers (FAST) are started
     config = Settings(redis_url=redis_url, broker_url=broker_url, **overrides)
-    return connect_client(config)
+    made = connect_client(config)
+    MADE.append(made)
+    return made
 
 
 def wait_until(
