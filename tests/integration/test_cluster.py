@@ -226,8 +226,8 @@ def _connections_to(ports: set[int]) -> set[tuple[Any, Any]]:
 
 def test_a_closed_cluster_client_leaves_no_connection_open(cluster_url: str, unique: str) -> None:
     """A store client that spoke to every primary, transactions included, closes every
-    connection it opened (redis-py's own close left each node's open: the client of a service,
-    the CLI run in process, the HTTP API at shutdown would have kept them until collected)."""
+    connection it opened (redis-py's own close left each node's open: the client of a service
+    and a CLI command run in process kept them until collected)."""
     client = connect(cluster_url, Settings())
     ports = {node.port for node in client.get_nodes()}  # type: ignore[attr-defined]
     before = _connections_to(ports)
