@@ -318,15 +318,23 @@ def test_bad_input_is_one_line_and_changes_nothing(
         ]
 
     def steps() -> int:
-        # The idle runs' steps, waiting for a dispatcher or on the queue: a dispatcher of
-        # another test's worker on this server may move them from one to the other meanwhile
-        # (read in one transaction, so never half moved).
-        pipe = client.client.pipeline(transaction=True)
-        for t in (tenant, idle["other"]):
-            for kind in ("cont", "start"):
-                pipe.zcard(keys.pending(t, queue, kind))
-        pipe.llen(queue)
-        return sum(pipe.execute())
+        # The idle runs' steps, waiting for a dispatcher or on the queue. A dispatcher of
+        # another test's worker on this server may move them from one to the other meanwhile,
+        # and a step it holds between its take and its publish is in neither: counted when two
+        # reads 50 ms apart agree (each read one transaction).
+        last = -1
+        for _ in range(40):
+            pipe = client.client.pipeline(transaction=True)
+            for t in (tenant, idle["other"]):
+                for kind in ("cont", "start"):
+                    pipe.zcard(keys.pending(t, queue, kind))
+            pipe.llen(queue)
+            count = int(sum(pipe.execute()))
+            if count == last:
+                break
+            last = count
+            time.sleep(0.05)
+        return count
 
     before = snapshot()
     refused(cli(redis_url, *(a.format(**idle) for a in args)), message.format(**idle), code)
