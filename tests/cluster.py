@@ -125,11 +125,12 @@ class EmbeddedCluster:
                 continue
             client = redis.Redis(port=node.port, socket_timeout=1)
             try:
-                yield client.execute_command("CLUSTER", "SLOTS")  # type: ignore[no-untyped-call]
+                slots = client.execute_command("CLUSTER", "SLOTS")  # type: ignore[no-untyped-call]
             except redis.RedisError:
-                yield None
+                slots = None
             finally:
-                client.close()
+                client.close()  # before the caller has it: a caller that stops early leaks none
+            yield slots
 
     def _primaries_live(self) -> bool:
         """Every live node's slot map names only running nodes as primaries."""
