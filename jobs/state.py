@@ -43,6 +43,11 @@ class HeldCall(msgspec.Struct, kw_only=True):
     digest: str
     reason: str
 
+    @property
+    def kind(self) -> Literal["call"]:
+        """What is held, as `HeldBudget.kind` says it: "call"."""
+        return "call"
+
 
 class HeldBudget(msgspec.Struct, kw_only=True):
     """A run out of budget, held for a person: extend its limits, or stop it. Self-describing
@@ -124,6 +129,17 @@ class RunState(msgspec.Struct, kw_only=True):
     memory: list[str] = msgspec.field(default_factory=list)  # notes recalled at the start
     conversation: str | None = None  # the tenant's conversation key, if it belongs to one
     followups: list[FollowUp] = msgspec.field(default_factory=list)  # merged user messages
+
+    @property
+    def held(self) -> HeldCall | HeldBudget | None:
+        """What the run waits for a person to decide, whatever its kind, while it is suspended:
+        a call to approve (`HeldCall`, `kind` "call": `pending`) or a budget to extend
+        (`HeldBudget`, `kind` "budget": `held_budget`); None otherwise. Either is approved with
+        its `digest` (`Client.approve(run_id, by=..., digest=state.held.digest)`; a budget
+        with its suggested limits unless `extend` names others) or denied."""
+        if self.status is not Status.SUSPENDED:
+            return None
+        return self.held_budget if self.held_budget is not None else self.pending
 
     @property
     def terminal(self) -> bool:

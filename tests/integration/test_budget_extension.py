@@ -163,8 +163,8 @@ def test_an_extension_past_the_tenants_hard_ceiling_is_refused_with_nothing_writ
 ) -> None:
     """The tenant's hard token ceiling is never extended: an extension to a limit above it, or
     one that gives the run more room than the tenant has left under it, is a 409 with one
-    line; the run, its stream and the ledger are as they were, and an extension within it
-    goes through."""
+    line (one line on the command line, a DecisionRefusedError from the client); the run, its
+    stream and the ledger are as they were, and an extension within it goes through."""
     tenant = f"xc-{unique}"
     client.ledger.set_ceiling(tenant, "tokens", 2000, hard=True)
     with http(api, make_key(redis_url, tenant)) as web:
@@ -183,6 +183,13 @@ def test_an_extension_past_the_tenants_hard_ceiling_is_refused_with_nothing_writ
             assert body["code"] == "decision_refused" and says in body["detail"], body
             assert "\n" not in body["detail"]
             assert _snapshot(client, tenant, run_id) == before
+        env = {"TURNSTILE_REDIS_URL": redis_url, **JOBS}
+        said = runner.invoke(app, ["approve", run_id, "--extend", "tokens=2001"], env=env)
+        assert said.exit_code == 1 and said.stderr.count("\n") == 1, said.output
+        assert said.stderr.startswith("error: ") and "hard tokens ceiling of 2000" in said.stderr
+        with pytest.raises(DecisionRefusedError, match="hard tokens ceiling of 2000"):
+            client.approve(run_id, by="ops", extend={"tokens": 2001})
+        assert _snapshot(client, tenant, run_id) == before
         assert 2000 - spent > 0
         ok = web.post(f"/v1/runs/{run_id}/approve",
                       json={"digest": held["digest"], "extend": {"tokens": 1500}})  # fmt: skip
@@ -237,12 +244,17 @@ def test_extensions_that_do_not_apply_are_one_line_refusals_with_nothing_written
             (["--extend", "tokens=abc"], "bad extension 'tokens=abc'"),
             (["--extend", "power=3"], "bad extension 'power=3'"),
             (["--digest", "0" * 16, "--extend", "tokens=9000"], "is held at"),
+            (["--extend", f"tokens={just_over}"], "leaves no room for the next turn"),
+            (["--extend", "tokens=10"], "below the run's limit"),
         ):
             result = runner.invoke(app, ["approve", run_id, *args], env=env)
             assert result.exit_code == 1, result.output
             assert result.stderr.startswith("error: ") and says in result.stderr, result.stderr
             assert result.stderr.count("\n") == 1
             assert _snapshot(client, tenant, run_id) == before, args
+        with pytest.raises(DecisionRefusedError, match="leaves no room for the next turn"):
+            client.approve(run_id, by="ops", digest=digest, extend={"tokens": just_over})
+        assert _snapshot(client, tenant, run_id) == before
         shown = runner.invoke(app, ["status", run_id, "--json"], env=env)
         assert json.loads(shown.stdout)["pending"]["digest"] == held["digest"]
         table = runner.invoke(app, ["status", run_id], env=env).stdout

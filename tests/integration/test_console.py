@@ -1,9 +1,12 @@
 """The console in a real headless Chromium (Playwright driving Debian's /usr/bin/chromium)
 against a real `turnstile api` process and real Celery workers: log in with a key, see a run
-finish live, approve a held refund from the inbox (exactly one refund) and deny another, pause
-and resume a tenant from the tenants page and see its runs park and come back, a queue's
-controls, a tenant key kept to its tenant, and bad input (a wrong key, an expired session, a
-revoked key, a forged form post, an unknown run, a second approval), each a message on the page
+finish live, approve a held refund from the inbox (exactly one refund) and deny another, extend
+a budget hold through its form (said in sentences, the new limit prefilled with the
+suggestion) and see the run go on, a held refund the tenant cannot afford shown so and its
+approval refused, pause and resume a tenant from the tenants page and see its runs park and
+come back, a queue's controls, a tenant key kept to its tenant, and bad input (a wrong key, an
+expired session, a revoked key, a forged form post, an unknown run, a second approval, an
+extension below what the next turn needs or past a hard ceiling), each a message on the page
 with nothing changed. Each page is saved as a screenshot (see `artifacts`)."""
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import itsdangerous
 import pytest
 import redis
 
+from tests.budget_jobs import SPEC
 from tests.integration.apiserver import ApiServer, make_key, running_api
 from tests.integration.workers import WorkerProcess, client_for, running_workers, wait_until
 from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
@@ -45,6 +49,7 @@ playwright = pytest.importorskip("playwright.sync_api")
 # A run that takes a few seconds: each model call really sleeps.
 SLOW = {"model_sleep_s": 0.8}
 TIMEOUT_MS = 60_000
+JOBS = {"TURNSTILE_JOBS": SPEC}  # the budget tests' job (tests/budget_jobs.py) beside support
 
 
 @pytest.fixture(scope="module")
@@ -63,13 +68,13 @@ def queue() -> str:
 
 @pytest.fixture(scope="module")
 def pool(redis_url: str, queue: str) -> Iterator[list[WorkerProcess]]:
-    with running_workers(redis_url, [queue], 2, prefix="c") as workers:
+    with running_workers(redis_url, [queue], 2, prefix="c", env=JOBS) as workers:
         yield workers
 
 
 @pytest.fixture(scope="module")
 def api(redis_url: str) -> Iterator[ApiServer]:
-    with running_api(redis_url) as server:
+    with running_api(redis_url, JOBS) as server:
         yield server
 
 
@@ -84,7 +89,10 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture
-def client(redis_url: str, pool: list[WorkerProcess]) -> Iterator[Client]:
+def client(
+    redis_url: str, pool: list[WorkerProcess], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Client]:
+    monkeypatch.setenv("TURNSTILE_JOBS", SPEC)  # the client checks a submission's job
     made = client_for(redis_url)
     yield made
     made.close()
@@ -262,6 +270,109 @@ def test_approve_a_held_refund_once_and_deny_another_from_the_inbox(
     assert gone.outcome is not None and gone.outcome.value == "approval_denied"
     assert [d.reason for d in gone.decisions] == ["refund over the desk's limit"]
     assert RedisShop(client.client).effects(denied) == []
+
+
+def _held_budget(client: Client, tenant: str, run_id: str) -> dict[str, Any]:
+    wait_until(lambda: client.store.hash(tenant, run_id).get("outcome") == "needs_budget",
+               what=f"run {run_id} held needs_budget", timeout_s=90)  # fmt: skip
+    held = client.state(run_id, tenant).held_budget
+    assert held is not None
+    return {"digest": held.digest, "spent": held.spent["tokens"], "needed": held.needed["tokens"],
+            "limit": held.limits["tokens"], "suggested": held.suggested["tokens"]}  # fmt: skip
+
+
+def test_a_budget_hold_is_extended_through_its_form_and_the_run_goes_on(
+    *, redis_url: str, api: ApiServer, client: Client, console: Console, queue: str, unique: str
+) -> None:
+    """A run held on its token limit shows in the inbox as a budget extension, in sentences
+    (spent, needed, suggested), with the new limit prefilled with the suggestion. A limit that
+    is not a number, one below what the next turn needs and one past the tenant's hard
+    ceiling are each a message with nothing changed; a limit within it extends the run through
+    the form, recorded as the key and the person, and the run goes on and completes."""
+    tenant = f"t-{unique}"
+    client.ledger.set_ceiling(tenant, "tokens", 100_000, hard=True)
+    run_id = client.submit(tenant, USER, "spender", "say lines", queue=queue)
+    held = _held_budget(client, tenant, run_id)
+    console.login(make_key(redis_url, tenant, name=f"desk-{unique}"))
+    console.go("/inbox")
+    item = console.page.locator(f"article[data-run='{run_id}']")
+    assert item.locator("h2").inner_text().startswith("budget extension")
+    said = item.locator("li[data-amount='tokens']").inner_text()
+    assert said == (
+        f"tokens: {held['spent']} spent of a limit of {held['limit']}; the next turn needs "
+        f"{held['needed']} more; suggested new limit {held['suggested']}."
+    )
+    assert "{" not in item.inner_text()  # no raw dictionaries
+    value = item.locator("input[name=extend_value]")
+    assert value.input_value() == str(held["suggested"])
+    console.shot("inbox-budget")
+    before = client.store.hash(tenant, run_id)
+    for typed, says in (
+        ("lots", "the new tokens limit must be a whole number, not 'lots'"),
+        (str(held["limit"] + 1), "leaves no room for the next turn"),
+        ("200000", "would pass tenant"),
+    ):
+        value.fill(typed)
+        console.press(item.locator("button.approve"))
+        assert "not extended" in console.flash() and says in console.flash(), console.flash()
+        assert "nothing was changed" in console.flash()
+        assert client.store.hash(tenant, run_id) == before
+        item = console.page.locator(f"article[data-run='{run_id}']")
+        value = item.locator("input[name=extend_value]")
+    console.shot("inbox-budget-refused")
+    value.fill("5000")
+    item.locator("input[name=person]").first.fill("Ana")
+    console.press(item.locator("button.approve"))
+    assert f"extended run {run_id} to tokens=5000 as desk-{unique} (Ana)" in console.flash()
+    wait_until(lambda: _status(client, tenant, run_id) == "stopped", what="the run ends",
+               timeout_s=90)  # fmt: skip
+    state = client.state(run_id, tenant)
+    assert state.outcome is not None and state.outcome.value == "completed", state.reason
+    assert [(d.kind, d.by, d.limits) for d in state.decisions] == [
+        ("extended", f"desk-{unique} (Ana)", {"tokens": 5000})
+    ]
+    assert state.usage.tokens > held["limit"]  # it went on past the old limit
+
+
+def test_a_held_refund_the_tenant_cannot_afford_is_shown_so_and_its_approval_refused(
+    *, redis_url: str, api: ApiServer, client: Client, console: Console, queue: str, unique: str
+) -> None:
+    """A refund of 8000 held for approval, the tenant's hard refund_cents ceiling 5000: the run
+    page says approving is refused and why; pressing Approve is refused in one message with
+    nothing changed (no decision, no refund). With the ceiling raised the same page approves
+    it and the refund is made once."""
+    tenant = f"t-{unique}"
+    run_id = _submit(client, tenant, queue, BY_LETTER["G"].params)
+    _wait_suspended(client, tenant, run_id)
+    client.ledger.set_ceiling(tenant, "refund_cents", 5000, hard=True)  # lowered since
+    console.login(make_key(redis_url, tenant))
+    console.go(f"/runs/{run_id}")
+    why = (
+        f"the held call issue_refund charges 8000 refund_cents and tenant '{tenant}' has 5000 "
+        f"left under its hard refund_cents ceiling of 5000: raise it (turnstile ledger set "
+        f"{tenant} refund_cents=N) or deny the call"
+    )
+    assert console.page.inner_text("#pending .no-room") == f"Approving is refused now: {why}."
+    console.shot("run-no-room")
+    console.press("#pending button.approve")
+    assert console.flash() == (
+        f"not approved: cannot approve run {run_id}: {why}; nothing was changed"
+    )
+    console.shot("run-no-room-refused")
+    assert _status(client, tenant, run_id) == "suspended"
+    assert client.state(run_id, tenant).decisions == []
+    assert RedisShop(client.client).effects(run_id) == []
+    client.ledger.set_ceiling(tenant, "refund_cents", 10_000, hard=True)
+    console.go(f"/runs/{run_id}")
+    assert console.page.locator("#pending .no-room").count() == 0
+    console.press("#pending button.approve")
+    assert f"approved run {run_id}" in console.flash()
+    wait_until(lambda: _status(client, tenant, run_id) == "stopped", what="the run ends")
+    assert RedisShop(client.client).effects(run_id) == [
+        ["refund", "ord_1004", 8000],
+        ["email", "ord_1004"],
+    ]
+    assert client.ledger.read(tenant)["refund_cents"].committed == 8000
 
 
 def test_pause_and_resume_a_tenant_and_a_queue(

@@ -263,6 +263,13 @@ def test_a_merged_follow_up_reaches_the_models_input(redis_url: str, unique: str
     state = client.state(run_id)
     assert state.outcome is Outcome.COMPLETED, state.reason
     assert [f.text for f in state.followups] == [FOLLOW_UP]
+    # `turnstile watch` says the follow-up in words (it printed the raw JSON event before).
+    watched = runner.invoke(app, ["watch", run_id], env={"TURNSTILE_REDIS_URL": redis_url})
+    assert watched.exit_code == 0, watched.output
+    lines = watched.stdout.splitlines()
+    said = f"follow-up merged into the run (the model sees it from its next turn): {FOLLOW_UP!r}"
+    assert said in lines, lines
+    assert not any(line.startswith("{") for line in lines), lines
 
 
 def test_interrupting_a_suspended_run_ends_it_at_once_and_releases_its_holds(

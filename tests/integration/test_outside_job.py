@@ -23,6 +23,7 @@ from turnstile.errors import InvalidEventIdError, RunNotFoundError
 from turnstile.jobs.support.scenarios import GOAL, USER
 from turnstile.worker.cli.main import app
 from turnstile.worker.client._client import Client
+from turnstile.worker.store import keys
 
 pytestmark = pytest.mark.integration
 
@@ -163,13 +164,17 @@ def test_events_replays_the_stored_ones_then_follows_live_ones_until_finished(
         client.events("run_nope")
 
 
+@pytest.mark.parametrize("budget_hold", [False, True], ids=["call", "call-then-budget"])
 def test_readme_client_snippet_runs_as_written(
-    redis_url: str, unique: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+    redis_url: str, unique: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    budget_hold: bool,
+) -> None:  # fmt: skip
     """The README's job, saved as a module and named in TURNSTILE_JOBS (the way to develop a
     job without building a wheel), runs on a worker; the README's client code, run as
     written (its server URL and tenant swapped for the test's), waits through the approval
-    the irreversible credit needs and ends with the credit granted."""
+    the irreversible credit needs and ends with the credit granted. Its loop handles a budget
+    hold too: a tenant whose soft credit_cents ceiling (500) holds its runs has the approved
+    credit held `needs_budget` next, and the loop's approval extends it by the suggestion."""
     job_code, client_code = readme_code()
     (tmp_path / "readme_credits.py").write_text(job_code)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -179,12 +184,20 @@ def test_readme_client_snippet_runs_as_written(
     code = client_code.replace("redis://localhost:6379/0", redis_url)
     code = code.replace('"acme"', f'"{tenant}"')
     assert code.count(tenant) == 1 and redis_url in code
+    if budget_hold:
+        setup = client_for(redis_url)
+        setup.client.hset(keys.caps(tenant), "extendable", "tenant.credit_cents")
+        setup.ledger.set_ceiling(tenant, "credit_cents", 500, hard=False)
     with running_workers(redis_url, ["default"], 1, env=env):
         namespace: dict[str, object] = {"__name__": "readme_client"}
         exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own README
     state = namespace["state"]
     assert getattr(state, "outcome").value == "completed"  # noqa: B009 - an exec'd namespace
     assert getattr(state, "usage").extra == {"credit_cents": 1000}  # noqa: B009
+    kinds = [d.kind for d in getattr(state, "decisions")]  # noqa: B009
+    assert kinds == (["approved", "extended"] if budget_hold else ["approved"])
+    if budget_hold:  # the suggestion: what the tenant spent, what the call needs, half again
+        assert setup.ledger.read(tenant)["credit_cents"].ceiling == 1000 + 500 // 2
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])

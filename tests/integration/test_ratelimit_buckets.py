@@ -32,27 +32,47 @@ def _endpoint(unique: str) -> str:
     return f"openai:model-{unique}"
 
 
-def test_a_bucket_lets_its_minute_through_then_defers_each_turn_for_its_own_turn(
+def test_a_bucket_lets_its_burst_through_then_defers_each_turn_for_its_own_turn(
     client: redis.Redis, unique: str
 ) -> None:
-    """rpm=3: three turns go; the fourth waits a third of a minute, the fifth two thirds (the
-    deferred turn drew already), and the deferred turn's next step then goes without drawing."""
+    """rpm=60 burst_s=3: three turns go at once; the fourth waits one refill (a request every
+    61/58 s: 60 - 3 + 1 in 61 s), the fifth two (the deferred turn drew already), and the
+    deferred turn's next step then goes without drawing. `limits show` never says below 0."""
     endpoint = _endpoint(unique)
-    ratelimits.set_limits(client, endpoint, {"rpm": 3})
+    ratelimits.set_limits(client, endpoint, {"rpm": 60, "burst_s": 3})
     b = Buckets(client)
     assert b.limited(endpoint)
     for n in range(3):
         assert b.draw(endpoint, "t", f"r{n}", 1, tokens=100, longest_ms=HOUR_MS).kind == "go"
     fourth = b.draw(endpoint, "t", "r3", 1, tokens=100, longest_ms=HOUR_MS)
     fifth = b.draw(endpoint, "t", "r4", 1, tokens=100, longest_ms=HOUR_MS)
+    refill_ms = 61_000 / 58
     assert (fourth.kind, fourth.which) == ("wait", "rpm")
-    assert 19_000 <= fourth.wait_ms <= 20_000
-    assert 39_000 <= fifth.wait_ms <= 40_000
+    assert refill_ms - 100 <= fourth.wait_ms <= refill_ms + 1
+    assert 2 * refill_ms - 100 <= fifth.wait_ms <= 2 * refill_ms + 1
     # r3's next step (version 2) drew when r3 was deferred: it goes, and takes nothing more.
     assert b.draw(endpoint, "t", "r3", 2, tokens=100, longest_ms=HOUR_MS).kind == "go"
     [view] = ratelimits.show_limits(client, endpoint)
-    assert view.rpm == 3 and view.requests_left is not None and view.requests_left < -1.9
+    assert (view.rpm, view.burst_s, view.requests_left) == (60, 3, 0.0)  # in debt: shown as 0
     assert view.deferred == 1  # r4's next step
+
+
+def test_the_default_burst_is_a_seconds_worth_and_one_request_at_least(
+    client: redis.Redis, unique: str
+) -> None:
+    """rpm=40 with no burst given: one request goes (40/60 of one, at least one), the next
+    waits 61/40 s; rpm=600: ten go at once."""
+    small, large = _endpoint(f"{unique}-40"), _endpoint(f"{unique}-600")
+    ratelimits.set_limits(client, small, {"rpm": 40})
+    ratelimits.set_limits(client, large, {"rpm": 600})
+    b = Buckets(client)
+    assert b.draw(small, "t", "a", 1, tokens=1, longest_ms=HOUR_MS).kind == "go"
+    second = b.draw(small, "t", "b", 1, tokens=1, longest_ms=HOUR_MS)
+    assert second.kind == "wait" and 61_000 / 40 - 100 <= second.wait_ms <= 61_000 / 40 + 1
+    kinds = [b.draw(large, "t", f"r{n}", 1, tokens=1, longest_ms=HOUR_MS).kind for n in range(11)]
+    assert kinds == ["go"] * 10 + ["wait"]
+    shown = {v.endpoint: v.burst_s for v in ratelimits.show_limits(client)}
+    assert shown[small] == shown[large] == ratelimits.DEFAULT_BURST_S == 1
 
 
 def test_a_wait_past_the_deadline_draws_nothing(client: redis.Redis, unique: str) -> None:
@@ -70,24 +90,28 @@ def test_a_wait_past_the_deadline_draws_nothing(client: redis.Redis, unique: str
 def test_tokens_per_minute_defer_a_large_turn_and_a_refund_gives_back_the_unused(
     client: redis.Redis, unique: str
 ) -> None:
+    """tpm=6000 burst_s=30: a bucket of 3000 tokens refilled at 3001 per 61 s. A turn of 5000
+    goes on a full bucket (a turn larger than the burst waits for a full one) and leaves a
+    debt; the next waits for the debt and a full bucket; a refund of the unused gives back."""
     endpoint = _endpoint(unique)
-    ratelimits.set_limits(client, endpoint, {"tpm": 6000})
+    ratelimits.set_limits(client, endpoint, {"tpm": 6000, "burst_s": 30})
     b = Buckets(client)
     assert b.draw(endpoint, "t", "a", 1, tokens=5000, longest_ms=HOUR_MS).kind == "go"
     big = b.draw(endpoint, "t", "b", 1, tokens=5000, longest_ms=HOUR_MS)
     assert (big.kind, big.which) == ("wait", "tpm")
-    assert 39_000 <= big.wait_ms <= 40_000  # 4000 tokens short at 100 a second
-    b.refund(endpoint, "t", 8000)  # both turns used 1000 of their 5000
+    full_ms = 5000 * 61_000 / 3001  # from -2000 to 3000
+    assert full_ms - 200 <= big.wait_ms <= full_ms + 1
+    b.refund(endpoint, "t", 8000)  # both turns used 1000 of their 5000: -7000 + 8000
     assert b.draw(endpoint, "t", "c", 1, tokens=1000, longest_ms=HOUR_MS).kind == "go"
     [view] = ratelimits.show_limits(client, endpoint)
-    assert view.tokens_left is not None and view.tokens_left < 6000
+    assert view.tokens_left is not None and 0 <= view.tokens_left < 3000
 
 
 def test_a_tenants_own_share_defers_its_turns_and_not_the_others(
     client: redis.Redis, unique: str
 ) -> None:
     endpoint = _endpoint(unique)
-    ratelimits.set_limits(client, endpoint, {"rpm": 100})
+    ratelimits.set_limits(client, endpoint, {"rpm": 100, "burst_s": 30})
     ratelimits.set_limits(client, endpoint, {"rpm": 1}, tenant=f"acme-{unique}")
     b = Buckets(client)
     assert b.draw(endpoint, f"acme-{unique}", "a1", 1, tokens=1, longest_ms=HOUR_MS).kind == "go"
@@ -144,6 +168,10 @@ def test_limits_unset_removes_them_and_a_turn_then_draws_nothing(
         ("openai:gpt-4.1-mini", ["tpm=1.5"], "tpm must be a whole number from 1"),
         ("openai:gpt-4.1-mini", ["rps=3"], "bad limit 'rps=3'"),
         ("openai:gpt-4.1-mini", [], "nothing to set"),
+        ("openai:gpt-4.1-mini", ["rpm=5", "burst_s=31"], "burst_s must be a whole number from 0"),
+        ("openai:gpt-4.1-mini", ["rpm=5", "burst_s=-1"], "burst_s must be a whole number from 0"),
+        ("openai:gpt-4.1-mini", ["rpm=5", "burst_s=0.5"], "burst_s must be a whole number"),
+        ("openai:nothing-set-here", ["burst_s=5"], "burst_s alone limits nothing"),
         ("gemini:pro", ["rpm=5"], "unknown endpoint 'gemini:pro'"),
         ("not a model", ["rpm=5"], "unknown endpoint 'not a model'"),
         ("openai:{x}", ["rpm=5"], "unknown endpoint"),

@@ -1,9 +1,10 @@
 """Provider rate limits through real workers against the wire-format provider: a turn over its
 endpoint's bucket is deferred (an event, `status`, a metric) and completes later; a claimed
-turn (eager continuation) draws too; a 429 met by one worker keeps the other from calling the
-provider until the wait is over; a run whose deadline would pass while it waits ends
-budget_exhausted (deadline) naming the wait; bad limits are one-line refusals, on the command
-line and over HTTP, with nothing written."""
+turn (eager continuation) draws too; a limit set at a sliding window's own figure meets no 429;
+a 429 met by one worker keeps the other from calling the provider until the wait is over; a
+run whose deadline would pass while it waits ends budget_exhausted (deadline) naming the wait;
+`limits show` never shows a remainder below zero; bad limits are one-line refusals, on the
+command line and over HTTP, with nothing written."""
 
 from __future__ import annotations
 
@@ -59,13 +60,13 @@ def _turnstile(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 def test_a_turn_over_the_bucket_is_deferred_shown_and_counted_then_completes(
     redis_url: str,
 ) -> None:
-    """rpm=6, 8 one-turn runs: the first six call the provider at once (or about: the bucket
-    refills one every 10 s), the others are deferred (a `rate_limited` event, a `waiting` row
-    in `turnstile status`, the deferral metric) and call it after their wait, each once; every
-    run completes, and nothing is left held."""
+    """rpm=12 burst_s=30, 8 one-turn runs: the first six (the burst) call the provider at once
+    (or about: the bucket refills one every 61/7 s), the others are deferred (a `rate_limited`
+    event, a `waiting` row in `turnstile status`, the deferral metric) and call it after their
+    wait, each once; every run completes, and nothing is left held."""
     queue, tenant, endpoint = _names()
     client = client_for(redis_url)
-    ratelimits.set_limits(client.client, endpoint, {"rpm": 6})
+    ratelimits.set_limits(client.client, endpoint, {"rpm": 12, "burst_s": 30})
     port = free_port()
     with wire_server("openai", script={"always": FINAL}) as wire:
         env = {**wire.env, "TURNSTILE_METRICS_PORT": str(port)}
@@ -112,12 +113,12 @@ def test_a_turn_over_the_bucket_is_deferred_shown_and_counted_then_completes(
 
 
 def test_a_turn_claimed_by_eager_continuation_draws_from_the_bucket_too(redis_url: str) -> None:
-    """A five-turn run with rpm=4: its first four turns go (later ones claimed by the commit
-    before), the fifth, claimed too, is deferred by the bucket (a request refills every 15 s),
-    holding no worker, and the run completes."""
+    """A five-turn run with rpm=8 burst_s=30: its first four turns go (the burst; later ones
+    claimed by the commit before), the fifth, claimed too, is deferred by the bucket (a request
+    refills every 61/5 s), holding no worker, and the run completes."""
     queue, tenant, endpoint = _names()
     client = client_for(redis_url)
-    ratelimits.set_limits(client.client, endpoint, {"rpm": 4})
+    ratelimits.set_limits(client.client, endpoint, {"rpm": 8, "burst_s": 30})
     with wire_server("openai", "support_run") as wire:
         with running_workers(redis_url, [queue], 1, env=wire.env):
             run_id = client.submit(
@@ -133,6 +134,34 @@ def test_a_turn_claimed_by_eager_continuation_draws_from_the_bucket_too(redis_ur
     assert deferred[0]["eager"] is True and 0 < deferred[0]["wait_ms"] <= 15_000
     assert len(turns) == 5
     assert len(asked) == 5
+
+
+@pytest.mark.slow
+def test_a_limit_at_a_sliding_windows_own_figure_meets_no_429(redis_url: str) -> None:
+    """The provider answers at most 40 requests in any 60 s (a sliding window), and the limit
+    is set at its own figure, rpm=40, with the default burst. 44 one-turn runs at once: the
+    first goes, the others at 40 per 61 s, and the provider answers none of them 429; every run
+    completes, each calling the provider once. (With a minute's worth at once, the bucket
+    before `burst_s`, the 41st call met a 429 a second and a half in.)"""
+    queue, tenant, endpoint = _names()
+    client = client_for(redis_url)
+    ratelimits.set_limits(client.client, endpoint, {"rpm": 40})
+    with wire_server("openai", script={"always": FINAL, "rpm": 40, "window": "sliding"}) as wire:
+        with running_workers(redis_url, [queue], 1, env=wire.env, concurrency=2):
+            run_ids = [
+                client.submit(
+                    tenant, USER, "support", GOAL, {"model": endpoint}, budget=LONG, queue=queue
+                )
+                for _ in range(44)
+            ]
+            wait_until(lambda: settled(client, run_ids), timeout_s=180, what="every run to end")
+        asked = wire.received()
+    refused = [round(x["t"] - asked[0]["t"], 1) for x in asked if x.get("limited")]
+    assert refused == [], f"429s at {refused} s"
+    assert len(asked) == 44
+    assert [client.state(r).outcome for r in run_ids] == [Outcome.COMPLETED] * 44
+    span_s = asked[-1]["t"] - asked[0]["t"]
+    assert span_s >= 43 * 60 / 40  # the provider's pace, at most; the bucket's is 40 per 61 s
 
 
 def test_a_429_on_one_worker_keeps_the_other_from_calling_the_provider_until_its_wait_ends(
@@ -247,6 +276,30 @@ def test_limits_set_show_unset_on_the_command_line(redis_url: str) -> None:
     assert _turnstile("limits", "show", endpoint, "--json", **env).stdout.strip() == "[]"
 
 
+def test_limits_show_never_shows_a_remainder_below_zero(redis_url: str) -> None:
+    """Turns deferred on a bucket take it below zero (their debt): `limits show`, its --json
+    and `GET /v1/limits` say 0 requests left (and the deferred turn), never `-0.2`."""
+    _, tenant, endpoint = _names()
+    client = client_for(redis_url)
+    ratelimits.set_limits(client.client, endpoint, {"rpm": 6})
+    buckets = ratelimits.Buckets(client.client)
+    kinds = [buckets.draw(endpoint, tenant, f"r{n}", 1, tokens=1, longest_ms=600_000).kind
+             for n in range(3)]  # fmt: skip
+    assert kinds == ["go", "wait", "wait"]  # the level is near -2 now
+    env = {"TURNSTILE_REDIS_URL": redis_url, "COLUMNS": "200"}
+    table = _turnstile("limits", "show", endpoint, **env)
+    [row] = [line for line in table.stdout.splitlines() if endpoint in line]
+    cells = [c.strip() for c in row.strip("│┃ ").split("│")]
+    assert cells[1:6] == ["-", "6", "-", "1", "0"], cells
+    assert not any(c.startswith("-") and c != "-" for c in cells), cells
+    [shown] = json.loads(_turnstile("limits", "show", endpoint, "--json", **env).stdout)
+    assert (shown["requests_left"], shown["burst_s"], shown["deferred"]) == (0, 1, 2)
+    with running_api(redis_url) as api, http(api, make_key(redis_url, tenant, Role.OPERATOR)) as op:
+        rows = op.get("/v1/limits").json()["limits"]
+    [mine] = [r for r in rows if r["endpoint"] == endpoint]
+    assert mine["requests_left"] == 0
+
+
 def test_limits_over_http_need_an_operator_key_and_refuse_bad_limits_with_nothing_written(
     redis_url: str,
 ) -> None:
@@ -262,6 +315,8 @@ def test_limits_over_http_need_an_operator_key_and_refuse_bad_limits_with_nothin
                 ({"rpm": 0}, "invalid_request"), ({"rpm": -1}, "invalid_request"),
                 ({"tpm": "5"}, "invalid_request"), ({}, "invalid_limit"),
                 ({"rpm": 5, "burst": 2}, "unknown_field"),
+                ({"rpm": 5, "burst_s": 31}, "invalid_request"),
+                ({"burst_s": 5}, "invalid_limit"),
             ]:  # fmt: skip
                 reply = operator.put(f"/v1/limits/{endpoint}", json=body)
                 assert (reply.status_code, reply.json()["code"]) == (422, code), reply.json()
@@ -272,7 +327,11 @@ def test_limits_over_http_need_an_operator_key_and_refuse_bad_limits_with_nothin
             made = operator.put(f"/v1/limits/{endpoint}", json={"rpm": 120, "tpm": 90_000})
             assert made.status_code == 200
             [row] = made.json()["limits"]
-            assert (row["endpoint"], row["rpm"], row["tpm"]) == (endpoint, 120, 90_000)
+            assert (row["endpoint"], row["rpm"], row["tpm"], row["burst_s"]) == (
+                endpoint, 120, 90_000, 1,
+            )  # fmt: skip
+            burst = operator.put(f"/v1/limits/{endpoint}", json={"burst_s": 5})
+            assert burst.status_code == 200 and burst.json()["limits"][0]["burst_s"] == 5
             assert endpoint in {r["endpoint"] for r in operator.get("/v1/limits").json()["limits"]}
             removed = operator.delete(f"/v1/limits/{endpoint}", params={"limit": "tpm"})
             assert removed.json()["removed"] == ["tpm"]

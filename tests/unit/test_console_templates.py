@@ -38,3 +38,38 @@ def test_a_new_kind_of_held_decision_shows_its_own_fields() -> None:
 def test_stored_text_is_escaped() -> None:
     page = _held({"tool": "<script>alert(1)</script>", "args": {}, "digest": "x"})
     assert "<script>" not in page and "&lt;script&gt;" in page
+
+
+BUDGET: dict[str, object] = {
+    "kind": "budget", "dimensions": ["tokens"], "spent": {"tokens": 280, "steps": 4},
+    "needed": {"tokens": 75, "steps": 1}, "limits": {"tokens": 300, "steps": 40},
+    "suggested": {"tokens": 505}, "digest": "ef56",
+    "reason": "the next turn does not fit the tokens budget",
+}  # fmt: skip
+
+
+def test_a_budget_hold_is_said_in_sentences_with_its_new_limit_prefilled() -> None:
+    """Spent, needed and suggested per held amount, in a sentence; no raw dictionaries; the
+    approve form carries the new limit, prefilled with the suggestion, and the digest."""
+    page = _held(BUDGET)
+    assert "the next turn does not fit the tokens budget." in page
+    assert (
+        "<b>tokens</b>: 280 spent of a limit of 300; the next turn needs 75 more; "
+        "suggested new limit 505." in page
+    )
+    assert "&#34;" not in page and "<pre>" not in page  # no JSON shown
+    assert '<input type="hidden" name="extend_name" value="tokens">' in page
+    assert 'name="extend_value" value="505"' in page
+    assert page.count('name="digest" value="ef56"') == 2
+    assert "Extend and go on" in page and "Stop the run" in page
+    assert "steps" not in page  # an amount that does not hold the run is not offered
+
+
+def test_a_held_call_the_tenant_cannot_afford_says_why_approving_is_refused() -> None:
+    """The view's `no_room` sentence shows as a warning beside the call, not as a field."""
+    page = _held({"kind": "call", "tool": "issue_refund", "args": {}, "digest": "ab12",
+                  "charges": {"refund_cents": 8000},
+                  "no_room": "the held call issue_refund charges 8000 refund_cents"})  # fmt: skip
+    assert 'class="flash error no-room"' in page
+    assert "Approving is refused now: the held call issue_refund charges 8000" in page
+    assert "f-no_room" not in page and '<dd class="f-charges">' in page

@@ -15,8 +15,9 @@ first line of its output.
 
 An object script may also carry `"rpm": N`: the server then keeps a provider's rate limit of N
 requests a minute, as a token bucket (Anthropic documents theirs as one): N at once, refilled
-continuously at N a minute. A request beyond it is answered 429 with `retry-after` (whole
-seconds) and `retry-after-ms`, the wait until the bucket has a request again, and is listed
+continuously at N a minute; or, with `"window": "sliding"` beside it, as a sliding window: at
+most N requests answered in any 60 s. A request beyond it is answered 429 with `retry-after`
+(whole seconds) and `retry-after-ms`, the wait until a request may go again, and is listed
 at `/_requests` with `"limited": true`.
 """
 
@@ -27,6 +28,7 @@ import math
 import sys
 import threading
 import time
+from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -64,6 +66,24 @@ class Bucket:
         return (1 - self.level) * 60 / self.rpm
 
 
+class Window:
+    """The provider's rate limit as a sliding window: at most `rpm` requests answered in any
+    60 s, each counted from when it arrived."""
+
+    def __init__(self, rpm: int) -> None:
+        self.rpm, self.answered = rpm, deque[float]()
+
+    def take(self) -> float | None:
+        """None if a request may go now (it is counted), else the seconds to wait."""
+        now = time.monotonic()
+        while self.answered and self.answered[0] <= now - 60:
+            self.answered.popleft()
+        if len(self.answered) < self.rpm:
+            self.answered.append(now)
+            return None
+        return self.answered[0] + 60 - now
+
+
 def limited(wait_s: float) -> dict[str, Any]:
     """A 429 as OpenAI words it, asking for the wait."""
     body = {"error": {"message": f"Rate limit reached for requests; try again in {wait_s:.3f}s",
@@ -84,7 +104,8 @@ class Script:
         self.always: dict[str, Any] | None = None
         self.agent: Agent | None = None
         rpm = exchanges.get("rpm") if isinstance(exchanges, dict) else None
-        self.bucket = Bucket(int(rpm)) if rpm else None
+        sliding = isinstance(exchanges, dict) and exchanges.get("window") == "sliding"
+        self.bucket = (Window(int(rpm)) if sliding else Bucket(int(rpm))) if rpm else None
         if isinstance(exchanges, dict) and "always" in exchanges:
             self.always = exchanges["always"]
         elif isinstance(exchanges, dict):

@@ -32,7 +32,9 @@ Endpoint = Annotated[
 ]  # fmt: skip
 Pairs = Annotated[
     list[str],
-    typer.Argument(help="rpm=N (requests per minute), tpm=N (tokens per minute), N >= 1.",
+    typer.Argument(help="rpm=N (requests per minute), tpm=N (tokens per minute), N >= 1; "
+                        "burst_s=S: S seconds' worth of them may go at once (0-30, default 1), "
+                        "and no 60 s passes more than N.",
                    show_default=False),
 ]  # fmt: skip
 Names = Annotated[
@@ -83,19 +85,19 @@ def show(
     endpoint: Annotated[str | None, typer.Argument(help="One endpoint; default all.")] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Every limit set, with its bucket now: requests and tokens left (below zero: turns
-    deferred on it wait that debt out), a 429's wait still to run, deferred turns."""
+    """Every limit set, with its bucket now: its burst, the requests and tokens that may go
+    now (0 while turns deferred on it wait), a 429's wait still to run, deferred turns."""
     from turnstile.worker.scheduling import ratelimits
 
     views = ratelimits.show_limits(conn.client.client, endpoint)
     if as_json:
         echo_json([dataclasses.asdict(v) for v in views])
         return
-    table = Table("endpoint", "tenant", "rpm", "tpm", "requests left", "tokens left",
-                  "blocked (s)", "deferred")  # fmt: skip
+    table = Table("endpoint", "tenant", "rpm", "tpm", "burst (s)", "requests left",
+                  "tokens left", "blocked (s)", "deferred")  # fmt: skip
     for v in views:
         table.add_row(
-            escape(v.endpoint), escape(v.tenant or "-"), _n(v.rpm), _n(v.tpm),
+            escape(v.endpoint), escape(v.tenant or "-"), _n(v.rpm), _n(v.tpm), str(v.burst_s),
             _n(v.requests_left), _n(v.tokens_left), f"{v.blocked_for_s:.1f}", str(v.deferred),
         )  # fmt: skip
     console_for_tables().print(table)

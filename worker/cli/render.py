@@ -77,20 +77,58 @@ def span_status(span: dict[str, Any]) -> str:
 
 
 def _held_line(event: dict[str, Any]) -> str:
-    if event.get("kind") == "budget":  # a budget hold: what it spent and what is suggested
+    """A hold, in words: a budget's amounts (spent, needed, suggested) or a call and why."""
+    digest = event.get("digest")
+    if event.get("kind") == "budget":
         suggested = event.get("suggested") or {}
-        spent, limits = event.get("spent") or {}, event.get("limits") or {}
-        said = ", ".join(
-            f"{n} {spent.get(n)} of {limits.get(n)}, suggested {n}={v}"
+        spent, needed = event.get("spent") or {}, event.get("needed") or {}
+        limits = event.get("limits") or {}
+        amounts = "; ".join(
+            f"{n}: {spent.get(n)} spent of a limit of {limits.get(n)}, the next turn needs "
+            f"{needed.get(n)} more, suggested new limit {v}"
             for n, v in suggested.items()
         )
-        return f"held for budget: {said} (digest {event.get('digest')})"
-    args = json.dumps(event.get("args"))
-    return f"held for approval: {event.get('tool')} {args} (digest {event.get('digest')})"
+        extend = " ".join(f"--extend {n}={v}" for n, v in suggested.items())
+        return one_line(
+            f"held for a budget extension: {str(event.get('reason') or '').rstrip('.')}. "
+            f"{amounts}. To go on: turnstile approve RUN --digest {digest} [{extend}]",
+            600,
+        )
+    args = one_line(json.dumps(event.get("args")), 200)
+    why = f" ({event['reason']})" if event.get("reason") else ""
+    return f"held for approval: {event.get('tool')} {args}{why}, digest {digest}"
 
 
 def _limits(limits: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in limits.items())
+
+
+def _rate_limited_line(event: dict[str, Any]) -> str:
+    """A turn deferred by a provider's rate limit, or a run it ended, in words."""
+    wait_s = (event.get("wait_ms") or 0) / 1000
+    limit = f"the rate limit of {event.get('endpoint')} ({event.get('limit')})"
+    if event.get("ended"):
+        return f"{limit} would make it wait {wait_s:.1f} s, past its deadline: it ends"
+    return (
+        f"waits {wait_s:.1f} s for {limit}, until {event.get('until')}, holding no worker; "
+        f"turn {event.get('step')} goes then"
+    )
+
+
+def _followup_line(event: dict[str, Any]) -> str:
+    followup = event.get("followup") or {}
+    text = one_line(str(followup.get("text", "")), 200)
+    return f"follow-up merged into the run (the model sees it from its next turn): {text!r}"
+
+
+def _fallback_line(event: dict[str, Any]) -> str:
+    """An event this module has no words for: its type and its fields, on one line."""
+    fields = ", ".join(
+        f"{k} {v if isinstance(v, str) else json.dumps(v)}"
+        for k, v in event.items()
+        if k not in ("type", "at")
+    )
+    return one_line(f"{event.get('type')}: {fields}" if fields else str(event.get("type")), 300)
 
 
 _LINES: dict[str, Callable[[dict[str, Any]], str]] = {
@@ -104,18 +142,24 @@ _LINES: dict[str, Callable[[dict[str, Any]], str]] = {
     ),
     "parked": lambda e: f"parked: {e.get('why')}",
     "resumed": lambda e: f"resumed by {e.get('by')}",
-    "rate_limited": lambda e: (
-        f"rate limited: {e.get('endpoint')} ({e.get('limit')}), "
-        + (
-            "the wait would pass the deadline"
-            if e.get("ended")
-            else f"waits until {e.get('until')}"
-        )
+    "rate_limited": _rate_limited_line,
+    "followup": _followup_line,
+    "followups_unseen": lambda e: (
+        f"{len(e.get('followups') or [])} follow-up(s) came after its last turn: "
+        "the model never saw them"
+    ),
+    "interrupt_requested": lambda e: (
+        f"run {e.get('by_run')} of its conversation interrupts it: it stops at its next turn"
+    ),
+    "superseded": lambda e: f"superseded by run {e.get('by_run')} of its conversation",
+    "started": lambda e: f"started: run {e.get('after')} of its conversation ended before it",
+    "cancel_requested": lambda e: (
+        f"cancel requested by {e.get('by')} ({e.get('reason')}): it ends at its next turn"
     ),
 }
 
 
 def describe(event: dict[str, Any]) -> str:
     """One line for one event of a run, as `watch` prints it."""
-    line = _LINES.get(str(event.get("type")))
-    return line(event) if line else json.dumps(event)
+    line = _LINES.get(str(event.get("type")), _fallback_line)
+    return line(event)

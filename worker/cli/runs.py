@@ -102,8 +102,17 @@ def status(
     table.add_row("active time", f"{usage['elapsed_ms'] / 1000:.1f} s of "
                                  f"{budget['deadline_ms'] / 1000:.0f} s")  # fmt: skip
     table.add_row("plan", " ".join(f"{s['id']}:{s['tool']}={s['status']}" for s in view["plan"]))
-    held = view["pending"]
-    if held and held.get("kind") == "budget":
+    if view["pending"]:
+        _held_rows(table, view["pending"])
+    for d in view["decisions"]:
+        table.add_row("decision", escape(f"{d['kind']} by {d['by']} at {d['at']}"))
+    console_for_tables().print(table)
+
+
+def _held_rows(table: Table, held: dict[str, Any]) -> None:
+    """What the run holds for a person: a budget, per amount (spent, needed, suggested), or a
+    call, with what it charges and, when its tenant cannot afford it, why approving is refused."""
+    if held.get("kind") == "budget":
         table.add_row("held budget", escape(", ".join(held["dimensions"])))
         for name in held["suggested"]:
             table.add_row(
@@ -111,13 +120,17 @@ def status(
                 f"spent {held['spent'][name]} of {held['limits'][name]}; the next turn needs "
                 f"{held['needed'][name]}; suggested {name}={held['suggested'][name]}",
             )
-        table.add_row("digest", held["digest"])
-    elif held:
+    else:
         table.add_row("held call", escape(f"{held['tool']} {json.dumps(held['args'])}"))
-        table.add_row("digest", held["digest"])
-    for d in view["decisions"]:
-        table.add_row("decision", escape(f"{d['kind']} by {d['by']} at {d['at']}"))
-    console_for_tables().print(table)
+        if held.get("charges"):
+            table.add_row("charges", escape(_limits(held["charges"])))
+        if held.get("no_room"):
+            table.add_row("cannot approve", escape(held["no_room"]))
+    table.add_row("digest", held["digest"])
+
+
+def _limits(amounts: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in amounts.items())
 
 
 def watch(

@@ -48,6 +48,7 @@ from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.broker.producer import sender
 from turnstile.worker.client._memory import Memory
 from turnstile.worker.client._reading import FOLLOW_BLOCK_MS, Reading
+from turnstile.worker.client._room import call_charges, no_room
 from turnstile.worker.names import check_name, check_run_id
 from turnstile.worker.registry import Registry
 from turnstile.worker.scheduling.fair import route
@@ -650,13 +651,14 @@ class Client(Reading, Memory):
         digest: str | None = None,
         extend: Mapping[str, int] | None = None,
     ) -> RunState:
-        """Approve the call a suspended run holds, exactly that tool with those arguments
-        (`digest`, from `state.pending.digest`, pins it); the run goes on. For a run held
-        `needs_budget`, approve an extension: `extend` maps amounts (steps, tool_calls, tokens,
-        cost_microusd, deadline_ms) to new limits (None: the hold's suggestion), `digest`
-        (`state.held_budget.digest`) pins the hold; the run re-admits with them. Refused
-        (DecisionRefusedError) if the run is not suspended, holds another call or hold, or the
-        extension would pass a hard ceiling of its tenant's; nothing is written then."""
+        """Approve what a suspended run holds (`state.held`, either kind; its `digest` pins
+        it). A call: exactly that tool with those arguments; the run goes on. A budget (a run
+        held `needs_budget`): an extension, `extend` mapping amounts (steps, tool_calls, tokens,
+        cost_microusd, deadline_ms) to new limits (None: the hold's suggestion); the run
+        re-admits with them. Refused (DecisionRefusedError) if the run is not suspended, holds
+        another call or hold, the call charges a dimension whose hard ceiling has no room left
+        for it, or the extension would pass a hard ceiling of its tenant's; nothing is written
+        then."""
 
         def apply(state: RunState) -> dict[str, Any]:
             held = state.held_budget
@@ -673,9 +675,21 @@ class Client(Reading, Memory):
                 return {"type": "decision", "kind": "extended", "digest": decision.digest,
                         "dimensions": held.dimensions, "limits": decision.limits}  # fmt: skip
             assert state.approval is not None
+            self._check_affordable(state)
             return {"type": "decision", "kind": "approved", "digest": state.approval.digest}
 
         return self._decide(run_id, by, apply)
+
+    def _check_affordable(self, state: RunState) -> None:
+        """A held call its tenant cannot afford under a hard ceiling is not approved: the run
+        would end `budget_exhausted` at once, the call never made (worker/client/_room.py)."""
+        charges = call_charges(state, self.jobs.get(state.job))
+        if state.pending is None or not charges:
+            return
+        ledger = self.ledger.read(state.tenant)
+        why = no_room(state.tenant, state.pending.call.name, charges, ledger)
+        if why is not None:
+            raise DecisionRefusedError(f"cannot approve run {state.run_id}: {why}")
 
     def deny(self, run_id: str, *, by: str, reason: str) -> RunState:
         """Deny the call a suspended run holds: the run ends `approval_denied`, or, for a job

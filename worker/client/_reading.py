@@ -71,8 +71,8 @@ class Reading:
 
         - stopped: it has its outcome (`state.outcome`: completed, error, ..., with
           `state.reason`), or
-        - suspended: a call waits for a person (`state.pending` is the held call; `approve`
-          or `deny` it, then wait again).
+        - suspended: it waits for a person (`state.held`: the held call, `kind` "call", or
+          a budget hold, `kind` "budget"; `approve` or `deny` it, then wait again).
 
         A running run is waited for, and so is a parked one (its tenant or queue is paused or
         draining: `resume` brings it back). Past `timeout_s`, WaitTimeoutError. It blocks on

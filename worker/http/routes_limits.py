@@ -27,7 +27,9 @@ TenantQuery = Annotated[
 
 
 class LimitsBody(Strict):
-    """Requests and tokens per minute; at least one, each a whole number from 1."""
+    """Requests and tokens per minute, each a whole number from 1, and the burst: seconds'
+    worth of them that may go at once (no 60 s passes more than the limit). At least one of
+    rpm and tpm, or a burst for limits set before."""
 
     rpm: StrictInt | None = Field(
         default=None, ge=1, le=ratelimits.MAX_LIMIT, description="Requests per minute."
@@ -35,6 +37,11 @@ class LimitsBody(Strict):
     tpm: StrictInt | None = Field(
         default=None, ge=1, le=ratelimits.MAX_LIMIT, description="Tokens per minute."
     )
+    burst_s: StrictInt | None = Field(
+        default=None, ge=0, le=ratelimits.MAX_BURST_S,
+        description=f"Seconds' worth of the limits that may go at once (default "
+        f"{ratelimits.DEFAULT_BURST_S}).",
+    )  # fmt: skip
     tenant: str | None = Field(
         default=None, pattern=NAME, description="A tenant's own share of the endpoint."
     )
@@ -55,8 +62,8 @@ def list_limits(_: Operator, ctx: Ctx) -> dict[str, Any]:
 def set_limits(endpoint: EndpointPath, body: LimitsBody, _: Operator, ctx: Ctx) -> dict[str, Any]:
     """Set an endpoint's limits, or a tenant's share of it (`turnstile limits set`); the
     endpoint's limits as they stand after."""
-    pairs = [f"{name}={value}" for name, value in (("rpm", body.rpm), ("tpm", body.tpm))
-             if value is not None]  # fmt: skip
+    given = (("rpm", body.rpm), ("tpm", body.tpm), (ratelimits.BURST, body.burst_s))
+    pairs = [f"{name}={value}" for name, value in given if value is not None]
     ratelimits.set_limits(ctx.redis, endpoint, ratelimits.parse_limits(pairs), body.tenant)
     return _views(ctx, endpoint)
 

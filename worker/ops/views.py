@@ -8,10 +8,12 @@ from typing import Any
 
 import msgspec
 
+from turnstile.errors import TurnstileError
 from turnstile.jobs.outcomes import Status
 from turnstile.jobs.state import RunState
 from turnstile.jobs.trace import Span
 from turnstile.worker.client._client import Client
+from turnstile.worker.client._room import call_charges, no_room
 from turnstile.worker.ops.decisions import resolve
 from turnstile.worker.scheduling.priority import stored_priority
 
@@ -33,7 +35,7 @@ def run_view(c: Client, run_id: str, tenant: str | None = None) -> dict[str, Any
     elif state.pending is not None and suspended:
         held = state.pending
         pending = {"kind": "call", "tool": held.call.name, "args": held.call.args,
-                   "digest": held.digest, "reason": held.reason}  # fmt: skip
+                   "digest": held.digest, "reason": held.reason, **_room(c, state)}  # fmt: skip
     return {
         "run_id": run_id, "tenant": tenant, "status": stored.get("status", ""),
         "outcome": stored.get("outcome", ""), "detail": stored.get("detail", ""),
@@ -52,6 +54,20 @@ def run_view(c: Client, run_id: str, tenant: str | None = None) -> dict[str, Any
         "events": len(stream), "last_event": stream[-1][1]["type"] if stream else None,
         "waiting": waiting(stored.get("status", ""), stream),
     }  # fmt: skip
+
+
+def _room(c: Client, state: RunState) -> dict[str, Any]:
+    """What the held call charges its tenant (`charges`) and, when a hard ceiling has no room
+    left for it, why an approval is refused now (`no_room`, a sentence; else None)."""
+    try:
+        charges = call_charges(state, c.jobs.get(state.job))
+    except TurnstileError:  # a job this process does not know: what it charges is unknown
+        return {}
+    if not charges or state.pending is None:
+        return {"charges": charges, "no_room": None}
+    ledger = c.ledger.read(state.tenant)
+    return {"charges": charges,
+            "no_room": no_room(state.tenant, state.pending.call.name, charges, ledger)}  # fmt: skip
 
 
 def waiting(status: str, stream: list[tuple[str, dict[str, Any]]]) -> dict[str, Any] | None:

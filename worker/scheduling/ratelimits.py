@@ -2,7 +2,10 @@
 endpoint (a model string, `openai:gpt-4.1-mini`), and optionally a tenant's own share of one.
 
 Each limited endpoint has token buckets in the store (keys.rate_bucket, in the endpoint's hash
-slot): the endpoint's, and a tenant's where it has a limit of its own. Before a turn calls a
+slot): the endpoint's, and a tenant's where it has a limit of its own. A bucket lets `burst_s`
+seconds' worth of its limit go at once (DEFAULT_BURST_S: a second's, at least one request) and
+refills so that no 60 s passes more than the limit (`shape`, rl_lib.lua), whatever window the
+provider counts in. Before a turn calls a
 limited model, its step draws one request and the turn's worst case of tokens from them in
 one script (rl_draw.lua); after the call the tokens it did not use are given back
 (rl_adjust.lua). A turn that does not fit is deferred: its step commits the wait and holds
@@ -41,6 +44,15 @@ log = structlog.get_logger("turnstile.ratelimits")
 
 LIMITS = ("rpm", "tpm")  # what `turnstile limits set` accepts: requests and tokens per minute
 MAX_LIMIT = 10**12
+BURST = "burst_s"  # seconds' worth of a bucket's limits that may go at once
+# A second's worth: OpenAI and Anthropic both say a per-minute limit may be enforced over
+# shorter periods (60 rpm as one request a second), so a minute's worth at once after a lull
+# meets their 429. rl_lib.lua's RL_BURST_S says the same.
+DEFAULT_BURST_S = 1
+MAX_BURST_S = 30  # half a minute's worth at once: the other half refills over the minute
+# Seconds a window of 60 s is stretched by: a request may reach the provider this much later
+# than the one drawn before it without two windows' worth meeting. rl_lib.lua's RL_SLACK_S.
+SLACK_S = 1
 CACHE_S = 2.0  # how long a worker process trusts its list of limited endpoints
 DUE_BATCH = 500  # deferred steps one pass of the dispatcher moves per tenant, at most
 # With no step deferred, the dispatcher looks again at most this often (a pass a commit would
@@ -72,21 +84,33 @@ def check_endpoint(endpoint: str) -> str:
 
 
 def parse_limits(pairs: Iterable[str]) -> dict[str, int]:
-    """`rpm=500 tpm=200000` as limits; each a whole number from 1, checked before any write."""
+    """`rpm=500 tpm=200000 burst_s=1` as limits; each a whole number from 1 (burst_s from 0 to
+    MAX_BURST_S), checked before any write."""
     out: dict[str, int] = {}
     for pair in pairs:
         name, sep, raw = pair.partition("=")
-        if not sep or name not in LIMITS:
-            raise RateLimitError(f"bad limit {pair!r}: expected NAME=VALUE, NAME one of {LIMITS}")
-        value = raw.strip()
-        if not value.isdigit() or not 1 <= int(value) <= MAX_LIMIT:
+        if not sep or name not in (*LIMITS, BURST):
             raise RateLimitError(
-                f"{name} must be a whole number from 1 to {MAX_LIMIT}, not {raw[:40]!r}"
+                f"bad limit {pair!r}: expected NAME=VALUE, NAME one of {(*LIMITS, BURST)}"
+            )
+        value = raw.strip()
+        low, high = (0, MAX_BURST_S) if name == BURST else (1, MAX_LIMIT)
+        if not value.isdigit() or not low <= int(value) <= high:
+            raise RateLimitError(
+                f"{name} must be a whole number from {low} to {high}, not {raw[:40]!r}"
             )
         out[name] = int(value)
     if not out:
-        raise RateLimitError(f"nothing to set: give NAME=VALUE, NAME one of {LIMITS}")
+        raise RateLimitError(f"nothing to set: give NAME=VALUE, NAME one of {(*LIMITS, BURST)}")
     return out
+
+
+def shape(limit: int, burst_s: int) -> tuple[int, float]:
+    """A limit per minute as its bucket keeps it (rl_lib.lua rl_shape): what it holds, its
+    burst (`burst_s` seconds' worth, at least one), and what it refills per ms, (limit -
+    burst + 1) per 60 + SLACK_S seconds: no window shorter than that passes more than `limit`."""
+    cap = min(limit, max(1, limit * burst_s // 60))
+    return cap, (limit - cap + 1) / ((60 + SLACK_S) * 1000)
 
 
 def parse_names(names: Iterable[str]) -> list[str]:
@@ -108,16 +132,26 @@ def _check_tenant(tenant: str | None) -> None:
 def set_limits(
     client: redis.Redis, endpoint: str, limits: Mapping[str, int], tenant: str | None = None
 ) -> None:
-    """Set an endpoint's limits, or a tenant's own share of it; checked before anything is
-    written. A bucket starts full; a lower limit caps its level at once."""
+    """Set an endpoint's limits, or a tenant's own share of it, and its burst; checked before
+    anything is written. A bucket starts full; a lower limit or burst caps its level at once."""
     check_endpoint(endpoint)
     _check_tenant(tenant)
+    key = keys.rate_bucket(endpoint, tenant or "")
+    if not set(limits) & set(LIMITS) and client.hmget(key, *LIMITS) == [None, None]:
+        raise RateLimitError(
+            f"{BURST} alone limits nothing: {_whose(endpoint, tenant)} has no limit; "
+            "give rpm=N or tpm=N with it"
+        )
     pipe = client.pipeline(transaction=True)
-    pipe.hset(keys.rate_bucket(endpoint, tenant or ""), mapping={k: v for k, v in limits.items()})
+    pipe.hset(key, mapping={k: v for k, v in limits.items()})
     if tenant:
         pipe.sadd(keys.rate_tenants(endpoint), tenant)
     pipe.sadd(keys.RATE_ENDPOINTS, endpoint)
     pipe.execute()
+
+
+def _whose(endpoint: str, tenant: str | None) -> str:
+    return f"{endpoint} (tenant {tenant})" if tenant else endpoint
 
 
 def unset_limits(
@@ -154,7 +188,8 @@ class LimitView:
     tenant: str  # "" for the endpoint's own limits
     rpm: int | None
     tpm: int | None
-    requests_left: float | None  # the bucket's level now (below zero: turns deferred on it)
+    burst_s: int  # seconds' worth of each limit that may go at once
+    requests_left: float | None  # what may go now, from 0 (turns deferred on it wait meanwhile)
     tokens_left: float | None
     blocked_for_s: float  # a 429's wait still to run
     deferred: int  # steps deferred that drew already and wait for their turn (endpoint only)
@@ -178,22 +213,26 @@ def show_limits(client: redis.Redis, endpoint: str | None = None) -> list[LimitV
 
 
 def _view(client: redis.Redis, endpoint: str, tenant: str, now: int, paid: int) -> LimitView | None:
-    rpm, tpm, r, t, at, blocked = client.hmget(
-        keys.rate_bucket(endpoint, tenant), "rpm", "tpm", "r", "t", "at", "blocked"
+    rpm, tpm, r, t, at, blocked, burst = client.hmget(
+        keys.rate_bucket(endpoint, tenant), "rpm", "tpm", "r", "t", "at", "blocked", BURST
     )
     if rpm is None and tpm is None:
         return None
     elapsed = max(0, now - int(at or now))
+    burst_s = int(burst) if burst is not None else DEFAULT_BURST_S
 
-    def level(limit: Any, stored: Any) -> float | None:
+    def left(limit: Any, stored: Any) -> float | None:
+        """The level now, as rl_read computes it, and never below zero: a level below zero is
+        the debt of turns deferred on it, which they wait out, not a remainder."""
         if limit is None:
             return None
-        cap = int(limit)
-        return round(min(cap, (float(stored) if stored else cap) + elapsed * cap / 60000), 2)
+        cap, per_ms = shape(int(limit), burst_s)
+        level = min(cap, (float(stored) if stored else cap) + elapsed * per_ms)
+        return round(max(0.0, level), 2)
 
     return LimitView(
-        endpoint, tenant, int(rpm) if rpm else None, int(tpm) if tpm else None,
-        level(rpm, r), level(tpm, t), max(0, int(blocked or 0) - now) / 1000, paid,
+        endpoint, tenant, int(rpm) if rpm else None, int(tpm) if tpm else None, burst_s,
+        left(rpm, r), left(tpm, t), max(0, int(blocked or 0) - now) / 1000, paid,
     )  # fmt: skip
 
 

@@ -297,24 +297,56 @@ def _held_digest(con: Console, run_id: str, tenant: str) -> str | None:
     return str(digest) if digest else None
 
 
+ExtendNames = Annotated[list[str], Form(max_length=80)]
+ExtendValues = Annotated[list[str], Form(max_length=40)]
+
+
+def _extension(names: list[str], values: list[str]) -> dict[str, int] | None:
+    """A budget hold's form: each new limit as its amount names it (None: the form held a
+    call). A value that is not a whole number is refused, naming it; the kernel checks the
+    rest (an unknown amount, a limit below the run's or with no room for the next turn)."""
+    if not names:
+        return None
+    if len(names) != len(values) or len(names) > 16:
+        raise DecisionRefusedError("the form's new limits do not match its amounts")
+    out = {}
+    for name, raw in zip(names, values, strict=True):
+        value = raw.strip().replace(",", "").replace("_", "")
+        if not value.isdigit():
+            raise DecisionRefusedError(
+                f"the new {one_line(name, 80)} limit must be a whole number, not {raw[:40]!r}"
+            )
+        out[name] = int(value)
+    return out
+
+
 @router.post("/runs/{run_id}/approve")
 def approve(
     request: Request, run_id: str, viewer: Seen, *, csrf: Csrf = "",
     digest: Annotated[str, Form(max_length=128)] = "", person: Person = "", back: Back = "",
+    extend_name: ExtendNames = [], extend_value: ExtendValues = [],  # noqa: B006 - not kept
 ) -> Response:  # fmt: skip
     """Approve exactly the decision the page showed (its digest): a stale page, or a second
-    click after the first approval, is refused by the store's compare-and-set."""
+    click after the first approval, is refused by the store's compare-and-set. A budget hold's
+    form carries its new limits (`extend_name`, `extend_value`, one pair per amount)."""
     check_csrf(viewer, csrf)
     con = _console(request)
     tenant = _run_tenant(con, viewer, run_id)
     to = _back(request, back, f"/runs/{run_id}")
     by = _who(viewer.key, person)
     try:
-        decisions.approve(con.api.client, run_id, by=by, digest=digest or None, tenant=tenant)
+        extend = _extension(extend_name, extend_value)
+        state = decisions.approve(con.api.client, run_id, by=by, digest=digest or None,
+                                  tenant=tenant, extend=extend)  # fmt: skip
     except DecisionRefusedError as exc:
         log.info("console_refused", action="approve", run_id=run_id, by=by, why=str(exc))
-        return redirect(request, to, ("error", f"not approved: {exc}; nothing was changed"))
+        said = "not extended" if extend_name else "not approved"
+        return redirect(request, to, ("error", f"{said}: {exc}; nothing was changed"))
     log.info("console_decided", action="approve", run_id=run_id, tenant=tenant, by=by)
+    limits = state.decisions[-1].limits
+    if limits:
+        shown = " ".join(f"{k}={v}" for k, v in limits.items())
+        return redirect(request, to, ("ok", f"extended run {run_id} to {shown} as {by}"))
     return redirect(request, to, ("ok", f"approved run {run_id} as {by}"))
 
 

@@ -195,6 +195,9 @@ def run_page(c: Client, run_id: str, tenant: str) -> RunPage:
 # -- the approvals inbox ---------------------------------------------------------------------
 
 
+KINDS = {"call": "tool call", "budget": "budget extension"}  # a held decision's kind, in words
+
+
 @dataclass
 class Held:
     row: RunRow
@@ -227,8 +230,8 @@ def inbox(
         pending = view.get("pending")
         if not pending:
             continue  # decided since the index was read
-        kind = str(pending.get("kind") or ("tool call" if "tool" in pending else "decision"))
-        out.append(Held(row, goal, dict(pending), kind))
+        kind = str(pending.get("kind") or ("call" if "tool" in pending else "decision"))
+        out.append(Held(row, goal, dict(pending), KINDS.get(kind, kind)))
     return out, next_cursor
 
 

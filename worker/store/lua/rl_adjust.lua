@@ -29,17 +29,17 @@ if ARGV[1] == 'block' then
   -- What refills during the window is owed already: one request when the window ends, and
   -- no tokens, then the bucket refills at its pace.
   if endpoint.rpm then
-    endpoint.r = math.min(endpoint.r, 1 - amount * endpoint.rpm / 60000)
+    endpoint.r = math.min(endpoint.r, 1 - amount * endpoint.rrate)
   end
   if endpoint.tpm then
-    endpoint.t = math.min(endpoint.t, -amount * endpoint.tpm / 60000)
+    endpoint.t = math.min(endpoint.t, -amount * endpoint.trate)
   end
   rl_write(endpoint, now)
   return endpoint.blocked
 end
 for _, b in ipairs({endpoint or false, rl_read(KEYS[2], now) or false}) do
   if b and b.tpm then
-    b.t = math.min(b.tpm, b.t + amount)
+    b.t = math.min(b.tcap, b.t + amount)
     rl_write(b, now)
   end
 end
