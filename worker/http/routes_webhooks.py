@@ -167,6 +167,8 @@ def delete_webhook(endpoint_id: EndpointId, key: Caller, ctx: Ctx) -> Response:
     pipe = r.pipeline(transaction=False)
     pipe.hdel(keys.WEBHOOKS, endpoint_id)
     pipe.hdel(keys.WEBHOOK_STATUS, endpoint_id)
+    for gone in keys.endpoint_queue(key.tenant, endpoint_id):
+        pipe.delete(gone)
     pipe.execute()
     if not r.scard(keys.tenant_webhooks(key.tenant)):
         # No endpoint left: the deliverer forgets the tenant, and a later endpoint starts
