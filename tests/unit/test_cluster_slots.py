@@ -79,6 +79,9 @@ def calls(tenant: str, queue: str) -> dict[str, list[str]]:
         "fair_take": Dispatcher._take_keys(None, tenant, queue),  # type: ignore[arg-type]
         "rate": [http_keys.rate("key-1", 123)],
         "streams": [http_keys.streams("key-1")],
+        "webhook_add": [http_keys.tenant_webhooks(tenant), http_keys.cursor(tenant)],
+        "webhook_queue": [http_keys.tenant_webhooks(tenant),
+                          *http_keys.endpoint_queue(tenant, "wh_0123456789abcdef")],
         "shop_read": list(shop_keys(f"shop-{tenant}"))[:2],
         "shop_write": list(shop_keys(f"shop-{tenant}")),
         **{f"ledger.{op}": tenant_keys(tenant) for op in OPERATIONS},

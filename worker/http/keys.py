@@ -2,7 +2,7 @@
 
 API keys and webhook endpoints are few and read on every request or delivery tick, so they live
 in small hashes outside the tenants' hash tags; the webhook deliverer's per-tenant positions
-carry the tenant's tag like the run keys they follow.
+and each endpoint's outbox carry the tenant's tag like the run keys they follow.
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ def streams(key_id: str) -> str:
 WEBHOOKS = f"{API}:webhooks"  # hash: endpoint id -> endpoint record JSON (with its secret)
 WEBHOOK_TENANTS = f"{API}:webhook-tenants"  # set: tenants with at least one endpoint
 WEBHOOK_STATUS = f"{API}:webhook-status"  # hash: endpoint id -> last delivery JSON
-OUTBOX = f"{API}:outbox"  # sorted set: delivery id -> when it is next due (ms)
-DELIVERIES = f"{API}:deliveries"  # hash: delivery id -> delivery JSON (payload, attempts)
+# The one outbox of every endpoint's deliveries before each endpoint had its own: read only to
+# move what an older server left there into the endpoints' outboxes.
+LEGACY_OUTBOX = f"{API}:outbox"  # sorted set: delivery id -> when it is next due (ms)
+LEGACY_DELIVERIES = f"{API}:deliveries"  # hash: delivery id -> delivery JSON
 # One webhook deliverer scans at a time. The key keeps the name it had when the deliverer was
 # called a dispatcher, so servers of both versions behind one balancer share the lease.
 DELIVERY_LOCK = f"{API}:dispatch:lock"
@@ -55,3 +57,24 @@ def done(tenant: str) -> str:
     """Sorted set: runs the deliverer finished with, by creation ms (kept only near the cursor,
     so a run created in the cursor's own millisecond is not taken twice)."""
     return f"{API}:{{{tenant}}}:done"
+
+
+def outbox(tenant: str, endpoint_id: str) -> str:
+    """Sorted set: the endpoint's delivery ids -> when each is next due (ms)."""
+    return f"{API}:{{{tenant}}}:outbox:{endpoint_id}"
+
+
+def deliveries(tenant: str, endpoint_id: str) -> str:
+    """Hash: the endpoint's delivery ids -> delivery JSON (payload, attempts, first ms)."""
+    return f"{API}:{{{tenant}}}:deliveries:{endpoint_id}"
+
+
+def born(tenant: str, endpoint_id: str) -> str:
+    """Sorted set: the endpoint's delivery ids -> when each event was taken (ms), so the ones
+    past their retry time are found without reading the deliveries themselves."""
+    return f"{API}:{{{tenant}}}:born:{endpoint_id}"
+
+
+def endpoint_queue(tenant: str, endpoint_id: str) -> tuple[str, str, str]:
+    """Every key that holds an endpoint's pending deliveries (dropped with the endpoint)."""
+    return outbox(tenant, endpoint_id), deliveries(tenant, endpoint_id), born(tenant, endpoint_id)

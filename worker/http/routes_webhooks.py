@@ -27,6 +27,8 @@ from turnstile.worker.http.problems import Problem
 from turnstile.worker.http.routes_runs import PROBLEMS
 from turnstile.worker.http.schemas import Strict
 from turnstile.worker.http.settings import ApiSettings
+from turnstile.worker.store.scripts import register
+from turnstile.worker.store.values import server_ms
 
 log = structlog.get_logger("turnstile.webhooks")
 
@@ -120,8 +122,6 @@ def create_webhook(body: WebhookBody, key: Caller, ctx: Ctx) -> WebhookCreated:
     """Register an endpoint for the key's tenant's run events."""
     _check_url(body.url, ctx.settings, key.tenant)
     r = ctx.redis
-    if r.scard(keys.tenant_webhooks(key.tenant)) >= MAX_ENDPOINTS:
-        raise Problem(409, "too_many_webhooks", f"a tenant has at most {MAX_ENDPOINTS} endpoints")
     made = Endpoint(
         id=f"wh_{secrets.token_hex(8)}", tenant=key.tenant, url=body.url,
         events=sorted({e.value for e in body.events}),
@@ -129,14 +129,17 @@ def create_webhook(body: WebhookBody, key: Caller, ctx: Ctx) -> WebhookCreated:
         created_at=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         description=body.description,
     )  # fmt: skip
-    seconds, micros = r.time()
-    pipe = r.pipeline(transaction=False)
-    # The deliverer starts from now: runs created before the first endpoint are not announced.
-    pipe.set(keys.cursor(key.tenant), int(seconds) * 1000 + int(micros) // 1000, nx=True)
-    pipe.hset(keys.WEBHOOKS, made.id, msgspec.json.encode(made))
-    pipe.sadd(keys.tenant_webhooks(key.tenant), made.id)
-    pipe.sadd(keys.WEBHOOK_TENANTS, key.tenant)
-    pipe.execute()
+    # The record first: until the script adds its id to the tenant's set it is neither listed
+    # nor delivered to, and an id in the set always has its record.
+    r.hset(keys.WEBHOOKS, made.id, msgspec.json.encode(made))
+    added, _ = register(r, "webhook_add")(
+        keys=[keys.tenant_webhooks(key.tenant), keys.cursor(key.tenant)],
+        args=[made.id, MAX_ENDPOINTS, server_ms(r)],
+    )
+    if not int(added):
+        r.hdel(keys.WEBHOOKS, made.id)
+        raise Problem(409, "too_many_webhooks", f"a tenant has at most {MAX_ENDPOINTS} endpoints")
+    r.sadd(keys.WEBHOOK_TENANTS, key.tenant)
     return WebhookCreated(**{k: v for k, v in made.public().items() if k != "last_delivery"},
                           secret=made.secret)  # fmt: skip
 
@@ -164,6 +167,8 @@ def delete_webhook(endpoint_id: EndpointId, key: Caller, ctx: Ctx) -> Response:
     pipe = r.pipeline(transaction=False)
     pipe.hdel(keys.WEBHOOKS, endpoint_id)
     pipe.hdel(keys.WEBHOOK_STATUS, endpoint_id)
+    for gone in keys.endpoint_queue(key.tenant, endpoint_id):
+        pipe.delete(gone)
     pipe.execute()
     if not r.scard(keys.tenant_webhooks(key.tenant)):
         # No endpoint left: the deliverer forgets the tenant, and a later endpoint starts

@@ -39,6 +39,16 @@ class ApiSettings(BaseSettings):
     webhook_backoff_base_s: float = Field(default=1.0, gt=0)
     webhook_backoff_max_s: float = Field(default=300.0, gt=0)
     webhook_concurrency: int = Field(default=16, ge=1)
+    # Deliveries one tenant may have in flight: a quarter of the pool, so a tenant whose
+    # endpoints never answer holds 4 threads for their timeout and every other tenant's
+    # delivery still finds one free (three such tenants at once leave the pool a quarter).
+    webhook_tenant_concurrency: int = Field(default=4, ge=1)
+    # An endpoint's breaker: this many failed attempts in a row (timeouts, errors, 5xx) and it
+    # gets nothing for the cool-down, then one trial. 5 tries of 5 s is 25 s of one thread, and
+    # 30 s is about where one delivery's backoff stands after 5 failures anyway; its waiting
+    # deliveries are kept, and given up after webhook_retry_for_s as ever.
+    webhook_breaker_failures: int = Field(default=5, ge=1)
+    webhook_breaker_cooldown_s: float = Field(default=30.0, gt=0)
     # Only http(s) URLs; plain http is for tests and internal services, so it is allowed
     # unless this says otherwise.
     webhook_https_only: bool = False

@@ -8,10 +8,19 @@ How it learns (per tenant with endpoints, each tick):
      ends the watch. The work per tick follows the runs in progress, not every run ever made.
 
 How it delivers: each delivery (one per endpoint and event, with a deterministic id) waits in
-an outbox sorted by when it is due. Due deliveries go out on a pool of threads, so a slow
-endpoint holds one thread for at most its timeout; a failure is retried with exponential
-backoff until `webhook_retry_for_s` has passed since the event, then dropped, and the
-endpoint's last status records each attempt. Each attempt checks the target again
+its endpoint's outbox (`worker.http.outbox`) sorted by when it is due. Due deliveries go out
+on a pool of threads, so a slow endpoint holds one thread for at most its timeout; a failure
+is retried with exponential backoff until `webhook_retry_for_s` has passed since the event,
+then dropped, and the endpoint's last status records each attempt.
+
+Fair between tenants: a tenant has at most `webhook_tenant_concurrency` deliveries in flight,
+and each tick the tenants, and each tenant's endpoints, take their turns in rotation, so
+endpoints that never answer hold that tenant's slots and no one else's. An endpoint that
+keeps failing is backed off by its breaker (`worker.http.breaker`: open after
+`webhook_breaker_failures` failures in a row, one trial after `webhook_breaker_cooldown_s`);
+its deliveries wait meanwhile and the ones past their retry time are given up, recorded as
+a failed attempt's would be. The breakers live in the deliverer: another server that takes
+the lease starts with them closed. Each attempt checks the target again
 (`worker.http.targets`) and connects to the address it checked; a refused target, a redirect
 or any error in sending is a failed attempt like a 500. Delivery is at least once: a receiver
 dedupes by the `Turnstile-Delivery` id. One deliverer runs at a time, holding a lease in the
@@ -21,7 +30,7 @@ store, so several API servers behind a load balancer do not each deliver.
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import itertools
 import threading
 import time
 import uuid
@@ -37,6 +46,8 @@ import structlog
 
 from turnstile.backoff import backoff_s
 from turnstile.worker.http import keys
+from turnstile.worker.http.breaker import Breaker, Circuit
+from turnstile.worker.http.outbox import Delivery, Outbox, Writes, decode, delivery_id
 from turnstile.worker.http.problems import one_line
 from turnstile.worker.http.routes_webhooks import (
     FROM_STREAM,
@@ -59,19 +70,6 @@ EVENTS_PER_READ = 100
 DUE_PER_TICK = 200
 
 
-class Delivery(msgspec.Struct):
-    id: str
-    endpoint: str
-    event: str
-    body: str
-    first_ms: int
-    attempts: int = 0
-
-
-def delivery_id(endpoint_id: str, run_id: str, entry_id: str) -> str:
-    return "dlv_" + hashlib.sha256(f"{endpoint_id}|{run_id}|{entry_id}".encode()).hexdigest()[:24]
-
-
 def payload(kind: str, tenant: str, run_id: str, entry_id: str, event: dict[str, Any]) -> str:
     return msgspec.json.encode(
         {
@@ -85,11 +83,20 @@ def payload(kind: str, tenant: str, run_id: str, entry_id: str, event: dict[str,
     ).decode()
 
 
+def _turned(items: list[str], turn: int) -> list[str]:
+    """`items` rotated by `turn`: who goes first changes every tick."""
+    if not items:
+        return items
+    at = turn % len(items)
+    return items[at:] + items[:at]
+
+
 class Scanner:
     """Turns new `suspended` and `finished` stream entries into deliveries in the outbox."""
 
     def __init__(self, r: redis.Redis) -> None:
         self.r = r
+        self.outbox = Outbox(r)
 
     def tick(self) -> int:
         made = 0
@@ -132,15 +139,16 @@ class Scanner:
             start = "-" if last == "-" else f"({last}"
             pipe.xrange(run_keys.events(tenant, run_id), min=start, count=EVENTS_PER_READ)
         now = server_ms(self.r)
-        write = self.r.pipeline(transaction=False)
+        write = Writes()
         made = 0
         for run_id, entries in zip(ids, pipe.execute(), strict=True):
             made += self._run_entries(write, tenant, run_id, entries=entries, found=found, now=now)
-        write.execute()
+        if write.calls:
+            self.outbox.write(write.build)
         return made
 
     def _run_entries(
-        self, write: Any, tenant: str, run_id: str, *, entries: list[Any],
+        self, write: Writes, tenant: str, run_id: str, *, entries: list[Any],
         found: list[Endpoint], now: int,
     ) -> int:  # fmt: skip
         made = 0
@@ -163,42 +171,136 @@ class Scanner:
             write.hset(keys.watch(tenant), run_id, str(entries[-1][0]))
         return made
 
-    @staticmethod
     def _enqueue(
-        write: Any, endpoint: Endpoint, kind: str, *, body: str, run_id: str, entry_id: str,
-        now: int,
+        self, write: Writes, endpoint: Endpoint, kind: str, *, body: str, run_id: str,
+        entry_id: str, now: int,
     ) -> None:  # fmt: skip
         did = delivery_id(endpoint.id, run_id, entry_id)
-        record = Delivery(did, endpoint.id, kind, body, now)
-        write.hsetnx(keys.DELIVERIES, did, msgspec.json.encode(record))
-        write.zadd(keys.OUTBOX, {did: now}, nx=True)
+        self.outbox.add(write, endpoint.tenant, Delivery(did, endpoint.id, kind, body, now),
+                        due_ms=now)  # fmt: skip
 
 
 class Sender:
-    """Delivers due outbox entries on a thread pool and records how each attempt went."""
+    """Starts due deliveries on a thread pool, a fair part for each tenant, none for an
+    endpoint whose breaker is open, and records how each attempt went."""
 
     def __init__(self, r: redis.Redis, settings: ApiSettings) -> None:
         self.r, self.settings = r, settings
+        self.outbox = Outbox(r)
         self.pool = ThreadPoolExecutor(settings.webhook_concurrency, "webhook")
-        self.inflight: set[str] = set()
+        self.inflight: dict[str, str] = {}  # delivery id -> its tenant
+        self.breakers: dict[str, Breaker] = {}  # endpoint id -> its breaker
         self.lock = threading.Lock()
         self.local = threading.local()
         self.targets = target_checker(settings)
+        self.turn = 0  # who goes first this tick: each tenant, and each endpoint, in turn
 
     def tick(self) -> None:
         now = server_ms(self.r)
-        due = [str(d) for d in self.r.zrangebyscore(keys.OUTBOX, "-inf", now, start=0,
-                                                     num=DUE_PER_TICK)]  # fmt: skip
+        self.outbox.adopt_legacy()
+        owned = self._endpoints()
+        self._give_up_expired(owned, now)
+        wanted = self._wanted(owned, now)
+        found = self.outbox.due(wanted, now)
+        for tenant, endpoint_id, did in self._choose(wanted, found):
+            self._start(tenant, endpoint_id, did, now)
+
+    def _endpoints(self) -> dict[str, list[str]]:
+        """Each tenant's endpoint ids, tenants and endpoints in this tick's turn."""
+        tenants = _turned(sorted(str(t) for t in self.r.smembers(keys.WEBHOOK_TENANTS)),
+                          self.turn)  # fmt: skip
+        self.turn += 1
+        pipe = self.r.pipeline(transaction=False)
+        for tenant in tenants:
+            pipe.smembers(keys.tenant_webhooks(tenant))
+        owned = {t: _turned(sorted(str(i) for i in ids), self.turn)
+                 for t, ids in zip(tenants, pipe.execute(), strict=True)}  # fmt: skip
+        registered = {i for ids in owned.values() for i in ids}
+        with self.lock:  # the breakers of removed endpoints go with them
+            for gone in set(self.breakers) - registered:
+                del self.breakers[gone]
+        return owned
+
+    def _room(self, tenant: str) -> int:
+        """Deliveries the tenant may start now: its own slots left, within the pool's."""
+        busy = list(self.inflight.values())
+        pool_left = self.settings.webhook_concurrency - len(busy)
+        return min(pool_left, self.settings.webhook_tenant_concurrency - busy.count(tenant))
+
+    def _wanted(self, owned: dict[str, list[str]], now: int) -> list[tuple[str, str, int]]:
+        """(tenant, endpoint, at most) for every endpoint that may start deliveries now."""
+        wanted = []
+        with self.lock:
+            for tenant, endpoint_ids in owned.items():
+                room = self._room(tenant)
+                for endpoint_id in endpoint_ids if room > 0 else []:
+                    allowed = self._breaker(endpoint_id).allowed(now)
+                    if allowed != 0:
+                        wanted.append((tenant, endpoint_id, room if allowed is None else 1))
+        return wanted
+
+    def _choose(
+        self, wanted: list[tuple[str, str, int]], found: list[list[str]]
+    ) -> list[tuple[str, str, str]]:
+        """What to start: each tenant's due deliveries taken from its endpoints in turn, up to
+        the tenant's room, tenants in turn up to the pool's."""
+        by_tenant: dict[str, list[list[tuple[str, str, str]]]] = {}
+        with self.lock:
+            for (tenant, endpoint_id, _), ids in zip(wanted, found, strict=True):
+                by_tenant.setdefault(tenant, []).append(
+                    [(tenant, endpoint_id, did) for did in ids if did not in self.inflight]
+                )
+            pool_left = self.settings.webhook_concurrency - len(self.inflight)
+            chosen: list[tuple[str, str, str]] = []
+            for tenant, lists in by_tenant.items():
+                turns = [x for row in itertools.zip_longest(*lists) for x in row if x is not None]
+                chosen += turns[: max(0, min(self._room(tenant), pool_left - len(chosen)))]
+        return chosen
+
+    def _start(self, tenant: str, endpoint_id: str, did: str, now: int) -> None:
+        with self.lock:
+            self.inflight[did] = tenant
+            trial = self._breaker(endpoint_id).started(now)
         lease_ms = int((self.settings.webhook_timeout_s + 5) * 1000)
-        for did in due:
-            with self.lock:
-                if did in self.inflight:
-                    continue
-                self.inflight.add(did)
-            # Pushed back for the attempt's length: if this process dies mid-attempt, the
-            # next deliverer tries again after that.
-            self.r.zadd(keys.OUTBOX, {did: now + lease_ms}, xx=True)
-            self.pool.submit(self._attempt, did)
+        self.outbox.lease(tenant, endpoint_id, did, until_ms=now + lease_ms)
+        self.pool.submit(self._attempt, tenant, endpoint_id, did, trial)
+
+    def _breaker(self, endpoint_id: str) -> Breaker:
+        """The endpoint's breaker (called under the lock)."""
+        found = self.breakers.get(endpoint_id)
+        if found is None:
+            found = self.breakers[endpoint_id] = Breaker(
+                self.settings.webhook_breaker_failures,
+                int(self.settings.webhook_breaker_cooldown_s * 1000),
+            )
+        return found
+
+    def _give_up_expired(self, owned: dict[str, list[str]], now: int) -> None:
+        """Deliveries held back by an open breaker past their retry time end as a failed
+        attempt would: given up, recorded, dropped."""
+        retry_ms = int(self.settings.webhook_retry_for_s * 1000)
+        with self.lock:
+            held = [(t, e) for t, ids in owned.items() for e in ids
+                    if self._breaker(e).state(now) is not Circuit.CLOSED]  # fmt: skip
+        expired = self.outbox.expired(held, taken_before_ms=now - retry_ms, most=DUE_PER_TICK)
+        for tenant, endpoint_id, did, delivery in expired:
+            if did in self.inflight:
+                continue
+            if delivery is not None:
+                self._held_back(tenant, endpoint_id, delivery, now)
+            self.outbox.forget(tenant, endpoint_id, did)
+
+    def _held_back(self, tenant: str, endpoint_id: str, delivery: Delivery, now: int) -> None:
+        with self.lock:
+            failures = self._breaker(endpoint_id).failures
+        status = {
+            "delivery": delivery.id, "type": delivery.event, "status_code": 0,
+            "error": f"not sent: the endpoint's breaker is open (failed attempts in a row: "
+                     f"{failures})", "attempts": delivery.attempts, "at_ms": now,
+            "result": "gave_up", "circuit": Circuit.OPEN.value, "consecutive_failures": failures,
+        }  # fmt: skip
+        self.r.hset(keys.WEBHOOK_STATUS, endpoint_id, msgspec.json.encode(status))
+        log.info("webhook_attempt", endpoint=endpoint_id, tenant=tenant, **status)
 
     def _client(self) -> httpx.Client:
         client = getattr(self.local, "client", None)
@@ -212,48 +314,72 @@ class Sender:
             self.local.client = client
         return client
 
-    def _attempt(self, did: str) -> None:
+    def _attempt(self, tenant: str, endpoint_id: str, did: str, trial: bool) -> None:
+        settled = False
         try:
-            self._deliver(did)
+            settled = self._deliver(tenant, endpoint_id, did, trial)
         except redis.RedisError as exc:
             log.warning("webhook_store_error", delivery=did, error=one_line(str(exc)))
         except Exception:  # a bug here must show in the log, not vanish with the future
             log.exception("webhook_attempt_failed", delivery=did)
         finally:
             with self.lock:
-                self.inflight.discard(did)
+                self.inflight.pop(did, None)
+                if trial and not settled:  # no attempt was made: the next may be the trial
+                    self._breaker(endpoint_id).abandoned()
 
-    def _deliver(self, did: str) -> None:
-        raw = self.r.hget(keys.DELIVERIES, did)
-        endpoint_raw = None
+    def _load(self, tenant: str, endpoint_id: str, did: str) -> tuple[Delivery, Endpoint] | None:
+        """The delivery and its endpoint; None (and the delivery dropped) when either is gone
+        or unreadable."""
+        delivery = decode(self.outbox.read(tenant, endpoint_id, did), did)
+        endpoint_raw = self.r.hget(keys.WEBHOOKS, endpoint_id) if delivery else None
         try:
-            if raw is not None:
-                delivery = msgspec.json.decode(raw, type=Delivery)
-                endpoint_raw = self.r.hget(keys.WEBHOOKS, delivery.endpoint)
-            if raw is None or endpoint_raw is None:  # delivered already, or the endpoint is gone
-                self._forget(did)
-                return
-            endpoint = msgspec.json.decode(endpoint_raw, type=Endpoint)
+            if delivery is not None and endpoint_raw is not None:
+                return delivery, msgspec.json.decode(endpoint_raw, type=Endpoint)
         except msgspec.DecodeError as exc:  # nothing to count attempts on: dropped, once
-            log.warning("webhook_delivery_unreadable", delivery=did, error=one_line(str(exc)))
-            self._forget(did)
-            return
+            log.warning("webhook_endpoint_unreadable", endpoint=endpoint_id,
+                        error=one_line(str(exc)))  # fmt: skip
+        self.outbox.forget(tenant, endpoint_id, did)
+        return None
+
+    def _deliver(self, tenant: str, endpoint_id: str, did: str, trial: bool) -> bool:
+        """One attempt; whether it was made (and told the endpoint's breaker)."""
+        loaded = self._load(tenant, endpoint_id, did)
+        if loaded is None:  # delivered already, or the endpoint is gone
+            return False
+        delivery, endpoint = loaded
         code, error = self._post(endpoint, delivery)
         delivery.attempts += 1
         now = server_ms(self.r)
         ok = 200 <= code < 300
+        circuit, failures = self._settle(endpoint, ok=ok, now=now, trial=trial)
         gave_up = not ok and now - delivery.first_ms >= self.settings.webhook_retry_for_s * 1000
         result = "delivered" if ok else "gave_up" if gave_up else "retrying"
-        self._record(endpoint, delivery, code=code, error=error, now=now, result=result)
+        self._record(endpoint, delivery, code=code, error=error, now=now, result=result,
+                     circuit=circuit, failures=failures)  # fmt: skip
         if ok or gave_up:
-            self._forget(did)
-            return
+            self.outbox.forget(tenant, endpoint_id, did)
+            return True
         wait_s = backoff_s(delivery.attempts, base_s=self.settings.webhook_backoff_base_s,
                            max_s=self.settings.webhook_backoff_max_s)  # fmt: skip
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hset(keys.DELIVERIES, did, msgspec.json.encode(delivery))
-        pipe.zadd(keys.OUTBOX, {did: now + int(wait_s * 1000)})
-        pipe.execute()
+        self.outbox.retry(tenant, delivery, due_ms=now + int(wait_s * 1000))
+        return True
+
+    def _settle(
+        self, endpoint: Endpoint, *, ok: bool, now: int, trial: bool
+    ) -> tuple[Circuit, int]:
+        """Tell the endpoint's breaker how an attempt went; its state after, and its failures
+        in a row."""
+        with self.lock:
+            breaker = self._breaker(endpoint.id)
+            before = breaker.state(now)
+            after = breaker.finished(ok=ok, now_ms=now, trial=trial)
+            failures = breaker.failures
+        if after is not before and after is not Circuit.HALF_OPEN:
+            log.info("webhook_circuit_" + ("opened" if after is Circuit.OPEN else "closed"),
+                     endpoint=endpoint.id, tenant=endpoint.tenant, failures=failures,
+                     cooldown_s=self.settings.webhook_breaker_cooldown_s)  # fmt: skip
+        return after, failures
 
     def _post(self, endpoint: Endpoint, delivery: Delivery) -> tuple[int, str]:
         body = delivery.body.encode()
@@ -282,20 +408,15 @@ class Sender:
 
     def _record(
         self, endpoint: Endpoint, delivery: Delivery, *, code: int, error: str, now: int,
-        result: str,
+        result: str, circuit: Circuit, failures: int,
     ) -> None:  # fmt: skip
         status = {
             "delivery": delivery.id, "type": delivery.event, "status_code": code,
             "error": error, "attempts": delivery.attempts, "at_ms": now, "result": result,
+            "circuit": circuit.value, "consecutive_failures": failures,
         }  # fmt: skip
         self.r.hset(keys.WEBHOOK_STATUS, endpoint.id, msgspec.json.encode(status))
         log.info("webhook_attempt", endpoint=endpoint.id, tenant=endpoint.tenant, **status)
-
-    def _forget(self, did: str) -> None:
-        pipe = self.r.pipeline(transaction=False)
-        pipe.zrem(keys.OUTBOX, did)
-        pipe.hdel(keys.DELIVERIES, did)
-        pipe.execute()
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
