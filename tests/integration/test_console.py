@@ -23,10 +23,15 @@ import pytest
 import redis
 
 from tests.integration.apiserver import ApiServer, make_key, running_api
-from tests.integration.workers import WorkerProcess, client_for, running_workers, wait_until
+from tests.integration.workers import (
+    WorkerProcess,
+    client_for,
+    running_workers,
+    shop_effects,
+    wait_until,
+)
 from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
 from turnstile.worker.client._client import Client
-from turnstile.worker.dev.shop import RedisShop
 from turnstile.worker.http import apikeys
 from turnstile.worker.http.apikeys import Role
 from turnstile.worker.http.console.session import SECRET, SESSION_COOKIE
@@ -254,14 +259,14 @@ def test_approve_a_held_refund_once_and_deny_another_from_the_inbox(
     state = client.state(approved)
     assert state.outcome is not None and state.outcome.value == "completed"
     assert [(d.kind, d.by) for d in state.decisions] == [("approved", f"desk-{unique} (Ana)")]
-    assert RedisShop(client.client).effects(approved) == [
+    assert shop_effects(client, approved) == [
         ["refund", "ord_1004", 8000],
         ["email", "ord_1004"],
     ]
     gone = client.state(denied)
     assert gone.outcome is not None and gone.outcome.value == "approval_denied"
     assert [d.reason for d in gone.decisions] == ["refund over the desk's limit"]
-    assert RedisShop(client.client).effects(denied) == []
+    assert shop_effects(client, denied) == []
 
 
 def test_pause_and_resume_a_tenant_and_a_queue(
@@ -383,7 +388,7 @@ def test_two_approvals_sent_at_once_pay_one_refund(
     assert said[0].startswith("approved run") and said[1].startswith("not approved"), said
     wait_until(lambda: _status(client, tenant, run_id) == "stopped", what="the run ends")
     assert [d.kind for d in client.state(run_id).decisions] == ["approved"]
-    assert RedisShop(client.client).effects(run_id) == [
+    assert shop_effects(client, run_id) == [
         ["refund", "ord_1004", 8000],
         ["email", "ord_1004"],
     ]

@@ -79,8 +79,8 @@ def calls(tenant: str, queue: str) -> dict[str, list[str]]:
         "fair_take": Dispatcher._take_keys(None, tenant, queue),  # type: ignore[arg-type]
         "rate": [http_keys.rate("key-1", 123)],
         "streams": [http_keys.streams("key-1")],
-        "shop_read": list(shop_keys(f"shop-{tenant}"))[:2],
-        "shop_write": list(shop_keys(f"shop-{tenant}")),
+        "shop_read": list(shop_keys(tenant, "a-{shop}"))[:2],  # the tenant's slot, whatever
+        "shop_write": list(shop_keys(tenant, "a-{shop}")),  # braces the shop's name has
         **{f"ledger.{op}": tenant_keys(tenant) for op in OPERATIONS},
     }  # fmt: skip
 
