@@ -167,6 +167,27 @@ def test_a_held_refund_is_approved_over_http_once(
     ]
 
 
+def test_an_empty_digest_approves_nothing_over_http(
+    redis_url: str, api: ApiServer, client: Client, queue: str, unique: str
+) -> None:
+    """An approval whose digest is empty is a 422 saying so, one of blanks a 409 saying the
+    digest is empty; the held refund stays held and no decision is recorded."""
+    tenant = f"t-{unique}"
+    with http(api, make_key(redis_url, tenant)) as web:
+        body = {"user": USER, "goal": GOAL, "job": "support", "queue": queue,
+                "params": BY_LETTER["G"].params}  # fmt: skip
+        run_id = web.post("/v1/runs", json=body).json()["run_id"]
+        wait_until(lambda: _status(client, tenant, run_id) == "suspended", what="G suspends")
+        empty = web.post(f"/v1/runs/{run_id}/approve", json={"digest": ""})
+        blank = web.post(f"/v1/runs/{run_id}/approve", json={"digest": "   "})
+    assert (empty.status_code, empty.json()["code"]) == (422, "invalid_request")
+    assert empty.json()["detail"] == "digest must not be empty"
+    assert (blank.status_code, blank.json()["code"]) == (409, "decision_refused")
+    assert "empty digest" in blank.json()["detail"]
+    assert _status(client, tenant, run_id) == "suspended"
+    assert client.state(run_id).decisions == []
+
+
 def test_two_tenants_naming_one_shop_each_have_their_own(
     redis_url: str, api: ApiServer, client: Client, queue: str, unique: str
 ) -> None:

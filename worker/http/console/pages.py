@@ -219,7 +219,9 @@ def login(
 
 @router.post("/logout")
 def logout(request: Request, viewer: Seen, csrf: Csrf = "") -> Response:
+    """End the session on the server (its record deleted), and drop its cookie."""
     check_csrf(viewer, csrf)
+    _console(request).sessions.end(viewer)
     response = redirect(request, "/login", ("ok", "logged out"))
     response.delete_cookie(SESSION_COOKIE, path=_base(request) or "/")
     return response
@@ -310,7 +312,7 @@ def approve(
     to = _back(request, back, f"/runs/{run_id}")
     by = _who(viewer.key, person)
     try:
-        decisions.approve(con.api.client, run_id, by=by, digest=digest or None, tenant=tenant)
+        decisions.approve(con.api.client, run_id, by=by, digest=digest, tenant=tenant)
     except DecisionRefusedError as exc:
         log.info("console_refused", action="approve", run_id=run_id, by=by, why=str(exc))
         return redirect(request, to, ("error", f"not approved: {exc}; nothing was changed"))
