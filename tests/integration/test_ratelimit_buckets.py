@@ -145,8 +145,9 @@ def test_limits_unset_removes_them_and_a_turn_then_draws_nothing(
         ("openai:gpt-4.1-mini", ["rps=3"], "bad limit 'rps=3'"),
         ("openai:gpt-4.1-mini", [], "nothing to set"),
         ("gemini:pro", ["rpm=5"], "unknown endpoint 'gemini:pro'"),
-        ("not a model", ["rpm=5"], "unknown endpoint 'not a model'"),
-        ("openai:{x}", ["rpm=5"], "unknown endpoint"),
+        ("not a model", ["rpm=5"], "bad endpoint 'not a model': provider:model"),
+        ("openai:{x}", ["rpm=5"], "bad endpoint"),
+        ("openai:gpt\x00\x1b", ["rpm=5"], "bad endpoint"),
     ],
 )
 def test_a_limit_that_is_not_one_is_refused_with_nothing_written(
