@@ -13,6 +13,7 @@ from turnstile.jobs.calls import plan_step_key
 from turnstile.jobs.job import Job
 from turnstile.jobs.outcomes import Outcome, Resource
 from turnstile.jobs.state import RunState
+from turnstile.jobs.tools import ToolContext
 
 _RESOURCE_WORDS = {
     Resource.STEPS: "step",
@@ -62,7 +63,9 @@ def recorded_steps(state: RunState, job: Job) -> frozenset[str]:
         tool = job.tools.get(step.tool)
         if step.status == "done" or tool is None or tool.recorded is None:
             continue
-        if tool.recorded(state.run_id, state.params, plan_step_key(state.run_id, step.id)):
+        key = plan_step_key(state.run_id, step.id)
+        ctx = ToolContext(state.run_id, state.tenant, state.user_id, state.params, {}, key, 0.0)
+        if tool.recorded(ctx):
             found.add(step.id)
     return frozenset(found)
 

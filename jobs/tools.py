@@ -99,9 +99,11 @@ class ToolOutput:
 
 
 ToolFn = Callable[[ToolContext], Any]  # a plain value, a ToolOutput, or it raises
-# For a write: did it take effect under this idempotency key? (run id, run params, key).
-# Read-only; it lets a closing message say what the world recorded.
-RecordedFn = Callable[[str, Mapping[str, Any], str], bool]
+# For a write: did it take effect under this idempotency key? Asked with the run's context
+# (run id, tenant, user, params; `key` the step's idempotency key, no arguments), so a system
+# of record kept per tenant is read in the run's own. Read-only; it lets a closing message say
+# what the world recorded.
+RecordedFn = Callable[[ToolContext], bool]
 
 
 @dataclass(frozen=True, eq=False)

@@ -4,7 +4,12 @@ and the HTTP API (whose paths and bodies carry these patterns, so /openapi.json 
 - a tenant, a user or a conversation key: 1-128 letters, digits, '.', '_', ':', '@' or '-';
 - a queue: 1-128 letters, digits, '.', '_' or '-' (a queue is a list on the broker, and a
   worker's `--queues` lists queues between commas);
-- a run id: 1-128 letters, digits, '.', '_', ':' or '-'.
+- a run id: 1-128 letters, digits, '.', '_', ':' or '-';
+- a model endpoint (what a provider's rate limits are set on): `provider:model`, the provider
+  as providers/endpoints.py names one (`openai`, `anthropic`, or a named endpoint: a lower-case
+  letter, then up to 31 lower-case letters, digits, '_' or '-'), the model 1-200 letters,
+  digits, '.', '_', ':', '/', '@', '+' or '-' (`gpt-4.1-mini`, `llama3.1:8b`,
+  `meta-llama/Llama-3.1-8B-Instruct`, `claude-3-5-sonnet@20240620`).
 
 None starts with '-' (a command line would read it as an option, so the name could be written
 but never named again), and none is "." or ".." (a URL path segment of its own, which clients
@@ -44,6 +49,9 @@ QUEUE_PATTERN = _pattern("A-Za-z0-9_")
 RUN_ID_PATTERN = _pattern("A-Za-z0-9_:")
 
 
+ENDPOINT_PATTERN = r"^[a-z][a-z0-9_\-]{0,31}:[A-Za-z0-9._:/@+\-]{1,200}$"
+
+
 def _compiled(pattern: str) -> re.Pattern[str]:
     return re.compile(pattern.removesuffix("$") + r"\Z")
 
@@ -51,23 +59,29 @@ def _compiled(pattern: str) -> re.Pattern[str]:
 NAME = _compiled(NAME_PATTERN)
 QUEUE = _compiled(QUEUE_PATTERN)
 RUN_ID = _compiled(RUN_ID_PATTERN)
+ENDPOINT = _compiled(ENDPOINT_PATTERN)
 
 _MOST = f"1-{MAX_NAME_CHARS}"
 _NOT = "not starting with '-', and not '.' or '..'"
 NAME_RULE = f"{_MOST} letters, digits, '.', '_', ':', '@' or '-', {_NOT}"
 QUEUE_RULE = f"{_MOST} letters, digits, '.', '_' or '-', {_NOT}"
 RUN_ID_RULE = f"{_MOST} letters, digits, '.', '_', ':' or '-', {_NOT}"
+ENDPOINT_RULE = (
+    "provider:model, the provider a lower-case letter and up to 31 lower-case letters, digits,"
+    " '_' or '-', the model 1-200 letters, digits, '.', '_', ':', '/', '@', '+' or '-'"
+)
 RULES = {
     "tenant": (NAME, NAME_RULE),
     "user": (NAME, NAME_RULE),
     "queue": (QUEUE, QUEUE_RULE),
     "conversation": (NAME, NAME_RULE),
+    "endpoint": (ENDPOINT, ENDPOINT_RULE),
 }
 
 
 def check_name(what: str, value: object) -> str:
-    """`value` as a name of kind `what` ("tenant", "user", "queue" or "conversation"), or
-    InvalidNameError in one line saying the rule."""
+    """`value` as a name of kind `what` ("tenant", "user", "queue", "conversation" or
+    "endpoint"), or InvalidNameError in one line saying the rule."""
     rule, said = RULES[what]
     if not isinstance(value, str) or not value.strip():
         raise InvalidNameError(f"{what} must be a non-empty name")

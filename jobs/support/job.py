@@ -63,7 +63,7 @@ PARAMS_PROPERTIES: dict[str, dict[str, Any]] = {
     "die_in": {"enum": sorted(DEFAULT_LATENCY_S),
                "description": "drill: the call of this tool kills its worker process"},
     "shop": {"type": "string", "minLength": 1, "maxLength": 64,
-             "description": "a shop shared by the runs that name it"},
+             "description": "a shop shared by the runs of the tenant's that name it"},
 }  # fmt: skip
 
 

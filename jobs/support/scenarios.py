@@ -16,7 +16,7 @@ from turnstile.jobs.model import Model
 from turnstile.jobs.runs import new_run
 from turnstile.jobs.state import RunState
 from turnstile.jobs.support.job import support_job
-from turnstile.jobs.support.shop import InMemoryShop
+from turnstile.jobs.support.shop import InMemoryShop, ShopBackend
 from turnstile.jobs.support.tools import shop_of
 from turnstile.jobs.tools import ToolContext
 from turnstile.jobs.trace import Trace
@@ -64,9 +64,10 @@ class InProcess:
         return effects_of(self.shop, self.state)
 
 
-def effects_of(shop: InMemoryShop, state: RunState) -> list[list[Any]]:
+def effects_of(shop: ShopBackend, state: RunState) -> list[list[Any]]:
+    """What the run's shop (its tenant's, of the name the run gives) recorded in the world."""
     ctx = ToolContext(state.run_id, state.tenant, state.user_id, state.params, {}, "", 0.0)
-    return shop.effects(shop_of(ctx))
+    return shop.effects(state.tenant, shop_of(ctx))
 
 
 def start(

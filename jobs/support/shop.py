@@ -3,6 +3,10 @@
 The rules are pure functions of an order; a store only has to apply them atomically and
 remember each write under its idempotency key, so the same logical write twice is one write.
 The Redis store in the worker applies the same rules.
+
+A shop belongs to a tenant: every call names the tenant (the run's, from its tool context,
+never from the run's input) and the shop's name, so two tenants' shops of one name are two
+shops, and no tenant reads or writes another's.
 """
 
 from __future__ import annotations
@@ -86,10 +90,11 @@ def status_email(order: Order | None, *, user_id: str, order_id: str) -> Applied
 
 
 class ShopBackend(Protocol):
-    def get_order(self, shop: str, order_id: str) -> Order | None: ...
+    def get_order(self, tenant: str, shop: str, order_id: str) -> Order | None: ...
 
     def write_once(
         self,
+        tenant: str,
         shop: str,
         *,
         key: str,
@@ -102,29 +107,33 @@ class ShopBackend(Protocol):
         tried again (after an approval, say) under the same key."""
         ...
 
-    def effects(self, shop: str) -> list[list[Any]]: ...
+    def effects(self, tenant: str, shop: str) -> list[list[Any]]: ...
 
-    def done(self, shop: str, key: str, name: str) -> bool:
+    def done(self, tenant: str, shop: str, key: str, name: str) -> bool:
         """Whether the write (key, name) is stored: read-only, nothing is applied."""
         ...
+
+
+Shop = tuple[str, str]  # (tenant, name): one shop
 
 
 class InMemoryShop:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._orders: dict[str, dict[str, Order]] = {}
-        self._done: dict[tuple[str, str, str], dict[str, Any]] = {}
-        self._effects: dict[str, list[list[Any]]] = {}
+        self._orders: dict[Shop, dict[str, Order]] = {}
+        self._done: dict[tuple[Shop, str, str], dict[str, Any]] = {}
+        self._effects: dict[Shop, list[list[Any]]] = {}
 
-    def _shop(self, shop: str) -> dict[str, Order]:
+    def _shop(self, shop: Shop) -> dict[str, Order]:
         return self._orders.setdefault(shop, demo_orders())
 
-    def get_order(self, shop: str, order_id: str) -> Order | None:
+    def get_order(self, tenant: str, shop: str, order_id: str) -> Order | None:
         with self._lock:
-            return copy.copy(self._shop(shop).get(order_id))
+            return copy.copy(self._shop((tenant, shop)).get(order_id))
 
     def write_once(
         self,
+        tenant: str,
         shop: str,
         *,
         key: str,
@@ -132,28 +141,29 @@ class InMemoryShop:
         order_id: str,
         rule: Callable[[Order | None], Applied],
     ) -> tuple[dict[str, Any], bool]:
+        one = (tenant, shop)
         with self._lock:
-            stored = self._done.get((shop, key, name))
+            stored = self._done.get((one, key, name))
             if stored is not None:
                 return dict(stored), True
-            orders = self._shop(shop)
+            orders = self._shop(one)
             applied = rule(copy.copy(orders.get(order_id)))
             if applied.result.get("status") == "ok":
                 if applied.order is not None:
                     orders[order_id] = applied.order
                 if applied.effect is not None:
-                    self._effects.setdefault(shop, []).append(applied.effect)
-                self._done[(shop, key, name)] = dict(applied.result)
+                    self._effects.setdefault(one, []).append(applied.effect)
+                self._done[(one, key, name)] = dict(applied.result)
             return dict(applied.result), False
 
-    def effects(self, shop: str) -> list[list[Any]]:
+    def effects(self, tenant: str, shop: str) -> list[list[Any]]:
         with self._lock:
-            return [list(e) for e in self._effects.get(shop, [])]
+            return [list(e) for e in self._effects.get((tenant, shop), [])]
 
-    def done(self, shop: str, key: str, name: str) -> bool:
+    def done(self, tenant: str, shop: str, key: str, name: str) -> bool:
         with self._lock:
-            return (shop, key, name) in self._done
+            return ((tenant, shop), key, name) in self._done
 
-    def orders(self, shop: str) -> dict[str, Order]:
+    def orders(self, tenant: str, shop: str) -> dict[str, Order]:
         with self._lock:
-            return {k: copy.copy(v) for k, v in self._shop(shop).items()}
+            return {k: copy.copy(v) for k, v in self._shop((tenant, shop)).items()}

@@ -47,12 +47,10 @@ def latency_s(ctx: ToolContext, name: str) -> float:
 
 
 def shop_of(ctx: ToolContext) -> str:
-    """Runs share a shop only when they say so; by default each run has its own."""
-    return shop_named(ctx.run_id, ctx.params)
-
-
-def shop_named(run_id: str, params: Mapping[str, Any]) -> str:
-    return str(params.get("shop") or run_id)
+    """The name of the run's shop: runs share a shop only when they say so (`params.shop`); by
+    default each run has its own. A shop is the run's tenant's (`ctx.tenant`, from the run):
+    runs of two tenants that give one name have two shops."""
+    return str(ctx.params.get("shop") or ctx.run_id)
 
 
 # Failure drills a run can ask for in its params: `die_in` names a tool whose call kills its
@@ -82,7 +80,7 @@ def support_tools(shop: ShopBackend, *, drills: bool = False) -> dict[str, Tool]
     def get_order(ctx: ToolContext) -> ToolOutput:
         drill.die(ctx, "get_order")
         drill.pause(ctx, "get_order")
-        order = shop.get_order(shop_of(ctx), str(ctx.args["order_id"]))
+        order = shop.get_order(ctx.tenant, shop_of(ctx), str(ctx.args["order_id"]))
         return ToolOutput(order_view(order, ctx.user_id), latency_s(ctx, "get_order"))
 
     def search_policy(ctx: ToolContext) -> ToolOutput:
@@ -106,7 +104,7 @@ def support_tools(shop: ShopBackend, *, drills: bool = False) -> dict[str, Tool]
 
         drill.die(ctx, name)
         result, replayed = shop.write_once(
-            shop_of(ctx), key=ctx.key, name=name, order_id=order_id, rule=rule
+            ctx.tenant, shop_of(ctx), key=ctx.key, name=name, order_id=order_id, rule=rule
         )
         drill.pause(ctx, name)
         if replayed:
@@ -122,9 +120,9 @@ def support_tools(shop: ShopBackend, *, drills: bool = False) -> dict[str, Tool]
     def send_status_email(ctx: ToolContext) -> ToolOutput:
         return write(ctx, "send_status_email", None)
 
-    def recorded(name: str) -> Callable[[str, Mapping[str, Any], str], bool]:
-        def done(run_id: str, params: Mapping[str, Any], key: str) -> bool:
-            return shop.done(shop_named(run_id, params), key, name)
+    def recorded(name: str) -> Callable[[ToolContext], bool]:
+        def done(ctx: ToolContext) -> bool:
+            return shop.done(ctx.tenant, shop_of(ctx), ctx.key, name)
 
         return done
 

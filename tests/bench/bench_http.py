@@ -37,7 +37,7 @@ def _client_rate(redis_url: str, tenant: str, queue: str, runs: int) -> float:
 
 
 def _http_rate(url: str, key: str, queue: str, runs: int, threads: int) -> float:
-    body = {"user": USER, "goal": GOAL, "queue": queue}
+    body = {"user": USER, "goal": GOAL, "job": "support", "queue": queue}
     clients = [
         httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30)
         for _ in range(threads)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.integration.workers import WorkerProcess, client_for, stop_all, wait_until
+from tests.integration.workers import WorkerProcess, client_for, shop_effects, stop_all, wait_until
 from turnstile.errors import DecisionRefusedError
 from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
 from turnstile.worker.broker import deadletters
@@ -27,7 +27,6 @@ from turnstile.worker.broker.message import STEP_TASK
 from turnstile.worker.broker.producer import producer
 from turnstile.worker.client._client import Client
 from turnstile.worker.dev.embedded import EmbeddedServer
-from turnstile.worker.dev.shop import RedisShop
 from turnstile.worker.ops import flags
 from turnstile.worker.ops.subjects import Subject
 from turnstile.worker.settings import Settings
@@ -195,7 +194,7 @@ def _run_problems(client: Client, tenant: str, run_id: str) -> list[str]:
     versions = [e["version"] for e in stream if e["type"] == "turn"]
     if len(versions) != len(set(versions)):
         problems.append(f"{run_id}: a version committed twice: {versions}")
-    refunds = Counter(e[1] for e in RedisShop(client.client).effects(run_id) if e[0] == "refund")
+    refunds = Counter(e[1] for e in shop_effects(client, run_id) if e[0] == "refund")
     if any(n > 1 for n in refunds.values()):
         problems.append(f"{run_id}: refunded twice: {dict(refunds)}")
     return problems

@@ -16,11 +16,16 @@ import msgspec
 import pytest
 from typer.testing import CliRunner, Result
 
-from tests.integration.workers import WorkerProcess, client_for, running_workers, wait_until
+from tests.integration.workers import (
+    WorkerProcess,
+    client_for,
+    running_workers,
+    shop_effects,
+    wait_until,
+)
 from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
 from turnstile.worker.cli.main import app
 from turnstile.worker.client._client import Client
-from turnstile.worker.dev.shop import RedisShop
 from turnstile.worker.store import keys
 
 pytestmark = pytest.mark.integration
@@ -97,7 +102,7 @@ def test_approve_deny_and_cancel_suspended_runs(
     wait_until(lambda: _status(client, approved) == "stopped", what="the approved run ends")
     refused(cli(redis_url, "approve", approved, "--by", "ann"), "already ended completed")
     assert client.state(approved).outcome == "completed"
-    assert RedisShop(client.client).effects(approved) == [
+    assert shop_effects(client, approved) == [
         ["refund", "ord_1004", 8000], ["email", "ord_1004"],
     ]  # fmt: skip
     decisions = [e for e in _events(client, approved) if e["type"] == "decision"]
@@ -105,7 +110,7 @@ def test_approve_deny_and_cancel_suspended_runs(
 
     result = ok(cli(redis_url, "deny", denied, "--reason", "too much", "--by", "bo", "--json"))
     assert json.loads(result.stdout)["outcome"] == "approval_denied"
-    assert RedisShop(client.client).effects(denied) == []
+    assert shop_effects(client, denied) == []
     kinds = [(e["type"], e.get("by")) for e in _events(client, denied)][-2:]
     assert kinds == [("decision", "bo"), ("finished", None)]
 

@@ -310,7 +310,7 @@ def test_a_primary_killed_mid_run_every_run_ends_once_with_no_overspend(
                 assert [e["type"] for e in events].count("finished") == 1, run_id
                 versions = [e["version"] for e in events if e["type"] == "turn"]
                 assert versions == sorted(set(versions)), (run_id, versions)
-                effects = shop.effects(run_id)
+                effects = shop.effects(tenant, run_id)
                 assert len(effects) == len({json.dumps(e) for e in effects}), (run_id, effects)
                 if state.outcome == "completed":
                     assert effects == [["refund", "ord_1001", 3000], ["email", "ord_1001"]]

@@ -11,6 +11,7 @@ with nothing changed. Each page is saved as a screenshot (see `artifacts`)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import time
@@ -27,11 +28,17 @@ import redis
 
 from tests.budget_jobs import SPEC
 from tests.integration.apiserver import ApiServer, make_key, running_api
-from tests.integration.workers import WorkerProcess, client_for, running_workers, wait_until
+from tests.integration.workers import (
+    WorkerProcess,
+    client_for,
+    running_workers,
+    shop_effects,
+    wait_until,
+)
 from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
 from turnstile.worker.client._client import Client
-from turnstile.worker.dev.shop import RedisShop
 from turnstile.worker.http import apikeys
+from turnstile.worker.http import keys as http_keys
 from turnstile.worker.http.apikeys import Role
 from turnstile.worker.http.console.session import SECRET, SESSION_COOKIE
 from turnstile.worker.store import keys
@@ -262,14 +269,14 @@ def test_approve_a_held_refund_once_and_deny_another_from_the_inbox(
     state = client.state(approved)
     assert state.outcome is not None and state.outcome.value == "completed"
     assert [(d.kind, d.by) for d in state.decisions] == [("approved", f"desk-{unique} (Ana)")]
-    assert RedisShop(client.client).effects(approved) == [
+    assert shop_effects(client, approved) == [
         ["refund", "ord_1004", 8000],
         ["email", "ord_1004"],
     ]
     gone = client.state(denied)
     assert gone.outcome is not None and gone.outcome.value == "approval_denied"
     assert [d.reason for d in gone.decisions] == ["refund over the desk's limit"]
-    assert RedisShop(client.client).effects(denied) == []
+    assert shop_effects(client, denied) == []
 
 
 def _held_budget(client: Client, tenant: str, run_id: str) -> dict[str, Any]:
@@ -361,14 +368,14 @@ def test_a_held_refund_the_tenant_cannot_afford_is_shown_so_and_its_approval_ref
     console.shot("run-no-room-refused")
     assert _status(client, tenant, run_id) == "suspended"
     assert client.state(run_id, tenant).decisions == []
-    assert RedisShop(client.client).effects(run_id) == []
+    assert shop_effects(client, run_id) == []
     client.ledger.set_ceiling(tenant, "refund_cents", 10_000, hard=True)
     console.go(f"/runs/{run_id}")
     assert console.page.locator("#pending .no-room").count() == 0
     console.press("#pending button.approve")
     assert f"approved run {run_id}" in console.flash()
     wait_until(lambda: _status(client, tenant, run_id) == "stopped", what="the run ends")
-    assert RedisShop(client.client).effects(run_id) == [
+    assert shop_effects(client, run_id) == [
         ["refund", "ord_1004", 8000],
         ["email", "ord_1004"],
     ]
@@ -494,7 +501,7 @@ def test_two_approvals_sent_at_once_pay_one_refund(
     assert said[0].startswith("approved run") and said[1].startswith("not approved"), said
     wait_until(lambda: _status(client, tenant, run_id) == "stopped", what="the run ends")
     assert [d.kind for d in client.state(run_id).decisions] == ["approved"]
-    assert RedisShop(client.client).effects(run_id) == [
+    assert shop_effects(client, run_id) == [
         ["refund", "ord_1004", 8000],
         ["email", "ord_1004"],
     ]
@@ -551,7 +558,7 @@ def test_bad_input_is_a_message_and_changes_nothing(
     # A session past its time, signed with the server's own secret, is refused.
     server = redis.Redis.from_url(redis_url, decode_responses=True)
     signer = itsdangerous.URLSafeTimedSerializer(str(server.get(SECRET)), salt="session")
-    expired = signer.dumps({"key_id": record.id, "csrf": "x", "expires_at": time.time() - 1})
+    expired = signer.dumps({"sid": "x", "expires_at": time.time() - 1})
     live = next(c for c in console.context.cookies() if c["name"] == SESSION_COOKIE)
     console.context.add_cookies([{**live, "value": expired}])  # in its place
     console.go(f"/runs/{run_id}")
@@ -567,3 +574,92 @@ def test_bad_input_is_a_message_and_changes_nothing(
     server.close()
     assert _status(client, tenant, run_id) == "suspended"
     assert re.fullmatch(r"[0-9a-f]+", digest)
+
+
+def _session_cookie(console: Console) -> dict[str, Any]:
+    return dict(next(c for c in console.context.cookies() if c["name"] == SESSION_COOKIE))
+
+
+def _session_record(server: redis.Redis, cookie: dict[str, Any]) -> str:
+    """The store's key of the session a cookie names (its id's SHA-256), read as the server does."""
+    signer = itsdangerous.URLSafeTimedSerializer(str(server.get(SECRET)), salt="session")
+    sid = signer.loads(cookie["value"])["sid"]
+    return http_keys.console_session(hashlib.sha256(sid.encode()).hexdigest())
+
+
+def test_logout_ends_the_session_on_the_server(
+    *, redis_url: str, api: ApiServer, client: Client, console: Console, queue: str, unique: str
+) -> None:
+    """After logout the old cookie, put back in the browser, opens no page (the login page
+    says the session ended), and a post with it and its old CSRF token approves nothing; in a
+    new session the old token is refused as not this session's."""
+    tenant = f"t-{unique}"
+    run_id = _submit(client, tenant, queue, BY_LETTER["G"].params)
+    _wait_suspended(client, tenant, run_id)
+    digest = client.state(run_id).pending.digest  # type: ignore[union-attr]
+    console.login(make_key(redis_url, tenant))
+    console.go(f"/runs/{run_id}")
+    old_cookie = _session_cookie(console)
+    old_csrf = console.page.input_value("input[name=csrf] >> nth=0")
+    console.press("header .who button")
+    assert console.page.url == f"{console.base}/login"
+    console.context.add_cookies([old_cookie])  # the cookie replayed, as a copy of it would be
+    console.go("/runs")
+    assert console.page.url.startswith(f"{console.base}/login")
+    assert "session has ended" in console.flash()
+    console.shot("replayed-after-logout")
+    console.context.add_cookies([old_cookie])
+    _post_form(console, f"/runs/{run_id}/approve", {"digest": digest}, csrf=old_csrf)
+    assert console.page.url.startswith(f"{console.base}/login")
+    console.login(make_key(redis_url, tenant))
+    console.go(f"/runs/{run_id}")
+    assert console.page.input_value("input[name=csrf] >> nth=0") != old_csrf
+    status = _post_form(console, f"/runs/{run_id}/approve", {"digest": digest}, csrf=old_csrf)
+    assert status == 403 and "security token does not match" in console.error()
+    assert _status(client, tenant, run_id) == "suspended"
+    assert client.state(run_id).decisions == []
+    with redis.Redis.from_url(redis_url, decode_responses=True) as server:
+        assert not server.exists(_session_record(server, old_cookie))  # deleted at logout
+
+
+def test_revoking_a_key_deletes_its_sessions(
+    redis_url: str, api: ApiServer, browser: Any, artifacts: Path, unique: str
+) -> None:
+    """Revoking a key deletes the session record of every browser logged in with it, at once,
+    and each one's next page asks to log in again."""
+    server = redis.Redis.from_url(redis_url, decode_responses=True)
+    made, key = apikeys.create(server, tenant=f"t-{unique}")
+    browsers = [Console(browser, api, artifacts) for _ in range(2)]
+    try:
+        for each in browsers:
+            each.login(key)
+        records = [_session_record(server, _session_cookie(each)) for each in browsers]
+        assert all(server.exists(r) for r in records)
+        apikeys.revoke(server, made.id)
+        assert not any(server.exists(r) for r in records)
+        for each in browsers:
+            each.go("/runs")
+            assert each.page.url.startswith(f"{each.base}/login")
+            assert "revoked" in each.flash()
+    finally:
+        for each in browsers:
+            each.close()
+        server.close()
+
+
+def test_an_approval_with_an_empty_digest_approves_nothing(
+    *, redis_url: str, api: ApiServer, client: Client, console: Console, queue: str, unique: str
+) -> None:
+    """An approve form whose digest is empty, or left out, is refused with a message saying
+    so; the held call stays held."""
+    tenant = f"t-{unique}"
+    run_id = _submit(client, tenant, queue, BY_LETTER["G"].params)
+    _wait_suspended(client, tenant, run_id)
+    console.login(make_key(redis_url, tenant))
+    console.go(f"/runs/{run_id}")
+    for fields in ({"digest": ""}, {"digest": "  "}, {}):
+        _post_form(console, f"/runs/{run_id}/approve", fields)
+        assert "not approved" in console.flash() and "empty digest" in console.flash(), fields
+    console.shot("empty-digest")
+    assert _status(client, tenant, run_id) == "suspended"
+    assert client.state(run_id).decisions == []

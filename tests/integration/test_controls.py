@@ -21,6 +21,7 @@ from tests.integration.workers import (
     expected_rows,
     running_workers,
     settled,
+    shop_effects,
     stored_row,
     wait_until,
 )
@@ -29,7 +30,6 @@ from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
 from turnstile.worker.broker import layout
 from turnstile.worker.cli.main import app
 from turnstile.worker.client._client import Client
-from turnstile.worker.dev.shop import RedisShop
 from turnstile.worker.ops import flags, queues, subjects
 from turnstile.worker.ops.subjects import Subject
 from turnstile.worker.store import keys
@@ -184,7 +184,7 @@ def drain_kill_resume(redis_url: str, broker_url: str | None, queue: str, tenant
         wait_until(lambda: settled(client, ids), timeout_s=90, what="every run ends")
     for run_id in ids:
         assert client.state(run_id).outcome == "completed", client.run_hash(run_id)[1]["reason"]
-        assert RedisShop(client.client).effects(run_id) == [
+        assert shop_effects(client, run_id) == [
             ["refund", "ord_1001", 3000], ["email", "ord_1001"],
         ]  # fmt: skip
         ended_once(client, tenant, run_id)

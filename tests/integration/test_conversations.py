@@ -435,7 +435,7 @@ def test_over_http_a_busy_conversation_is_a_409_naming_its_run_and_bad_input_a_4
 ) -> None:
     tenant, queue = f"t-{unique}", f"idle-{unique}"
     store = redis.Redis.from_url(redis_url, decode_responses=True)
-    body = {"user": USER, "goal": GOAL, "queue": queue}
+    body = {"user": USER, "goal": GOAL, "job": "support", "queue": queue}
     with http(api, make_key(redis_url, tenant)) as web:
         for bad in ({"conversation": "c", "conversation_policy": "bogus"},
                     {"conversation": TOO_LONG}, {"conversation": "a b"}):  # fmt: skip

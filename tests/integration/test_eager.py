@@ -22,6 +22,7 @@ from tests.integration.workers import (
     ledger_is_the_runs_usage,
     running_workers,
     settled,
+    shop_effects,
     wait_until,
 )
 from turnstile.jobs.support.scenarios import GOAL, USER
@@ -91,7 +92,7 @@ def test_a_run_chains_its_turns_on_the_worker_that_committed_them(
     wait_until(lambda: _claimed_turn_in_flight(client, tenant, run_id), what="a claimed turn")
     wait_until(lambda: settled(client, [run_id]), what="the run ends")
     assert client.state(run_id).outcome == "completed"
-    assert RedisShop(client.client).effects(run_id) == [
+    assert shop_effects(client, run_id) == [
         ["refund", "ord_1001", 3000],
         ["email", "ord_1001"],
     ]
@@ -113,14 +114,14 @@ def test_a_worker_killed_between_a_claim_and_its_commit_ends_the_run_once(
         tenant, USER, "support", GOAL, {"sleep_s": {"issue_refund": 3.0}}, queue=queue
     )
     shop = RedisShop(client.client)
-    wait_until(lambda: shop.effects(run_id) != [], what="the refund is issued")
+    wait_until(lambda: shop.effects(tenant, run_id) != [], what="the refund is issued")
     here = _in_flight(client, tenant, run_id)
     assert here is not None and "+" in here[1], f"the refund's turn was claimed: {here}"
     os.kill(here[2], signal.SIGKILL)
     wait_until(lambda: settled(client, [run_id]), timeout_s=60, what="the run ends after the kill")
     assert client.state(run_id).outcome == "completed"
-    assert shop.effects(run_id) == [["refund", "ord_1001", 3000], ["email", "ord_1001"]]
-    assert shop.orders(run_id)["ord_1001"].refunded_cents == 3000
+    assert shop.effects(tenant, run_id) == [["refund", "ord_1001", 3000], ["email", "ord_1001"]]
+    assert shop.orders(tenant, run_id)["ord_1001"].refunded_cents == 3000
     versions = [e["version"] for _, e in client.store.events(tenant, run_id) if e["type"] == "turn"]
     assert versions == list(range(2, 2 + len(versions)))  # one committed turn per version
     finished = [e for _, e in client.store.events(tenant, run_id) if e["type"] == "finished"]

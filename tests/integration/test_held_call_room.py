@@ -16,12 +16,17 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.integration.apiserver import ApiServer, http, make_key, running_api
-from tests.integration.workers import WorkerProcess, client_for, running_workers, wait_until
+from tests.integration.workers import (
+    WorkerProcess,
+    client_for,
+    running_workers,
+    shop_effects,
+    wait_until,
+)
 from turnstile.errors import DecisionRefusedError
 from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
 from turnstile.worker.cli.main import app
 from turnstile.worker.client._client import Client
-from turnstile.worker.dev.shop import RedisShop
 from turnstile.worker.ops import decisions
 from turnstile.worker.store import keys
 
@@ -95,7 +100,7 @@ def test_a_held_call_the_tenant_cannot_afford_is_shown_and_its_approval_refused_
     assert reply.status_code == 409, reply.text
     assert (reply.json()["code"], reply.json()["detail"]) == ("decision_refused", refusal)
     assert _snapshot(client, tenant, run_id) == before
-    assert RedisShop(client.client).effects(run_id) == []
+    assert shop_effects(client, run_id) == []
     # A soft ceiling never refuses a call: it reports that the refund passed it.
     client.ledger.set_ceiling(tenant, "refund_cents", 5000, hard=False)
     assert client.approve(run_id, by="ops", digest=digest).status.value == "running"
@@ -103,7 +108,7 @@ def test_a_held_call_the_tenant_cannot_afford_is_shown_and_its_approval_refused_
                timeout_s=90, what="the approved run to end")  # fmt: skip
     state = client.state(run_id, tenant)
     assert state.outcome is not None and state.outcome.value == "completed", state.reason
-    assert RedisShop(client.client).effects(run_id) == [
+    assert shop_effects(client, run_id) == [
         ["refund", "ord_1004", 8000],
         ["email", "ord_1004"],
     ]

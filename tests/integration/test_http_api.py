@@ -17,7 +17,13 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.integration.apiserver import ApiServer, http, make_key, running_api, sse_events
-from tests.integration.workers import WorkerProcess, client_for, running_workers, wait_until
+from tests.integration.workers import (
+    WorkerProcess,
+    client_for,
+    running_workers,
+    shop_effects,
+    wait_until,
+)
 from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
 from turnstile.worker.cli.main import app
 from turnstile.worker.client._client import Client, idempotent_run_id
@@ -72,7 +78,9 @@ def test_submit_over_http_and_follow_events_to_finished(
     closes after `finished`."""
     tenant = f"t-{unique}"
     with http(api, make_key(redis_url, tenant)) as web:
-        made = web.post("/v1/runs", json={"user": USER, "goal": GOAL, "queue": queue})
+        made = web.post(
+            "/v1/runs", json={"user": USER, "goal": GOAL, "job": "support", "queue": queue}
+        )
         assert made.status_code == 202, made.text
         run_id = made.json()["run_id"]
         assert made.headers["location"] == f"/v1/runs/{run_id}"
@@ -91,7 +99,7 @@ def test_a_dropped_stream_resumes_from_last_event_id(
     the rest: together the two reads are the stored stream, nothing lost or repeated."""
     tenant = f"t-{unique}"
     with http(api, make_key(redis_url, tenant)) as web:
-        body = {"user": USER, "goal": GOAL, "queue": queue, "params": SLOW}
+        body = {"user": USER, "goal": GOAL, "job": "support", "queue": queue, "params": SLOW}
         run_id = web.post("/v1/runs", json=body).json()["run_id"]
         first = sse_events(web, f"/v1/runs/{run_id}/events", stop_after=2)
         rest = sse_events(web, f"/v1/runs/{run_id}/events", last_event_id=first[-1][0])
@@ -108,7 +116,7 @@ def test_a_retried_submit_with_the_same_idempotency_key_returns_the_same_run(
     body is a conflict; another tenant's same key is another run; a `run_id` in the body is
     such a key too (the run's id is derived from it)."""
     tenant, other = f"t-{unique}", f"o-{unique}"
-    body = {"user": USER, "goal": GOAL, "queue": f"idle-{unique}"}
+    body = {"user": USER, "goal": GOAL, "job": "support", "queue": f"idle-{unique}"}
     headers = {"Idempotency-Key": "order-1001-refund"}
     with http(api, make_key(redis_url, tenant)) as web:
         first = web.post("/v1/runs", json=body, headers=headers)
@@ -138,7 +146,7 @@ def test_a_held_refund_is_approved_over_http_once(
     g = BY_LETTER["G"]
     key = make_key(redis_url, tenant, name=f"desk-{unique}")
     with http(api, key) as web:
-        body = {"user": USER, "goal": GOAL, "queue": queue, "params": g.params}
+        body = {"user": USER, "goal": GOAL, "job": "support", "queue": queue, "params": g.params}
         run_id = web.post("/v1/runs", json=body).json()["run_id"]
         wait_until(lambda: _status(client, tenant, run_id) == "suspended", what="G suspends")
         view = web.get(f"/v1/runs/{run_id}").json()
@@ -153,10 +161,53 @@ def test_a_held_refund_is_approved_over_http_once(
     assert got[-1][1] == "finished" and json.loads(got[-1][2])["outcome"] == "completed"
     decisions = [json.loads(d) for _, e, d in got if e == "decision"]
     assert [(d["kind"], d["by"]) for d in decisions] == [("approved", f"desk-{unique}")]
-    assert RedisShop(client.client).effects(run_id) == [
+    assert shop_effects(client, run_id) == [
         ["refund", "ord_1004", 8000],
         ["email", "ord_1004"],
     ]
+
+
+def test_an_empty_digest_approves_nothing_over_http(
+    redis_url: str, api: ApiServer, client: Client, queue: str, unique: str
+) -> None:
+    """An approval whose digest is empty is a 422 saying so, one of blanks a 409 saying the
+    digest is empty; the held refund stays held and no decision is recorded."""
+    tenant = f"t-{unique}"
+    with http(api, make_key(redis_url, tenant)) as web:
+        body = {"user": USER, "goal": GOAL, "job": "support", "queue": queue,
+                "params": BY_LETTER["G"].params}  # fmt: skip
+        run_id = web.post("/v1/runs", json=body).json()["run_id"]
+        wait_until(lambda: _status(client, tenant, run_id) == "suspended", what="G suspends")
+        empty = web.post(f"/v1/runs/{run_id}/approve", json={"digest": ""})
+        blank = web.post(f"/v1/runs/{run_id}/approve", json={"digest": "   "})
+    assert (empty.status_code, empty.json()["code"]) == (422, "invalid_request")
+    assert empty.json()["detail"] == "digest must not be empty"
+    assert (blank.status_code, blank.json()["code"]) == (409, "decision_refused")
+    assert "empty digest" in blank.json()["detail"]
+    assert _status(client, tenant, run_id) == "suspended"
+    assert client.state(run_id).decisions == []
+
+
+def test_two_tenants_naming_one_shop_each_have_their_own(
+    redis_url: str, api: ApiServer, client: Client, queue: str, unique: str
+) -> None:
+    """Tenants A and B submit the demo job with the same `params.shop`: each run reads its
+    tenant's order as new and refunds it once, in its tenant's shop; A's order is refunded
+    once, not by B's run as well."""
+    shop, ran = f"shared-{unique}", {}
+    for tenant in (f"a-{unique}", f"b-{unique}"):
+        with http(api, make_key(redis_url, tenant)) as web:
+            body = {"user": USER, "goal": GOAL, "job": "support", "queue": queue,
+                    "params": {"shop": shop}}  # fmt: skip
+            run_id = web.post("/v1/runs", json=body).json()["run_id"]
+            got = sse_events(web, f"/v1/runs/{run_id}/events")
+        assert json.loads(got[-1][2])["outcome"] == "completed", got[-1]
+        ran[tenant] = run_id
+    stores = RedisShop(client.client)
+    for tenant, run_id in ran.items():
+        assert stores.effects(tenant, shop) == [["refund", "ord_1001", 3000], ["email", "ord_1001"]]
+        assert stores.orders(tenant, shop)["ord_1001"].refunded_cents == 3000
+        assert shop_effects(client, run_id) == stores.effects(tenant, shop)
 
 
 def _snapshot(client: Client, tenant: str, run_id: str, user: str) -> list[object]:
@@ -180,7 +231,13 @@ def test_a_tenant_key_sees_and_changes_nothing_of_another_tenant(
     a, b = f"a-{unique}", f"b-{unique}"
     client.ledger.set_ceiling(b, "cost_microusd", 50_000_000)
     with http(api, make_key(redis_url, b)) as web_b:
-        body = {"user": USER, "goal": GOAL, "queue": queue, "params": BY_LETTER["G"].params}
+        body = {
+            "user": USER,
+            "goal": GOAL,
+            "job": "support",
+            "queue": queue,
+            "params": BY_LETTER["G"].params,
+        }
         run_id = web_b.post("/v1/runs", json=body).json()["run_id"]
         note = {"user": USER, "text": "prefers email about order ord_1004"}
         assert web_b.post("/v1/memory", json=note).status_code == 201
@@ -208,10 +265,12 @@ def test_a_tenant_key_sees_and_changes_nothing_of_another_tenant(
         notes = web.get("/v1/memory", params={"user": USER}).json()["notes"]
         forgot = web.delete("/v1/memory", params={"user": USER}).json()["forgotten"]
         hooks = web.get("/v1/webhooks").json()["webhooks"]
-        taken = web.post("/v1/runs", json={"user": USER, "goal": GOAL, "run_id": run_id,
-                                           "queue": f"idle-{unique}"})  # fmt: skip
+        theirs = {"user": USER, "goal": GOAL, "job": "support", "run_id": run_id,
+                  "queue": f"idle-{unique}"}  # fmt: skip
+        taken = web.post("/v1/runs", json=theirs)
         # A's run for B's user, with a goal that matches B's note, recalls nothing of it.
-        body = {"user": USER, "goal": "email about ord_1004", "queue": f"idle-{unique}"}
+        body = {"user": USER, "goal": "email about ord_1004", "job": "support",
+                "queue": f"idle-{unique}"}  # fmt: skip
         mine = web.post("/v1/runs", json=body).json()["run_id"]
     assert [r.status_code for r in not_found] == [404] * 6
     assert {r.json()["code"] for r in not_found} == {"run_not_found", "webhook_not_found"}
@@ -233,7 +292,13 @@ def test_operator_keys_act_across_tenants(
     tenant = f"t-{unique}"
     client.ledger.set_ceiling(tenant, "steps", 1000)
     with http(api, make_key(redis_url, tenant)) as web:
-        body = {"user": USER, "goal": GOAL, "queue": queue, "params": BY_LETTER["G"].params}
+        body = {
+            "user": USER,
+            "goal": GOAL,
+            "job": "support",
+            "queue": queue,
+            "params": BY_LETTER["G"].params,
+        }
         run_id = web.post("/v1/runs", json=body).json()["run_id"]
     wait_until(lambda: _status(client, tenant, run_id) == "suspended", what="G suspends")
     op = make_key(redis_url, "ops", Role.OPERATOR, name=f"op-{unique}")
@@ -268,7 +333,7 @@ def test_runs_are_listed_page_by_page_by_cursor(
     every run comes exactly once either way, and a made-up cursor is a 400."""
     tenant = f"t-{unique}"
     with http(api, make_key(redis_url, tenant)) as web:
-        body = {"user": USER, "goal": GOAL, "queue": f"idle-{unique}"}
+        body = {"user": USER, "goal": GOAL, "job": "support", "queue": f"idle-{unique}"}
         made = [web.post("/v1/runs", json=body).json()["run_id"] for _ in range(7)]
 
         def walk(params: dict[str, str]) -> list[list[str]]:
@@ -301,7 +366,7 @@ def test_a_page_over_http_is_the_page_turnstile_runs_gives(
     tenant and limit they give the same rows, field for field, and the same next cursor."""
     tenant = f"t-{unique}"
     with http(api, make_key(redis_url, tenant)) as web:
-        body = {"user": USER, "goal": GOAL, "queue": f"idle-{unique}"}
+        body = {"user": USER, "goal": GOAL, "job": "support", "queue": f"idle-{unique}"}
         for _ in range(3):
             web.post("/v1/runs", json=body)
         over_http = web.get("/v1/runs", params={"limit": "2"}).json()
@@ -322,7 +387,7 @@ def test_many_followers_of_a_quiet_run_hold_up_no_other_request(
     on the event loop, not on the server's threads (of which there are forty)."""
     tenant = f"t-{unique}"
     key, *followers = [make_key(redis_url, tenant) for _ in range(3)]
-    body = {"user": USER, "goal": GOAL, "queue": f"idle-{unique}"}
+    body = {"user": USER, "goal": GOAL, "job": "support", "queue": f"idle-{unique}"}
     with http(api, key) as web:
         run_id = web.post("/v1/runs", json=body).json()["run_id"]
 

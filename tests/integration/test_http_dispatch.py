@@ -41,7 +41,7 @@ def test_two_servers_deliver_each_event_once(
     reaches the endpoint once, whichever server took the submission."""
     tenant = f"t-{unique}"
     key = make_key(redis_url, tenant)
-    body = {"user": USER, "goal": GOAL, "queue": queue}
+    body = {"user": USER, "goal": GOAL, "job": "support", "queue": queue}
     with (
         receiving(Receiver()) as receiver,
         running_api(redis_url, FAST) as one,
@@ -78,7 +78,7 @@ def test_a_delivery_that_keeps_failing_is_given_up_after_its_retry_time(
         http(api, make_key(redis_url, tenant)) as web,
     ):
         made = web.post("/v1/webhooks", json={"url": receiver.url, "events": ["run.finished"]})
-        web.post("/v1/runs", json={"user": USER, "goal": GOAL, "queue": queue})
+        web.post("/v1/runs", json={"user": USER, "goal": GOAL, "job": "support", "queue": queue})
 
         def last() -> dict[str, object]:
             status = web.get("/v1/webhooks").json()["webhooks"][0]["last_delivery"]

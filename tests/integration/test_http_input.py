@@ -62,7 +62,7 @@ def test_missing_unknown_and_revoked_keys_are_refused(
                                "--json", "--redis-url", redis_url])  # fmt: skip
     assert made.exit_code == 0, made.output
     created = json.loads(made.stdout)
-    body = {"user": USER, "goal": GOAL, "queue": f"idle-{unique}"}
+    body = {"user": USER, "goal": GOAL, "job": "support", "queue": f"idle-{unique}"}
     with http(api, created["key"]) as web:
         assert web.get("/v1/runs").status_code == 200
         revoked = runner.invoke(app, ["keys", "revoke", created["id"], "--redis-url", redis_url])
@@ -81,22 +81,28 @@ def test_missing_unknown_and_revoked_keys_are_refused(
     _nothing_written(store, tenant)
 
 
-@pytest.mark.parametrize(
-    ("content", "status", "code"),
-    [
-        (b'{"user": "cu_ana", "goal": ', 400, "malformed_json"),
-        (b'{"user": "cu_ana", "goal": "g", "colour": "red"}', 422, "unknown_field"),
-        (b'{"user": "cu_ana", "goal": "g", "budget": {"max_stepz": 3}}', 422, "unknown_field"),
-        (b'{"goal": "g"}', 422, "missing_field"),
-        (b'{"user": "cu_ana", "goal": "g", "job": "nope"}', 422, "unknown_job"),
-        (b'{"user": "u", "goal": "g", "params": {"model": "nope"}}', 422, "invalid_submission"),
-        (b'{"user": "u", "goal": "g", "params": {"amount_cent": 1}}', 422, "invalid_submission"),
-        (b'{"user": "cu_ana", "goal": "g", "budget": {"max_steps": -1}}', 422, "invalid_request"),
-        (b'{"user": "cu_ana", "goal": "g", "run_id": "r\\u0001x"}', 422, "invalid_request"),
-        (b'{"user": "cu ana", "goal": "g"}', 422, "invalid_request"),
-        (b"[1, 2]", 422, "invalid_request"),
-    ],
-)
+BAD_SUBMISSIONS = [
+    (b'{"user": "cu_ana", "goal": ', 400, "malformed_json"),
+    (b'{"user": "cu_ana", "goal": "g", "job": "support", "colour": "red"}', 422,
+     "unknown_field"),
+    (b'{"user": "cu_ana", "goal": "g", "job": "support", "budget": {"max_stepz": 3}}', 422,
+     "unknown_field"),
+    (b'{"goal": "g"}', 422, "missing_field"),
+    (b'{"user": "cu_ana", "goal": "g", "job": "nope"}', 422, "unknown_job"),
+    (b'{"user": "u", "goal": "g", "job": "support", "params": {"model": "nope"}}', 422,
+     "invalid_submission"),
+    (b'{"user": "u", "goal": "g", "job": "support", "params": {"amount_cent": 1}}', 422,
+     "invalid_submission"),
+    (b'{"user": "cu_ana", "goal": "g", "job": "support", "budget": {"max_steps": -1}}', 422,
+     "invalid_request"),
+    (b'{"user": "cu_ana", "goal": "g", "job": "support", "run_id": "r\\u0001x"}', 422,
+     "invalid_request"),
+    (b'{"user": "cu ana", "goal": "g", "job": "support"}', 422, "invalid_request"),
+    (b"[1, 2]", 422, "invalid_request"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("content", "status", "code"), BAD_SUBMISSIONS)
 def test_a_bad_submission_is_a_4xx_and_writes_nothing(
     *,
     redis_url: str, api: ApiServer, store: redis.Redis, unique: str,
@@ -153,7 +159,7 @@ def test_a_draining_queue_refuses_submissions(
     tenant, queue = f"t-{unique}", f"q-{unique}"
     store.hset(keys.queue_control(queue), "draining", "now")
     with http(api, make_key(redis_url, tenant)) as web:
-        body = {"user": USER, "goal": GOAL, "queue": queue}
+        body = {"user": USER, "goal": GOAL, "job": "support", "queue": queue}
         _problem(web.post("/v1/runs", json=body), 409, "queue_draining")
     _nothing_written(store, tenant)
 
@@ -165,7 +171,7 @@ def test_submissions_are_rate_limited_per_key(
     another key is not held back by it."""
     tenant = f"t-{unique}"
     env = {"TURNSTILE_API_SUBMITS_PER_WINDOW": "3", "TURNSTILE_API_RATE_WINDOW_S": "3600"}
-    body = {"user": USER, "goal": GOAL, "queue": f"idle-{unique}"}
+    body = {"user": USER, "goal": GOAL, "job": "support", "queue": f"idle-{unique}"}
     with running_api(redis_url, env) as server:
         with http(server, make_key(redis_url, tenant)) as web:
             codes = [web.post("/v1/runs", json=body).status_code for _ in range(3)]
@@ -188,7 +194,7 @@ def test_a_store_outage_is_a_503_not_a_500(unique: str) -> None:
             server.stop()
             _problem(web.get("/readyz"), 503, "store_unavailable")
             _problem(web.get("/v1/runs"), 503, "store_unavailable")
-            _problem(web.post("/v1/runs", json={"user": USER, "goal": GOAL}), 503,
+            _problem(web.post("/v1/runs", json={"user": USER, "goal": GOAL, "job": "support"}), 503,
                      "store_unavailable")  # fmt: skip
             assert web.get("/healthz").status_code == 200
             server.start()
@@ -203,7 +209,7 @@ def test_a_stop_is_not_held_by_open_event_streams(redis_url: str, unique: str) -
     key = make_key(redis_url, tenant)
     with running_api(redis_url) as server:
         with http(server, key) as web:
-            body = {"user": USER, "goal": GOAL, "queue": f"idle-{unique}"}
+            body = {"user": USER, "goal": GOAL, "job": "support", "queue": f"idle-{unique}"}
             run_id = web.post("/v1/runs", json=body).json()["run_id"]
             with web.stream("GET", f"/v1/runs/{run_id}/events") as reply:
                 assert reply.status_code == 200

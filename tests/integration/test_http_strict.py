@@ -57,7 +57,7 @@ def _problem(reply: httpx.Response, status: int, code: str) -> dict[str, object]
 
 
 def _body(unique: str, **extra: object) -> dict[str, object]:
-    return {"user": USER, "goal": GOAL, "queue": f"idle-{unique}", **extra}
+    return {"user": USER, "goal": GOAL, "job": "support", "queue": f"idle-{unique}", **extra}
 
 
 def _stopped_runs(web: httpx.Client, unique: str, n: int) -> list[str]:

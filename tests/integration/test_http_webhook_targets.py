@@ -166,7 +166,9 @@ def test_the_allow_list_admits_a_local_receiver(
     ):
         refused = web_plain.post("/v1/webhooks", json={"url": receiver.url})
         made = web.post("/v1/webhooks", json={"url": receiver.url, "events": ["run.finished"]})
-        run = web.post("/v1/runs", json={"user": USER, "goal": GOAL, "queue": queue})
+        run = web.post(
+            "/v1/runs", json={"user": USER, "goal": GOAL, "job": "support", "queue": queue}
+        )
         wait_until(lambda: receiver.bodies("run.finished") != [], what="delivered")
         wait_until(lambda: _last(web).get("result") == "delivered", what="recorded")
     assert (refused.status_code, refused.json()["code"]) == (422, "webhook_target_refused")
@@ -183,7 +185,7 @@ def test_a_name_switched_to_loopback_after_registration_is_never_sent_to(
     try, shown with the reason in `last_delivery` and given up; nothing reaches 127.0.0.1."""
     tenant, name = f"t-{unique}", f"hook-{unique}.test"
     _map(hosts, name, ALLOWED)
-    body = {"user": USER, "goal": GOAL, "queue": queue}
+    body = {"user": USER, "goal": GOAL, "job": "support", "queue": queue}
     with twins() as (good, victim), http(guarded, make_key(redis_url, tenant)) as web:
         url = f"http://{name}:{_port(victim)}/hook"
         made = web.post("/v1/webhooks", json={"url": url, "events": ["run.finished"]})
@@ -213,7 +215,7 @@ def test_a_delivery_connects_to_the_address_that_was_checked(
         port = _port(good)
         url = f"http://localhost:{port}/hook"
         made = web.post("/v1/webhooks", json={"url": url, "events": ["run.finished"]})
-        web.post("/v1/runs", json={"user": USER, "goal": GOAL, "queue": queue})
+        web.post("/v1/runs", json={"user": USER, "goal": GOAL, "job": "support", "queue": queue})
         wait_until(lambda: _last(web).get("result") == "delivered", what="delivered")
     assert made.status_code == 201, made.text
     assert len(good.got) == 1 and victim.got == []
@@ -232,7 +234,7 @@ def test_a_redirect_is_a_failed_delivery_and_not_followed(
         http(guarded, make_key(redis_url, tenant)) as web,
     ):
         web.post("/v1/webhooks", json={"url": hop.url, "events": ["run.finished"]})
-        web.post("/v1/runs", json={"user": USER, "goal": GOAL, "queue": queue})
+        web.post("/v1/runs", json={"user": USER, "goal": GOAL, "job": "support", "queue": queue})
         wait_until(lambda: _last(web).get("result") == "gave_up", what="given up")
         last = _last(web)
     assert (last["status_code"], last["error"]) == (307, "redirects are not followed")
@@ -257,7 +259,7 @@ def test_an_unsendable_stored_url_counts_its_attempts_and_gives_up(
     r.sadd(http_keys.tenant_webhooks(tenant), endpoint.id)
     r.sadd(http_keys.WEBHOOK_TENANTS, tenant)
     with http(guarded, make_key(redis_url, tenant)) as web:
-        web.post("/v1/runs", json={"user": USER, "goal": GOAL, "queue": queue})
+        web.post("/v1/runs", json={"user": USER, "goal": GOAL, "job": "support", "queue": queue})
         wait_until(lambda: _last(web).get("result") == "gave_up", what="given up")
         last = _last(web)
         web.delete(f"/v1/webhooks/{endpoint.id}")

@@ -68,8 +68,16 @@ def test_a_receiver_gets_needs_approval_and_finished_signed(
         assert made.status_code == 201, made.text
         secret = made.json()["secret"]
         with http(api, make_key(redis_url, other)) as web_other:
-            web_other.post("/v1/runs", json={"user": USER, "goal": GOAL, "queue": queue})
-        body = {"user": USER, "goal": GOAL, "queue": queue, "params": BY_LETTER["G"].params}
+            web_other.post(
+                "/v1/runs", json={"user": USER, "goal": GOAL, "job": "support", "queue": queue}
+            )
+        body = {
+            "user": USER,
+            "goal": GOAL,
+            "job": "support",
+            "queue": queue,
+            "params": BY_LETTER["G"].params,
+        }
         run_id = web.post("/v1/runs", json=body).json()["run_id"]
         wait_until(lambda: receiver.bodies("run.needs_approval") != [], what="needs_approval")
         held = receiver.bodies("run.needs_approval")[0]
@@ -105,7 +113,7 @@ def test_a_failing_receiver_gets_the_delivery_on_retry(
         http(api, make_key(redis_url, tenant)) as web,
     ):
         web.post("/v1/webhooks", json={"url": receiver.url, "events": ["run.finished"]})
-        web.post("/v1/runs", json={"user": USER, "goal": GOAL, "queue": queue})
+        web.post("/v1/runs", json={"user": USER, "goal": GOAL, "job": "support", "queue": queue})
         wait_until(lambda: len(receiver.got) >= 3, what="three tries")
         wait_until(
             lambda: (
@@ -134,7 +142,7 @@ def test_an_endpoint_that_never_answers_delays_nothing(
     ):
         for receiver in (silent, good):
             web.post("/v1/webhooks", json={"url": receiver.url, "events": ["run.finished"]})
-        body = {"user": USER, "goal": GOAL, "queue": queue}
+        body = {"user": USER, "goal": GOAL, "job": "support", "queue": queue}
         ids = [web.post("/v1/runs", json=body).json()["run_id"] for _ in range(4)]
         wait_until(lambda: len(good.bodies("run.finished")) == 4, what="all four delivered")
         assert not silent.released.is_set() and len(silent.got) >= 1

@@ -40,7 +40,7 @@ def test_refunds_never_pass_the_tenants_refund_ceiling_across_workers(
     figures = client.ledger.read(tenant)["refund_cents"]
     states = [client.state(r) for r in runs]
     shop = RedisShop(client.client)
-    refunded = sum(e[2] for r in runs for e in shop.effects(r) if e[0] == "refund")
+    refunded = sum(e[2] for r in runs for e in shop.effects(tenant, r) if e[0] == "refund")
     assert peak <= ceiling and figures.reserved == 0
     assert refunded == figures.committed <= ceiling
     assert figures.committed == sum(s.usage.extra.get("refund_cents", 0) for s in states)

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.workers import client_for, running_workers, settled, wait_until
+from tests.integration.workers import client_for, running_workers, settled, shop_effects, wait_until
 from tests.wire.wire import MODELS, otlp_receiver, wire_server
 from turnstile.errors import SubmissionError
 from turnstile.jobs.outcomes import Outcome
 from turnstile.jobs.support.scenarios import GOAL, USER
-from turnstile.worker.dev.shop import RedisShop
 from turnstile.worker.ops.replay import replay_run
 
 pytestmark = pytest.mark.integration
@@ -55,7 +54,7 @@ def test_a_support_run_on_a_provider_completes_through_workers_and_replays(
         )  # fmt: skip
     state = client.state(run_id)
     assert state.outcome is Outcome.COMPLETED, state.reason
-    assert RedisShop(client.client).effects(run_id) == [
+    assert shop_effects(client, run_id) == [
         ["refund", "ord_1001", 3000],
         ["email", "ord_1001"],
     ]

@@ -171,7 +171,7 @@ def test_the_broker_down_and_back_loses_nothing_and_runs_nothing_twice(
     shop = RedisShop(client.client)
     for run_id in runs:
         assert client.state(run_id).outcome == "completed", run_id
-        assert shop.effects(run_id) == [["refund", "ord_1001", 3000], ["email", "ord_1001"]]
+        assert shop.effects(tenant, run_id) == [["refund", "ord_1001", 3000], ["email", "ord_1001"]]
         ended_once(client, tenant, run_id)
     ledger_is_the_runs_usage(client, tenant, runs)
 

@@ -173,8 +173,9 @@ def test_limits_unset_removes_them_and_a_turn_then_draws_nothing(
         ("openai:gpt-4.1-mini", ["rpm=5", "burst_s=0.5"], "burst_s must be a whole number"),
         ("openai:nothing-set-here", ["burst_s=5"], "burst_s alone limits nothing"),
         ("gemini:pro", ["rpm=5"], "unknown endpoint 'gemini:pro'"),
-        ("not a model", ["rpm=5"], "unknown endpoint 'not a model'"),
-        ("openai:{x}", ["rpm=5"], "unknown endpoint"),
+        ("not a model", ["rpm=5"], "bad endpoint 'not a model': provider:model"),
+        ("openai:{x}", ["rpm=5"], "bad endpoint"),
+        ("openai:gpt\x00\x1b", ["rpm=5"], "bad endpoint"),
     ],
 )
 def test_a_limit_that_is_not_one_is_refused_with_nothing_written(

@@ -27,6 +27,7 @@ from turnstile.worker.dev.shop import RedisShop, ShopContention, ShopError, shop
 
 pytestmark = pytest.mark.integration
 
+TENANT = "t-shop"  # the tenant of every shop here but the tests of tenants' shops
 ANA = "cu_ana"
 SMALL = "ord_1001"  # 4200 cents
 LARGE = "ord_1004"  # 15000 cents
@@ -72,7 +73,7 @@ def backend(request: pytest.FixtureRequest, client: redis.Redis) -> ShopBackend:
 
 def orders_of(backend: ShopBackend, shop: str) -> dict[str, Order]:
     assert isinstance(backend, InMemoryShop | RedisShop)
-    return backend.orders(shop)
+    return backend.orders(TENANT, shop)
 
 
 # -- the same behaviour as InMemoryShop ----------------------------------------------------------
@@ -80,10 +81,10 @@ def orders_of(backend: ShopBackend, shop: str) -> dict[str, Order]:
 
 def test_a_new_shop_has_the_demo_orders(backend: ShopBackend, unique: str) -> None:
     """The first touch seeds the demo orders; an unknown order is None; no effects yet."""
-    assert backend.get_order(unique, SMALL) == demo_orders()[SMALL]
-    assert backend.get_order(unique, "ord_9999") is None
+    assert backend.get_order(TENANT, unique, SMALL) == demo_orders()[SMALL]
+    assert backend.get_order(TENANT, unique, "ord_9999") is None
     assert orders_of(backend, unique) == demo_orders()
-    assert backend.effects(unique) == []
+    assert backend.effects(TENANT, unique) == []
 
 
 def test_another_customers_order_is_not_found_and_nothing_is_stored(
@@ -92,17 +93,19 @@ def test_another_customers_order_is_not_found_and_nothing_is_stored(
     """A write to someone else's order, or to no order, is not_found and stores nothing, so the
     same key still works for a write that is allowed."""
     rule = refund_rule(100, user_id="cu_ben")
-    assert backend.write_once(unique, key="k1", name="issue_refund", order_id=SMALL, rule=rule) == (
+    assert backend.write_once(
+        TENANT, unique, key="k1", name="issue_refund", order_id=SMALL, rule=rule
+    ) == (
         {"status": "error", "code": "not_found"},
         False,
     )
     missing = refund_rule(100, order_id="ord_9999")
     assert backend.write_once(
-        unique, key="k1", name="issue_refund", order_id="ord_9999", rule=missing
+        TENANT, unique, key="k1", name="issue_refund", order_id="ord_9999", rule=missing
     ) == ({"status": "error", "code": "not_found"}, False)
-    assert backend.effects(unique) == []
+    assert backend.effects(TENANT, unique) == []
     assert backend.write_once(
-        unique, key="k1", name="issue_refund", order_id=SMALL, rule=refund_rule(100)
+        TENANT, unique, key="k1", name="issue_refund", order_id=SMALL, rule=refund_rule(100)
     ) == ({"status": "ok", "refunded_cents": 100}, False)
 
 
@@ -111,14 +114,14 @@ def test_refund_over_the_refundable_amount_is_invalid_state(
 ) -> None:
     """More than what is left to refund is refused and changes nothing."""
     result = backend.write_once(
-        unique, key="k1", name="issue_refund", order_id=SMALL, rule=refund_rule(4201)
+        TENANT, unique, key="k1", name="issue_refund", order_id=SMALL, rule=refund_rule(4201)
     )
     assert result == (
         {"status": "error", "code": "invalid_state", "detail": "amount exceeds refundable"},
         False,
     )
     assert orders_of(backend, unique) == demo_orders()
-    assert backend.effects(unique) == []
+    assert backend.effects(TENANT, unique) == []
 
 
 def test_a_large_refund_needs_approval_then_the_same_key_goes_through(
@@ -127,19 +130,21 @@ def test_a_large_refund_needs_approval_then_the_same_key_goes_through(
     """Above 5000 cents without approval: needs_approval, nothing stored; the same key, now
     approved, refunds once; a third call is a replay."""
     ask = refund_rule(6000, order_id=LARGE)
-    assert backend.write_once(unique, key="k1", name="issue_refund", order_id=LARGE, rule=ask) == (
+    assert backend.write_once(
+        TENANT, unique, key="k1", name="issue_refund", order_id=LARGE, rule=ask
+    ) == (
         {"status": "needs_approval"},
         False,
     )
     assert orders_of(backend, unique) == demo_orders()
-    assert backend.effects(unique) == []
+    assert backend.effects(TENANT, unique) == []
     approved = refund_rule(6000, order_id=LARGE, approved=True)
     for replayed in (False, True):
         assert backend.write_once(
-            unique, key="k1", name="issue_refund", order_id=LARGE, rule=approved
+            TENANT, unique, key="k1", name="issue_refund", order_id=LARGE, rule=approved
         ) == ({"status": "ok", "refunded_cents": 6000}, replayed)
-    assert backend.effects(unique) == [["refund", LARGE, 6000]]
-    order = backend.get_order(unique, LARGE)
+    assert backend.effects(TENANT, unique) == [["refund", LARGE, 6000]]
+    order = backend.get_order(TENANT, unique, LARGE)
     assert order is not None and order.refunded_cents == 6000
 
 
@@ -149,15 +154,15 @@ def test_a_replay_returns_the_stored_result_and_adds_no_effect(
     """The same (key, name) again returns what the first call stored, even if the rule would
     now answer otherwise, and the world does not change."""
     first = backend.write_once(
-        unique, key="k1", name="issue_refund", order_id=SMALL, rule=refund_rule(1000)
+        TENANT, unique, key="k1", name="issue_refund", order_id=SMALL, rule=refund_rule(1000)
     )
     assert first == ({"status": "ok", "refunded_cents": 1000}, False)
     again = backend.write_once(
-        unique, key="k1", name="issue_refund", order_id=SMALL, rule=refund_rule(4000)
+        TENANT, unique, key="k1", name="issue_refund", order_id=SMALL, rule=refund_rule(4000)
     )
     assert again == ({"status": "ok", "refunded_cents": 1000}, True)
-    assert backend.effects(unique) == [["refund", SMALL, 1000]]
-    order = backend.get_order(unique, SMALL)
+    assert backend.effects(TENANT, unique) == [["refund", SMALL, 1000]]
+    order = backend.get_order(TENANT, unique, SMALL)
     assert order is not None and order.refunded_cents == 1000
 
 
@@ -165,12 +170,14 @@ def test_the_same_key_under_another_name_is_another_write(
     backend: ShopBackend, unique: str
 ) -> None:
     """Writes are remembered per (key, name): one key may carry a refund and an email."""
-    backend.write_once(unique, key="k1", name="issue_refund", order_id=SMALL, rule=refund_rule(10))
+    backend.write_once(
+        TENANT, unique, key="k1", name="issue_refund", order_id=SMALL, rule=refund_rule(10)
+    )
     result = backend.write_once(
-        unique, key="k1", name="send_status_email", order_id=SMALL, rule=email_rule()
+        TENANT, unique, key="k1", name="send_status_email", order_id=SMALL, rule=email_rule()
     )
     assert result == ({"status": "ok", "sent": True}, False)
-    assert backend.effects(unique) == [["refund", SMALL, 10], ["email", SMALL]]
+    assert backend.effects(TENANT, unique) == [["refund", SMALL, 10], ["email", SMALL]]
 
 
 def test_an_email_is_an_effect_and_leaves_the_order_alone(
@@ -179,23 +186,25 @@ def test_an_email_is_an_effect_and_leaves_the_order_alone(
     """An email goes to the effects log once; the order does not change."""
     for replayed in (False, True):
         assert backend.write_once(
-            unique, key="k1", name="send_status_email", order_id=SMALL, rule=email_rule()
+            TENANT, unique, key="k1", name="send_status_email", order_id=SMALL, rule=email_rule()
         ) == ({"status": "ok", "sent": True}, replayed)
-    assert backend.effects(unique) == [["email", SMALL]]
+    assert backend.effects(TENANT, unique) == [["email", SMALL]]
     assert orders_of(backend, unique) == demo_orders()
 
 
 def test_effects_keep_the_order_writes_happened_in(backend: ShopBackend, unique: str) -> None:
     """The effects log is in write order, and each refund sees the ones before it."""
-    backend.write_once(unique, key="a", name="issue_refund", order_id=SMALL, rule=refund_rule(200))
     backend.write_once(
-        unique, key="b", name="send_status_email", order_id=LARGE, rule=email_rule(LARGE)
+        TENANT, unique, key="a", name="issue_refund", order_id=SMALL, rule=refund_rule(200)
+    )
+    backend.write_once(
+        TENANT, unique, key="b", name="send_status_email", order_id=LARGE, rule=email_rule(LARGE)
     )
     third = backend.write_once(
-        unique, key="c", name="issue_refund", order_id=SMALL, rule=refund_rule(300)
+        TENANT, unique, key="c", name="issue_refund", order_id=SMALL, rule=refund_rule(300)
     )
     assert third == ({"status": "ok", "refunded_cents": 500}, False)
-    assert backend.effects(unique) == [
+    assert backend.effects(TENANT, unique) == [
         ["refund", SMALL, 200],
         ["email", LARGE],
         ["refund", SMALL, 300],
@@ -205,23 +214,31 @@ def test_effects_keep_the_order_writes_happened_in(backend: ShopBackend, unique:
 def test_shops_do_not_share_anything(backend: ShopBackend, unique: str) -> None:
     """Orders, effects and idempotency keys are per shop."""
     other = f"{unique}-other"
-    backend.write_once(unique, key="k1", name="issue_refund", order_id=SMALL, rule=refund_rule(100))
+    backend.write_once(
+        TENANT, unique, key="k1", name="issue_refund", order_id=SMALL, rule=refund_rule(100)
+    )
     assert backend.write_once(
-        other, key="k1", name="issue_refund", order_id=SMALL, rule=refund_rule(100)
+        TENANT, other, key="k1", name="issue_refund", order_id=SMALL, rule=refund_rule(100)
     ) == ({"status": "ok", "refunded_cents": 100}, False)
-    assert backend.effects(unique) == backend.effects(other) == [["refund", SMALL, 100]]
+    assert (
+        backend.effects(TENANT, unique)
+        == backend.effects(TENANT, other)
+        == [["refund", SMALL, 100]]
+    )
 
 
 # -- Redis only: keys, round trips, retries, scripts -------------------------------------------
 
 
 def test_every_key_of_a_shop_shares_its_hash_tag(client: redis.Redis, unique: str) -> None:
-    """All of a shop's keys are tagged with its name, and they are the only keys it writes."""
-    shop = RedisShop(client)
-    shop.write_once(unique, key="k1", name="issue_refund", order_id=SMALL, rule=refund_rule(100))
-    keys = shop_keys(unique)
-    assert all(f"{{{unique}}}" in k for k in keys)
-    written = sorted(k.decode() for k in client.scan_iter(match=f"*{{{unique}}}*"))
+    """All of a shop's keys are tagged with its tenant, and they are the only keys it writes."""
+    shop, tenant = RedisShop(client), f"t-{unique}"
+    shop.write_once(
+        tenant, "s", key="k1", name="issue_refund", order_id=SMALL, rule=refund_rule(100)
+    )
+    keys = shop_keys(tenant, "s")
+    assert all(k.startswith(f"turnstile:shop:{{{tenant}}}:s:") for k in keys)
+    written = sorted(k.decode() for k in client.scan_iter(match=f"*{{{tenant}}}*"))
     assert written == sorted(keys)
 
 
@@ -230,9 +247,14 @@ def test_round_trips_per_call(redis_url: str, unique: str) -> None:
     with CountingRedis.from_url(redis_url) as client:
         client.sent = []
         shop = RedisShop(client)
-        shop.get_order(f"{unique}-warm", SMALL)  # loads the scripts on a cold server
+        shop.get_order(TENANT, f"{unique}-warm", SMALL)  # loads the scripts on a cold server
         shop.write_once(
-            f"{unique}-warm", key="k", name="issue_refund", order_id=SMALL, rule=refund_rule(1)
+            TENANT,
+            f"{unique}-warm",
+            key="k",
+            name="issue_refund",
+            order_id=SMALL,
+            rule=refund_rule(1),
         )
 
         def cost(call: Any) -> int:
@@ -240,14 +262,14 @@ def test_round_trips_per_call(redis_url: str, unique: str) -> None:
             call()
             return len(client.sent)
 
-        write = partial(shop.write_once, unique, name="issue_refund", order_id=SMALL)
-        assert cost(partial(shop.get_order, unique, SMALL)) == 1
+        write = partial(shop.write_once, TENANT, unique, name="issue_refund", order_id=SMALL)
+        assert cost(partial(shop.get_order, TENANT, unique, SMALL)) == 1
         assert cost(partial(write, key="k1", rule=refund_rule(100))) == 2
         assert cost(partial(write, key="k1", rule=refund_rule(100))) == 1  # a replay
         assert cost(partial(write, key="k2", rule=refund_rule(9999))) == 1  # a refusal
         assert set(client.sent) == {"EVALSHA"}
-        assert cost(partial(shop.effects, unique)) == 1
-        assert cost(partial(shop.orders, unique)) == 1
+        assert cost(partial(shop.effects, TENANT, unique)) == 1
+        assert cost(partial(shop.orders, TENANT, unique)) == 1
 
 
 def test_a_write_that_loses_the_race_reads_again_and_applies_the_rule_anew(
@@ -264,14 +286,21 @@ def test_a_write_that_loses_the_race_reads_again_and_applies_the_rule_anew(
         seen.append(order.refunded_cents)
         if len(seen) == 1:
             rival.write_once(
-                unique, key="rival", name="issue_refund", order_id=SMALL, rule=refund_rule(1000)
+                TENANT,
+                unique,
+                key="rival",
+                name="issue_refund",
+                order_id=SMALL,
+                rule=refund_rule(1000),
             )
         return refund(order, user_id=ANA, order_id=SMALL, amount_cents=3000, approved=False)
 
-    result = shop.write_once(unique, key="k1", name="issue_refund", order_id=SMALL, rule=rule)
+    result = shop.write_once(
+        TENANT, unique, key="k1", name="issue_refund", order_id=SMALL, rule=rule
+    )
     assert result == ({"status": "ok", "refunded_cents": 4000}, False)
     assert seen == [0, 1000]
-    assert shop.effects(unique) == [["refund", SMALL, 1000], ["refund", SMALL, 3000]]
+    assert shop.effects(TENANT, unique) == [["refund", SMALL, 1000], ["refund", SMALL, 3000]]
 
 
 def test_a_write_that_always_loses_gives_up_with_a_clear_error(
@@ -285,6 +314,7 @@ def test_a_write_that_always_loses_gives_up_with_a_clear_error(
 
     def rule(order: Order | None) -> Applied:
         rival.write_once(
+            TENANT,
             unique,
             key=f"r{next(rivals)}",
             name="issue_refund",
@@ -294,8 +324,8 @@ def test_a_write_that_always_loses_gives_up_with_a_clear_error(
         return refund(order, user_id=ANA, order_id=LARGE, amount_cents=10, approved=False)
 
     with pytest.raises(ShopContention, match="gave up after 20 attempts"):
-        shop.write_once(unique, key="k1", name="issue_refund", order_id=LARGE, rule=rule)
-    assert shop.effects(unique) == [["refund", LARGE, 1]] * shop_module.MAX_WRITE_ATTEMPTS
+        shop.write_once(TENANT, unique, key="k1", name="issue_refund", order_id=LARGE, rule=rule)
+    assert shop.effects(TENANT, unique) == [["refund", LARGE, 1]] * shop_module.MAX_WRITE_ATTEMPTS
 
 
 def test_a_replay_of_this_calls_own_write_is_not_reported_as_a_replay(
@@ -314,17 +344,19 @@ def test_a_replay_of_this_calls_own_write_is_not_reported_as_a_replay(
 
     monkeypatch.setattr(shop, "_write", twice)
     result = shop.write_once(
-        unique, key="k1", name="issue_refund", order_id=SMALL, rule=refund_rule(100)
+        TENANT, unique, key="k1", name="issue_refund", order_id=SMALL, rule=refund_rule(100)
     )
     assert [r[0] for r in replies] == [b"stored", b"replay"]
     assert result == ({"status": "ok", "refunded_cents": 100}, False)
-    assert shop.effects(unique) == [["refund", SMALL, 100]]
+    assert shop.effects(TENANT, unique) == [["refund", SMALL, 100]]
 
 
 def test_a_name_with_the_field_separator_is_refused(client: redis.Redis, unique: str) -> None:
     """(key, name) is stored as "<key>|<name>"; a name with '|' would be ambiguous."""
     with pytest.raises(ShopError):
-        RedisShop(client).write_once(unique, key="k", name="a|b", order_id=SMALL, rule=email_rule())
+        RedisShop(client).write_once(
+            TENANT, unique, key="k", name="a|b", order_id=SMALL, rule=email_rule()
+        )
 
 
 def test_scripts_survive_a_script_cache_flush(own_server: EmbeddedServer, unique: str) -> None:
@@ -332,12 +364,38 @@ def test_scripts_survive_a_script_cache_flush(own_server: EmbeddedServer, unique
     with redis.Redis.from_url(own_server.url) as client:
         shop = RedisShop(client)
         shop.write_once(
-            unique, key="k1", name="issue_refund", order_id=SMALL, rule=refund_rule(100)
+            TENANT, unique, key="k1", name="issue_refund", order_id=SMALL, rule=refund_rule(100)
         )
         client.script_flush()
         assert shop.write_once(
-            unique, key="k2", name="issue_refund", order_id=SMALL, rule=refund_rule(100)
+            TENANT, unique, key="k2", name="issue_refund", order_id=SMALL, rule=refund_rule(100)
         ) == ({"status": "ok", "refunded_cents": 200}, False)
+
+
+def test_two_tenants_shops_of_one_name_are_two_shops(
+    backend: ShopBackend, client: redis.Redis, unique: str
+) -> None:
+    """Tenant B names tenant A's shop: it reads its own fresh orders, not A's refund, its
+    refund lands in its own shop, and A's write under the same key is not B's."""
+    a, b, shop = f"a-{unique}", f"b-{unique}", f"shared-{unique}"
+    assert backend.write_once(
+        a, shop, key="k1", name="issue_refund", order_id=SMALL, rule=refund_rule(3000)
+    ) == ({"status": "ok", "refunded_cents": 3000}, False)
+    assert backend.get_order(b, shop, SMALL) == demo_orders()[SMALL]
+    assert not backend.done(b, shop, "k1", "issue_refund")
+    assert backend.write_once(
+        b, shop, key="k1", name="issue_refund", order_id=SMALL, rule=refund_rule(3000)
+    ) == ({"status": "ok", "refunded_cents": 3000}, False)
+    assert backend.effects(a, shop) == backend.effects(b, shop) == [["refund", SMALL, 3000]]
+    for tenant in (a, b):
+        order = backend.get_order(tenant, shop, SMALL)
+        assert order is not None and order.refunded_cents == 3000
+    if isinstance(backend, RedisShop):  # the keys themselves carry the tenant's hash tag
+        assert {k.decode() for k in client.scan_iter(match=f"*{shop}*")} == {
+            *shop_keys(a, shop),
+            *shop_keys(b, shop),
+        }
+        assert all(k.startswith(f"turnstile:shop:{{{a}}}:") for k in shop_keys(a, shop))
 
 
 # -- across processes --------------------------------------------------------------------------
@@ -356,6 +414,7 @@ def _refund_many(
             (
                 key,
                 *backend.write_once(
+                    TENANT,
                     shop,
                     key=key,
                     name="issue_refund",
@@ -421,11 +480,11 @@ def test_concurrent_refunds_under_different_keys_never_overdraw(
     ]
     assert all(r["code"] == "invalid_state" for r in refused)
     assert not any(replayed for _, _, replayed in answers)
-    order = shop.get_order(unique, SMALL)
+    order = shop.get_order(TENANT, unique, SMALL)
     assert (
         order is not None and order.refunded_cents == amount_cents * successes <= order.total_cents
     )
-    assert shop.effects(unique) == [["refund", SMALL, amount_cents]] * successes
+    assert shop.effects(TENANT, unique) == [["refund", SMALL, amount_cents]] * successes
 
 
 def test_concurrent_writes_under_the_same_key_happen_once(
@@ -441,7 +500,7 @@ def test_concurrent_writes_under_the_same_key_happen_once(
         assert len({str(result) for result, _ in mine}) == 1
         assert sorted(replayed for _, replayed in mine) == [False, True, True, True]
     shop = RedisShop(client)
-    order = shop.get_order(unique, SMALL)
+    order = shop.get_order(TENANT, unique, SMALL)
     assert order is not None and order.refunded_cents == 100 * len(keys)
-    assert shop.effects(unique) == [["refund", SMALL, 100]] * len(keys)
-    assert len(client.hkeys(shop_keys(unique).done)) == len(keys)
+    assert shop.effects(TENANT, unique) == [["refund", SMALL, 100]] * len(keys)
+    assert len(client.hkeys(shop_keys(TENANT, unique).done)) == len(keys)

@@ -21,6 +21,7 @@ from tests.integration.workers import (
     ledger_is_the_runs_usage,
     running_workers,
     settled,
+    shop_effects,
     stored_row,
     wait_until,
 )
@@ -116,7 +117,7 @@ def test_approving_a_suspended_run_resumes_it(client: Client, queue: str, unique
         708,
     )
     assert state.usage.elapsed_ms == 11_200
-    assert RedisShop(client.client).effects(run_id) == [
+    assert shop_effects(client, run_id) == [
         ["refund", "ord_1004", 8000],
         ["email", "ord_1004"],
     ]
@@ -146,7 +147,7 @@ def sigkill_after_the_refund(client: Client, queue: str, tenant: str) -> None:
         tenant, USER, "support", GOAL, {"sleep_s": {"issue_refund": 3.0}}, queue=queue
     )
     shop = RedisShop(client.client)
-    wait_until(lambda: shop.effects(run_id) != [], what="the refund is issued")
+    wait_until(lambda: shop.effects(tenant, run_id) != [], what="the refund is issued")
     inflight = client.client.hget(keys.inflight(tenant), run_id)
     assert inflight is not None
     pid = int(str(inflight).split("|")[1])
@@ -154,10 +155,10 @@ def sigkill_after_the_refund(client: Client, queue: str, tenant: str) -> None:
     wait_until(lambda: settled(client, [run_id]), timeout_s=60, what="the run ends after the kill")
     state = client.state(run_id)
     assert state.outcome == "completed"
-    assert shop.effects(run_id) == [["refund", "ord_1001", 3000], ["email", "ord_1001"]]
+    assert shop.effects(tenant, run_id) == [["refund", "ord_1001", 3000], ["email", "ord_1001"]]
     versions = _versions(client, tenant, run_id)
     assert versions == list(range(2, 2 + len(versions)))  # one committed turn per version
-    assert shop.orders(run_id)["ord_1001"].refunded_cents == 3000
+    assert shop.orders(tenant, run_id)["ord_1001"].refunded_cents == 3000
     ledger_is_the_runs_usage(client, tenant, [run_id])
 
 
@@ -360,7 +361,9 @@ def store_down_then_back(
         assert {client.state(r).outcome for r in runs} == {"completed"}
         shop = RedisShop(client.client)
         for run_id in runs:
-            assert shop.effects(run_id) == [["refund", "ord_1001", 3000], ["email", "ord_1001"]]
+            assert shop.effects(tenant, run_id) == [
+                ["refund", "ord_1001", 3000], ["email", "ord_1001"],
+            ]  # fmt: skip
         assert client.ledger.read(tenant)["cost_microusd"].reserved == 0
 
 
@@ -460,11 +463,11 @@ def test_a_turn_killed_then_cancelled_or_parked_leaves_no_hold_and_closes_truthf
     slow = {"sleep_s": {"issue_refund": 3.0}}
     shop = RedisShop(client.client)
     first = client.submit(cancelled, USER, "support", GOAL, slow, queue=queue)
-    wait_until(lambda: shop.effects(first) != [], what="the first refund is issued")
+    wait_until(lambda: shop.effects(cancelled, first) != [], what="the first refund is issued")
     assert client.cancel(first, by="ops") == "requested"  # its turn is in flight
     _kill_turn(client, cancelled, first)
     second = client.submit(parked, USER, "support", GOAL, slow, queue=queue)
-    wait_until(lambda: shop.effects(second) != [], what="the second refund is issued")
+    wait_until(lambda: shop.effects(parked, second) != [], what="the second refund is issued")
     flags.pause(client, Subject(tenant=parked), by="ops")
     _kill_turn(client, parked, second)
     wait_until(lambda: client.run_hash(first)[1]["status"] == "stopped", what="cancelled")
@@ -474,7 +477,7 @@ def test_a_turn_killed_then_cancelled_or_parked_leaves_no_hold_and_closes_truthf
     ledger_is_the_runs_usage(client, parked, [second])
     (finished,) = _finished(client, cancelled, first)
     assert "the refund was issued" in finished["message"], finished["message"]
-    assert shop.effects(first) == [["refund", "ord_1001", 3000]]
+    assert shop.effects(cancelled, first) == [["refund", "ord_1001", 3000]]
 
 
 def test_a_malformed_message_mid_turn_leaves_no_hold(

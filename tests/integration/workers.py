@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from turnstile.jobs.support.scenarios import row, table
+from turnstile.jobs.support.scenarios import effects_of, row, table
 from turnstile.worker.client._client import Client, connect_client
 from turnstile.worker.dev.shop import RedisShop
 from turnstile.worker.settings import Settings
@@ -233,9 +233,14 @@ def expected_rows() -> dict[str, dict[str, Any]]:
 def stored_row(client: Client, run_id: str) -> dict[str, Any]:
     """The same row for a run that went through the queue: its stored state, its shop's effects."""
     state = client.state(run_id)
-    got = row("", state, RedisShop(client.client).effects(run_id))
+    got = row("", state, effects_of(RedisShop(client.client), state))
     del got["scenario"]
     return got
+
+
+def shop_effects(client: Client, run_id: str) -> list[list[Any]]:
+    """What the run's shop recorded in the world: its tenant's shop of the name the run gives."""
+    return effects_of(RedisShop(client.client), client.state(run_id))
 
 
 def settled(client: Client, run_ids: list[str]) -> bool:

@@ -80,7 +80,7 @@ def test_two_thousand_random_models_break_no_bound() -> None:
     for seed in range(2000):
         result = run_scenario(Scenario("R", "random"), model=random_model(seed), run_id=f"r{seed}")
         state = result.state
-        check_bounds(state, budget, result.shop.orders(f"r{seed}"))
+        check_bounds(state, budget, result.shop.orders(state.tenant, f"r{seed}"))
         outcomes[f"{state.outcome}/{state.detail}"] += 1
         for name in ("steps", "tool_calls", "tokens", "elapsed_ms"):
             worst[name] = max(worst[name], getattr(state.usage, name))
@@ -170,5 +170,5 @@ def test_any_reply_sequence_keeps_every_bound(
     result = run_scenario(
         Scenario("H", "hypothesis"), model=Sequence(replies, latencies), budget=budget
     )
-    check_bounds(result.state, budget, result.shop.orders("t1"))
+    check_bounds(result.state, budget, result.shop.orders(result.state.tenant, "t1"))
     assert result.state.outcome in set(Outcome)

@@ -82,8 +82,8 @@ def calls(tenant: str, queue: str) -> dict[str, list[str]]:
         "webhook_add": [http_keys.tenant_webhooks(tenant), http_keys.cursor(tenant)],
         "webhook_queue": [http_keys.tenant_webhooks(tenant),
                           *http_keys.endpoint_queue(tenant, "wh_0123456789abcdef")],
-        "shop_read": list(shop_keys(f"shop-{tenant}"))[:2],
-        "shop_write": list(shop_keys(f"shop-{tenant}")),
+        "shop_read": list(shop_keys(tenant, "a-{shop}"))[:2],  # the tenant's slot, whatever
+        "shop_write": list(shop_keys(tenant, "a-{shop}")),  # braces the shop's name has
         **{f"ledger.{op}": tenant_keys(tenant) for op in OPERATIONS},
     }  # fmt: skip
 

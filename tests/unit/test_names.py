@@ -3,7 +3,7 @@ the CLI, the HTTP API and the ledger apply it."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, get_args
 
 import pytest
 from hypothesis import given
@@ -12,8 +12,9 @@ from pydantic import Field, TypeAdapter, ValidationError
 
 from turnstile.errors import InvalidNameError
 from turnstile.ledger.inputs import check_tenant as ledger_check_tenant
-from turnstile.worker.http import apikeys, context, schemas
+from turnstile.worker.http import apikeys, context, routes_limits, schemas
 from turnstile.worker.names import (
+    ENDPOINT_PATTERN,
     MAX_NAME_CHARS,
     NAME_PATTERN,
     QUEUE_PATTERN,
@@ -26,13 +27,39 @@ ACCEPTED = {
     "tenant": ["acme", "t-1", "acme.eu", "acme:eu", "ops@acme", "_x", ".hidden", "a" * 128],
     "user": ["cu_ana", "ana@example.com", "u:42", "..x", "A" * 128],
     "queue": ["default", "q-1", "long.queue_name", "q" * 128],
+    "endpoint": [
+        "openai:gpt-4.1-mini",
+        "anthropic:claude-sonnet-4-6",
+        "ollama:llama3.1:8b",
+        "local-vllm:meta-llama/Llama-3.1-8B-Instruct",
+        "vertex:claude@20240620",
+        "my_ep:m+x",
+        "e" * 32 + ":" + "m" * 200,
+    ],
 }
 REFUSED = {
     "tenant": ["", " ", "-acme", ".", "..", "a b", "{acme}", "café", "a/b", "a\n", "a" * 129],
     "user": ["", "-u", ".", "..", "cu ana", "u\x01", "u\n", "u" * 129],
     "queue": ["", "-q", ".", "..", "q:1", "q@x", "q 1", "q\n", "q" * 129],
+    "endpoint": [
+        "",
+        "gpt-4",
+        "OpenAI:gpt",
+        "openai:",
+        ":gpt",
+        "-openai:gpt",
+        "openai:gpt\x00",
+        "openai:gpt\x1b[31m",
+        "openai:a b",
+        "openai:{x}",
+        "openai:a|b",
+        "openai:gpt\n",
+        "e" * 33 + ":m",
+        "openai:" + "m" * 201,
+    ],
 }
-PATTERN = {"tenant": NAME_PATTERN, "user": NAME_PATTERN, "queue": QUEUE_PATTERN}
+PATTERN = {"tenant": NAME_PATTERN, "user": NAME_PATTERN, "queue": QUEUE_PATTERN,
+           "endpoint": ENDPOINT_PATTERN}  # fmt: skip
 
 
 def _over_http(pattern: str, value: str) -> bool:
@@ -47,8 +74,9 @@ def _over_http(pattern: str, value: str) -> bool:
 @pytest.mark.parametrize("kind", sorted(ACCEPTED))
 def test_each_kind_takes_its_names_up_to_the_one_limit_and_refuses_the_rest(kind: str) -> None:
     """Tenants, users and queues share one limit (128 characters) and refuse a leading '-',
-    "." and "..", whitespace and a trailing newline; a queue takes no ':' or '@'. The client's
-    check and the HTTP API's pattern agree on every example."""
+    "." and "..", whitespace and a trailing newline; a queue takes no ':' or '@'; a model
+    endpoint is provider:model, with no control character, brace or '|'. The client's check
+    and the HTTP API's pattern agree on every example."""
     assert MAX_NAME_CHARS == 128
     for name in ACCEPTED[kind]:
         assert check_name(kind, name) == name
@@ -104,3 +132,4 @@ def test_the_http_api_uses_the_rule() -> None:
     fields = schemas.SubmitBody.model_fields
     assert fields["user"].metadata[0].pattern == NAME_PATTERN
     assert fields["queue"].metadata[0].pattern == QUEUE_PATTERN
+    assert get_args(routes_limits.EndpointPath)[1].metadata[0].pattern == ENDPOINT_PATTERN

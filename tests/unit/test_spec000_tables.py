@@ -226,7 +226,7 @@ def test_suspend_and_resume_matches_spec() -> None:
     twice = _resume(saved, first.shop)
     assert twice.state.outcome is Outcome.COMPLETED
     assert twice.effects == effects
-    assert first.shop.orders("t1")["ord_1004"].refunded_cents == 8000
+    assert first.shop.orders(first.state.tenant, "t1")["ord_1004"].refunded_cents == 8000
 
 
 @pytest.mark.parametrize(("letter", "outcome"), [("A", "completed"), ("C", "loop_detected")])

@@ -26,7 +26,7 @@ from rich.table import Table
 from turnstile.errors import TurnstileError
 from turnstile.jobs.budget import Budget
 from turnstile.jobs.errors import KernelError
-from turnstile.jobs.support.scenarios import GOAL, SCENARIOS, USER
+from turnstile.jobs.support.scenarios import GOAL, SCENARIOS, USER, effects_of
 from turnstile.providers import PROVIDERS, check, parse, unpriced
 from turnstile.providers.endpoints import ENDPOINTS_ENV
 from turnstile.providers.prices import PRICES_FILE_ENV
@@ -179,7 +179,7 @@ def _row(client: Client, run: DemoRun) -> dict[str, Any]:
         "tool_calls": state.usage.tool_calls,
         "tokens": state.usage.tokens,
         "cost_microusd": state.usage.cost_microusd,
-        "effects": RedisShop(client.client).effects(run.run_id) if support else [],
+        "effects": effects_of(RedisShop(client.client), state) if support else [],
         "answer": state.answer,
     }
 

@@ -21,23 +21,22 @@ import redis
 
 from turnstile.errors import TurnstileError
 from turnstile.jobs.support.shop import Applied, Order, demo_orders
+from turnstile.worker.store import keys
 from turnstile.worker.store.scripts import register
 from turnstile.worker.store.values import text
 
-PREFIX = "turnstile:shop"
-
 
 class ShopKeys(NamedTuple):
-    """Every key of one shop, in the order the scripts take them as KEYS. All share the hash
-    tag `{shop}`, so each script touches one cluster slot."""
+    """Every key of one tenant's shop, in the order the scripts take them as KEYS. All share
+    the tenant's hash tag (`keys.shop`), so each script touches one cluster slot."""
 
     orders: str  # hash: order id -> order JSON
     done: str  # hash: "<key>|<name>" -> done record JSON ({"call", "result"})
     effects: str  # list: effect JSON, oldest first
 
 
-def shop_keys(shop: str) -> ShopKeys:
-    return ShopKeys(*(f"{PREFIX}:{{{shop}}}:{name}" for name in ShopKeys._fields))
+def shop_keys(tenant: str, shop: str) -> ShopKeys:
+    return ShopKeys(*(keys.shop(tenant, shop, part) for part in ShopKeys._fields))
 
 
 MAX_WRITE_ATTEMPTS = 20
@@ -90,7 +89,7 @@ def _done_field(key: str, name: str) -> str:
 
 class RedisShop:
     """A `ShopBackend` over one Redis client. Shops are created on first touch, with the demo
-    orders, and kept until their keys are deleted."""
+    orders, and kept until their keys are deleted. Each is one tenant's (see `shop_keys`)."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
@@ -98,35 +97,36 @@ class RedisShop:
         self._write = register(client, "shop_write")
 
     def _snapshot(
-        self, shop: str, *, done_field: str, order_id: str, every: bool = False
+        self, one: ShopKeys, *, done_field: str, order_id: str, every: bool = False
     ) -> tuple[_Done | None, dict[str, bytes | str]]:
         """One round trip: seed if new, then the done record (if asked and stored) and the
         order (or every order)."""
-        keys = shop_keys(shop)
         done, flat = self._read(
-            keys=[keys.orders, keys.done],
+            keys=[one.orders, one.done],
             args=[done_field, "1" if every else "0", order_id, *_SEED],
         )
         stored = None if done is None else msgspec.json.decode(done, type=_Done)
         return stored, _pairs(flat)
 
-    def get_order(self, shop: str, order_id: str) -> Order | None:
-        _, found = self._snapshot(shop, done_field="", order_id=order_id)
+    def get_order(self, tenant: str, shop: str, order_id: str) -> Order | None:
+        _, found = self._snapshot(shop_keys(tenant, shop), done_field="", order_id=order_id)
         return _order(found.get(order_id))
 
-    def orders(self, shop: str) -> dict[str, Order]:
-        _, found = self._snapshot(shop, done_field="", order_id="", every=True)
+    def orders(self, tenant: str, shop: str) -> dict[str, Order]:
+        one = shop_keys(tenant, shop)
+        _, found = self._snapshot(one, done_field="", order_id="", every=True)
         return {order_id: msgspec.json.decode(raw, type=Order) for order_id, raw in found.items()}
 
-    def effects(self, shop: str) -> list[list[Any]]:
-        raw = self.client.lrange(shop_keys(shop).effects, 0, -1)
+    def effects(self, tenant: str, shop: str) -> list[list[Any]]:
+        raw = self.client.lrange(shop_keys(tenant, shop).effects, 0, -1)
         return [msgspec.json.decode(item, type=list[Any]) for item in raw]
 
-    def done(self, shop: str, key: str, name: str) -> bool:
-        return bool(self.client.hexists(shop_keys(shop).done, _done_field(key, name)))
+    def done(self, tenant: str, shop: str, key: str, name: str) -> bool:
+        return bool(self.client.hexists(shop_keys(tenant, shop).done, _done_field(key, name)))
 
     def write_once(
         self,
+        tenant: str,
         shop: str,
         *,
         key: str,
@@ -137,8 +137,9 @@ class RedisShop:
         """Apply `rule` to the order atomically, once per (key, name); see `ShopBackend`."""
         field = _done_field(key, name)
         call = uuid.uuid4().hex
+        one = shop_keys(tenant, shop)
         for attempt in range(1, MAX_WRITE_ATTEMPTS + 1):
-            stored, found = self._snapshot(shop, done_field=field, order_id=order_id)
+            stored, found = self._snapshot(one, done_field=field, order_id=order_id)
             if stored is not None:
                 return stored.result, stored.call != call
             seen = found.get(order_id)
@@ -146,19 +147,20 @@ class RedisShop:
             if applied.result.get("status") != "ok":
                 return dict(applied.result), False  # a refusal stores nothing
             reply = self._compare_and_set(
-                shop, field=field, order_id=order_id, seen=seen, call=call, applied=applied
+                one, field=field, order_id=order_id, seen=seen, call=call, applied=applied
             )
             if reply is not None:
                 return reply
             time.sleep(random.uniform(0, CONTENTION_PAUSE_S * attempt))
         raise ShopContention(
-            f"write {name!r} under key {key!r} to order {order_id!r} of shop {shop!r} gave up "
+            f"write {name!r} under key {key!r} to order {order_id!r} of shop {shop!r} of "
+            f"tenant {tenant!r} gave up "
             f"after {MAX_WRITE_ATTEMPTS} attempts: the order kept changing under it"
         )
 
     def _compare_and_set(
         self,
-        shop: str,
+        one: ShopKeys,
         *,
         field: str,
         order_id: str,
@@ -167,9 +169,8 @@ class RedisShop:
         applied: Applied,
     ) -> tuple[dict[str, Any], bool] | None:
         """The second round trip. None when the order changed since it was read."""
-        keys = shop_keys(shop)
         reply = self._write(
-            keys=list(keys),
+            keys=list(one),
             args=[
                 field,
                 order_id,

@@ -3,7 +3,8 @@
 A key is 32 random bytes (256 bits), so a plain SHA-256 is enough to store it: there is
 nothing to guess that a slow hash would protect. A request's key is looked up by its hash in
 one HGET; a revoked key's hash is deleted in the same transaction that marks its record, so it
-stops working on the next request of every server.
+stops working on the next request of every server, and the console sessions logged in with it
+are deleted with it (`end_sessions`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from turnstile.errors import InvalidNameError, TurnstileError
 from turnstile.worker.http import keys
 from turnstile.worker.names import check_name
 from turnstile.worker.store.connect import is_cluster_client
+from turnstile.worker.store.values import text
 
 KEY_PREFIX = "tsk_"
 NAME = re.compile(r"^[A-Za-z0-9_.@:\-]{1,64}$")
@@ -86,12 +88,12 @@ def create(
     encoded = msgspec.json.encode(record)
     # The record, then the hash that lets the key in: on a cluster (two slots, no MULTI) a
     # crash between the two leaves a key that cannot be used, whose secret nobody was shown.
-    _in_order(client, [("hset", keys.KEYS, key_id, encoded),
+    in_order(client, [("hset", keys.KEYS, key_id, encoded),
                        ("hset", keys.KEY_HASHES, record.hash, encoded)])  # fmt: skip
     return record, secret
 
 
-def _in_order(client: redis.Redis, writes: list[tuple[Any, ...]]) -> None:
+def in_order(client: redis.Redis, writes: list[tuple[Any, ...]]) -> None:
     """`writes` at once (MULTI) on a single server; on a cluster, where they are in two slots,
     one after the other, in the order given."""
     if is_cluster_client(client):
@@ -113,19 +115,32 @@ def listed(client: redis.Redis, tenant: str | None = None) -> list[ApiKey]:
 
 
 def revoke(client: redis.Redis, key_id: str) -> ApiKey:
-    """Revoke a key at once; revoking a revoked key changes nothing."""
+    """Revoke a key at once, and end the console sessions logged in with it; revoking a
+    revoked key changes nothing (but ends any session still recorded for it)."""
     raw = client.hget(keys.KEYS, key_id)
     if raw is None:
         raise ApiKeyError(f"no key {key_id!r}")
     record = msgspec.json.decode(raw, type=ApiKey)
     if record.revoked_at:
+        end_sessions(client, key_id)
         return record
     revoked = msgspec.structs.replace(record, revoked_at=_now())
     # The hash first: on a cluster a crash between the two leaves a key that no longer lets
     # anyone in, and revoking it again finishes the record.
-    _in_order(client, [("hdel", keys.KEY_HASHES, record.hash),
-                       ("hset", keys.KEYS, key_id, msgspec.json.encode(revoked))])  # fmt: skip
+    in_order(client, [("hdel", keys.KEY_HASHES, record.hash),
+                      ("hset", keys.KEYS, key_id, msgspec.json.encode(revoked))])  # fmt: skip
+    end_sessions(client, key_id)
     return revoked
+
+
+def end_sessions(client: redis.Redis, key_id: str) -> int:
+    """Delete every console session logged in with the key; how many there were. (A session
+    also checks its key on every request, so one written after this read ends there.)"""
+    ended = 0
+    for session_hash in client.smembers(keys.key_sessions(key_id)):
+        ended += int(client.delete(keys.console_session(text(session_hash))))
+    client.delete(keys.key_sessions(key_id))
+    return ended
 
 
 def verify(client: redis.Redis, secret: str) -> ApiKey | None:

@@ -18,6 +18,7 @@ from turnstile.worker.broker.producer import sender
 from turnstile.worker.client._client import Client
 from turnstile.worker.http import (
     context,
+    docs,
     problems,
     routes_limits,
     routes_ops,
@@ -27,6 +28,7 @@ from turnstile.worker.http import (
 from turnstile.worker.http import routes_webhooks as webhooks
 from turnstile.worker.http.console import pages as console
 from turnstile.worker.http.context import Api
+from turnstile.worker.http.headers import SecurityHeaders
 from turnstile.worker.http.problems import response
 from turnstile.worker.http.ratelimit import RateLimiter
 from turnstile.worker.http.settings import ApiSettings
@@ -40,6 +42,14 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class TurnstileApp(FastAPI):
+    """The FastAPI app with the security headers outermost: around Starlette's handler of last
+    resort too, so the answer to a bug carries them like every other response."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return SecurityHeaders(super().build_middleware_stack())
 
 
 class BodyCap:
@@ -122,7 +132,7 @@ def create_app(config: Settings, api_settings: ApiSettings | None = None) -> Fas
             yield
         await streams.aclose()
 
-    app = FastAPI(
+    app = TurnstileApp(
         title="Turnstile",
         version="1",
         summary="Runs, live events, decisions and webhooks for long LLM agent runs.",
@@ -131,6 +141,8 @@ def create_app(config: Settings, api_settings: ApiSettings | None = None) -> Fas
         # request's Host header. A path with a trailing slash is a 404 problem like any other.
         redirect_slashes=False,
         dependencies=[Depends(context.strict_query)],
+        docs_url=None,  # docs.install serves /docs when asked, without third-party scripts
+        redoc_url=None,
     )
     app.state.api = api
     problems.install(app)
@@ -138,6 +150,8 @@ def create_app(config: Settings, api_settings: ApiSettings | None = None) -> Fas
     app.include_router(routes_ops.router)
     app.include_router(routes_limits.router)
     app.include_router(webhooks.router)
+    if api_settings.docs:
+        docs.install(app, api_settings.docs_assets_url)
 
     @app.get("/console", include_in_schema=False)
     def console_home() -> RedirectResponse:

@@ -15,6 +15,18 @@ KEY_HASHES = f"{API}:key-hashes"  # hash: sha256 of a key -> the key's record JS
 KEYS = f"{API}:keys"  # hash: key id -> the key's record JSON (with its hash; kept on revoke)
 
 
+def console_session(session_hash: str) -> str:
+    """Hash: one console session (the key it logged in with, its CSRF token, when it ends), by
+    the SHA-256 of the session's id; it expires with the session, and logout deletes it."""
+    return f"{API}:console:session:{session_hash}"
+
+
+def key_sessions(key_id: str) -> str:
+    """Set: the SHA-256s of the console sessions logged in with one key, so that revoking the
+    key ends them all; it expires with the newest of them."""
+    return f"{API}:console:key-sessions:{key_id}"
+
+
 def rate(key_id: str, window: int, kind: str = "") -> str:
     """Counter: submissions (or, with a `kind`, other writes) of one key in one fixed window."""
     return f"{API}:rate:{key_id}:{window}" + (f":{kind}" if kind else "")

@@ -130,6 +130,8 @@ def _validation_detail(exc: RequestValidationError) -> tuple[int, str, str]:
         return 422, "unknown_field", f"unknown field {where!r}"
     if first.get("type") == "missing":
         return 422, "missing_field", f"{where} is required"
+    if first.get("type") == "string_too_short" and first.get("ctx", {}).get("min_length") == 1:
+        return 422, "invalid_request", f"{where} must not be empty"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return 422, "invalid_request", f"{where}: {first.get('msg', 'invalid')}{more}"
 

@@ -10,15 +10,21 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 from pydantic import Field, StrictInt
 
+from turnstile.worker.http.bodies import JsonRoute
 from turnstile.worker.http.context import NAME, Ctx, Operator
 from turnstile.worker.http.routes_runs import PROBLEMS
 from turnstile.worker.http.schemas import Strict
+from turnstile.worker.names import ENDPOINT_PATTERN
 from turnstile.worker.scheduling import ratelimits
 
-router = APIRouter(responses=PROBLEMS, tags=["operators"])
+router = APIRouter(responses=PROBLEMS, tags=["operators"], route_class=JsonRoute)
 
 EndpointPath = Annotated[
-    str, Path(description="The model endpoint: a model string, e.g. openai:gpt-4.1-mini.")
+    str,
+    Path(
+        pattern=ENDPOINT_PATTERN,  # the one rule for names (worker/names.py)
+        description="The model endpoint: a model string, e.g. openai:gpt-4.1-mini.",
+    ),
 ]
 TenantQuery = Annotated[
     str | None,

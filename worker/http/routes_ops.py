@@ -13,6 +13,7 @@ from fastapi import APIRouter, Path, Query, Request
 
 from turnstile.worker.client._client import Client
 from turnstile.worker.http.apikeys import ApiKey
+from turnstile.worker.http.bodies import JsonRoute
 from turnstile.worker.http.context import NAME, Api, Caller, Ctx, Operator, tenant_scope
 from turnstile.worker.http.problems import Problem
 from turnstile.worker.http.routes_runs import PROBLEMS
@@ -23,7 +24,7 @@ from turnstile.worker.ops.flags import Flagged, Resumed
 from turnstile.worker.ops.subjects import Subject
 from turnstile.worker.store import keys
 
-router = APIRouter(responses=PROBLEMS)
+router = APIRouter(responses=PROBLEMS, route_class=JsonRoute)
 
 QueuePath = Annotated[str, Path(pattern=NAME, description="The queue.")]
 TenantPath = Annotated[str, Path(pattern=NAME, description="The tenant.")]

@@ -10,6 +10,7 @@ from fastapi.responses import StreamingResponse
 from turnstile.errors import SubmissionConflictError, SubmissionError
 from turnstile.worker.client._client import idempotent_run_id
 from turnstile.worker.http import listing, sse
+from turnstile.worker.http.bodies import JsonRoute
 from turnstile.worker.http.context import (
     NAME,
     Api,
@@ -36,9 +37,9 @@ from turnstile.worker.store.keys import queue_control, run
 
 PROBLEMS: dict[int | str, dict[str, Any]] = {
     status: {"model": ProblemBody, "content": {"application/problem+json": {}}}
-    for status in (400, 401, 403, 404, 409, 413, 422, 429, 503)
+    for status in (400, 401, 403, 404, 409, 413, 415, 422, 429, 503)
 }
-router = APIRouter(responses=PROBLEMS)
+router = APIRouter(responses=PROBLEMS, route_class=JsonRoute)
 MEMORY_WRITES = "memory"  # memory writes are counted apart from submissions, with the same limit
 
 IdempotencyKey = Annotated[

@@ -22,6 +22,7 @@ from fastapi import APIRouter, Path, Query, Response
 from pydantic import BaseModel, Field
 
 from turnstile.worker.http import keys, targets
+from turnstile.worker.http.bodies import JsonRoute
 from turnstile.worker.http.context import NAME, Caller, Ctx, tenant_scope
 from turnstile.worker.http.problems import Problem
 from turnstile.worker.http.routes_runs import PROBLEMS
@@ -113,7 +114,7 @@ class WebhookCreated(BaseModel):
     secret: str = Field(description="Signs every delivery; shown only now.")
 
 
-router = APIRouter(responses=PROBLEMS, tags=["webhooks"])
+router = APIRouter(responses=PROBLEMS, tags=["webhooks"], route_class=JsonRoute)
 EndpointId = Annotated[str, Path(pattern=r"^wh_[0-9a-f]{16}$")]
 
 

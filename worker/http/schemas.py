@@ -55,7 +55,11 @@ class BudgetBody(Strict):
 class SubmitBody(Strict):
     user: str = Field(pattern=NAME, description="The end user the run acts for.")
     goal: str = Field(min_length=1, max_length=4000)
-    job: str = Field(default="support", pattern=WORD)
+    job: str = Field(
+        pattern=WORD,
+        description="The job to run, by its registered name (`turnstile jobs`); required: the"
+        " API has no default job.",
+    )
     params: dict[str, Any] = Field(default_factory=dict, description="The job's parameters.")
     budget: BudgetBody | None = None
     queue: str = Field(default="default", pattern=QUEUE)

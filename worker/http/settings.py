@@ -58,6 +58,21 @@ class ApiSettings(BaseSettings):
     # Names looked up in this hosts(5)-style file before DNS; its answers are checked alike.
     webhook_hosts_file: Path | None = None
 
+    # The interactive API docs (/docs): off, so no page of this origin loads a script from
+    # another site unless an operator asks; on, Swagger UI's script and style come from
+    # docs_assets_url (a path such as /swagger for a copy served on this origin).
+    docs: bool = False
+    docs_assets_url: str = "https://cdn.jsdelivr.net/npm/swagger-ui-dist@5"
+
+    @field_validator("docs_assets_url")
+    @classmethod
+    def _assets_url(cls, value: str) -> str:
+        if value.startswith(("https://", "http://")) or (
+            value.startswith("/") and not value.startswith("//")
+        ):
+            return value
+        raise ValueError("docs_assets_url must be an http(s) URL or a path on this server")
+
     @field_validator("webhook_allow")
     @classmethod
     def _allow_list(cls, value: str) -> str:

@@ -42,14 +42,23 @@ def approve(
     tenant: str | None = None,
     extend: Mapping[str, int] | None = None,
 ) -> RunState:
-    """Approve exactly the held call: the one with `digest`, or the one held now. For a run
-    held `needs_budget`, approve the extension `extend` (new limits; None: the hold's
-    suggestion) of the hold with `digest`, or of the one held now."""
+    """Approve exactly the held call: the one with `digest`, or (`digest` None: an operator's
+    command that named none) the one held now. For a run held `needs_budget`, approve the
+    extension `extend` (new limits; None: the hold's suggestion) of the hold with `digest`, or
+    of the one held now. An empty digest (a form or a body that sent one without its value) is
+    refused: it names no call, and must not stand for whatever is held."""
+    if digest is not None and not digest.strip():
+        raise DecisionRefusedError(
+            f"an empty digest names no held call of run {run_id}: give the digest the run"
+            " shows for its held call (pending.digest)"
+        )
     tenant, stored = resolve(c, run_id, tenant)
     _decidable(run_id, stored, "approve" if extend is None else "extend")
     state = RunState.from_json(stored["state"])
     held = state.held_budget or state.pending
-    return c.approve(run_id, by=by, digest=digest or (held.digest if held else None), extend=extend)
+    if digest is None and held is not None:
+        digest = held.digest
+    return c.approve(run_id, by=by, digest=digest, extend=extend)
 
 
 def deny(c: Client, run_id: str, *, by: str, reason: str, tenant: str | None = None) -> RunState:

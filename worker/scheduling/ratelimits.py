@@ -32,8 +32,9 @@ from typing import Any
 import redis
 import structlog
 
-from turnstile.errors import TurnstileError
+from turnstile.errors import InvalidNameError, TurnstileError
 from turnstile.worker.broker.message import StepMessage
+from turnstile.worker.names import check_name
 from turnstile.worker.scheduling.fair import pending_entry
 from turnstile.worker.store import keys
 from turnstile.worker.store.runs import StoreUnavailable
@@ -69,13 +70,16 @@ class RateLimitError(TurnstileError):
 
 
 def check_endpoint(endpoint: str) -> str:
-    """A model endpoint a limit may be set on: a model string whose provider is known here
+    """A model endpoint a limit may be set on: a name by the one rule for endpoints
+    (worker/names.py: no control characters, braces or '|'), whose provider is known here
     (`openai`, `anthropic` or a named endpoint of TURNSTILE_MODEL_ENDPOINTS)."""
     from turnstile.providers import parse  # noqa: PLC0415 - the providers' table, on demand
     from turnstile.providers.errors import ProviderConfigError  # noqa: PLC0415
 
-    if any(c in endpoint for c in "{}|"):
-        raise RateLimitError(f"unknown endpoint {endpoint[:80]!r}: no braces or '|' in a name")
+    try:
+        check_name("endpoint", endpoint)
+    except InvalidNameError as exc:
+        raise RateLimitError(str(exc)) from None
     try:
         parse(endpoint)
     except ProviderConfigError as exc:
@@ -124,8 +128,6 @@ def parse_names(names: Iterable[str]) -> list[str]:
 
 def _check_tenant(tenant: str | None) -> None:
     if tenant is not None:
-        from turnstile.worker.names import check_name  # noqa: PLC0415
-
         check_name("tenant", tenant)
 
 

@@ -211,3 +211,11 @@ def deferred(tenant: str) -> str:
     a rate limit, scored by when they may go (ms); the dispatcher moves them to the pending
     lists when due."""
     return _t(tenant, "deferred")
+
+
+def shop(tenant: str, name: str, part: str) -> str:
+    """The demo shop (worker/dev/shop.py): `part` (orders, done or effects) of one shop of the
+    tenant's, by the name its runs give (`params.shop`, else the run's id). The tenant's hash
+    tag comes first, so a tenant's shops are apart from every other tenant's whatever their
+    names, and a shop's keys share one slot."""
+    return f"{PREFIX}:shop:{{{tenant}}}:{name}:{part}"

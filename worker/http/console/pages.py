@@ -58,13 +58,8 @@ DESCRIPTIONS = {(kind, verb): text for kind, verb, _, text in CONTROLS}
 # Event types the run page listens for on its live stream (an SSE event is named by its type).
 LIVE_EVENTS = ("submitted", "turn", "suspended", "decision", "parked", "resumed",
                "cancel_requested", "finished", "error", "message")  # fmt: skip
-SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; form-action 'self'",
-    "X-Frame-Options": "DENY",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "same-origin",
-    "Cache-Control": "no-store",
-}
+# The security headers (CSP, nosniff, no framing, no-store) are the API app's, on every
+# response of the console too: worker/http/headers.py.
 
 
 @dataclasses.dataclass
@@ -114,7 +109,7 @@ def render(
         base=base, flash=flash, viewer=viewer, path=request.url.path,
         query=request.url.query, **context,
     )  # fmt: skip
-    response = HTMLResponse(page, status_code=code, headers=SECURITY_HEADERS)
+    response = HTMLResponse(page, status_code=code)
     if flash is not None:
         response.delete_cookie(FLASH_COOKIE, path=base or "/")
     return response
@@ -123,7 +118,7 @@ def render(
 def redirect(request: Request, to: str, flash: tuple[str, str] | None = None) -> RedirectResponse:
     """303 to a page of the console (`to` relative to its base), with a message for it."""
     con, base = _console(request), _base(request)
-    response = RedirectResponse(f"{base}{to}", status_code=303, headers=SECURITY_HEADERS)
+    response = RedirectResponse(f"{base}{to}", status_code=303)
     if flash is not None:
         response.set_cookie(
             FLASH_COOKIE, con.sessions.flash(*flash), max_age=120, path=base or "/",
@@ -219,7 +214,9 @@ def login(
 
 @router.post("/logout")
 def logout(request: Request, viewer: Seen, csrf: Csrf = "") -> Response:
+    """End the session on the server (its record deleted), and drop its cookie."""
     check_csrf(viewer, csrf)
+    _console(request).sessions.end(viewer)
     response = redirect(request, "/login", ("ok", "logged out"))
     response.delete_cookie(SESSION_COOKIE, path=_base(request) or "/")
     return response
@@ -336,7 +333,7 @@ def approve(
     by = _who(viewer.key, person)
     try:
         extend = _extension(extend_name, extend_value)
-        state = decisions.approve(con.api.client, run_id, by=by, digest=digest or None,
+        state = decisions.approve(con.api.client, run_id, by=by, digest=digest,
                                   tenant=tenant, extend=extend)  # fmt: skip
     except DecisionRefusedError as exc:
         log.info("console_refused", action="approve", run_id=run_id, by=by, why=str(exc))

@@ -1,14 +1,21 @@
-"""Logging in to the console with an API key: a signed, HttpOnly, SameSite=Strict session
-cookie that names the key (never holds it) and carries the session's CSRF token.
+"""Logging in to the console with an API key: a session the server keeps, named by a signed,
+HttpOnly, SameSite=Strict cookie.
 
-Every request looks the key up again by its id, so a revoked key's sessions end on their next
-request. A session ends when its time is up (`session_s`, checked against the time signed into
-the cookie, whatever the browser keeps). Every form post carries the session's token, checked
-here (the login form, before there is a session, the token of a short-lived cookie of its own).
+The session is a record in the store (`keys.console_session`, by the SHA-256 of a random id
+that only the cookie holds): the key it logged in with, its CSRF token and when it ends. The
+server can end it: logout deletes the record, and revoking the key deletes every record of
+the key's (`apikeys.end_sessions`); a cookie kept after either names nothing, and its CSRF
+token, kept only in the record, is no one's. Every request also looks the key up again by
+its id, so a revoked key's sessions end on their next request whatever is left. A session ends
+when its time is up (`session_s`: the record expires then, and the time signed into the cookie
+is checked too, whatever the browser keeps). Every form post carries the session's token,
+checked here (the login form, before there is a session, the token of a short-lived cookie of
+its own).
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import secrets
 import time
@@ -19,7 +26,7 @@ import msgspec
 import redis
 
 from turnstile.errors import TurnstileError
-from turnstile.worker.http import keys
+from turnstile.worker.http import apikeys, keys
 from turnstile.worker.http.apikeys import ApiKey
 from turnstile.worker.http.console.settings import ConsoleSettings
 
@@ -60,6 +67,7 @@ class Viewer:
     key: ApiKey
     csrf: str
     expires_at: float
+    session: str  # the SHA-256 of the session's id: its record's name in the store
 
     @property
     def operator(self) -> bool:
@@ -70,10 +78,23 @@ class Viewer:
             raise OperatorOnlyError("this page needs an operator key; this key sees its own tenant")
 
 
-class _Session(msgspec.Struct):
+class _Cookie(msgspec.Struct):
+    """What the session cookie holds, signed: the session's id, and when it ends."""
+
+    sid: str
+    expires_at: float
+
+
+class _Record(msgspec.Struct):
+    """What the store holds of a session: who, its CSRF token, and when it ends."""
+
     key_id: str
     csrf: str
     expires_at: float
+
+
+def _hash(sid: str) -> str:
+    return hashlib.sha256(sid.encode()).hexdigest()
 
 
 class Sessions:
@@ -95,10 +116,26 @@ class Sessions:
     # -- the session -------------------------------------------------------------------------
 
     def issue(self, key: ApiKey) -> tuple[str, Viewer]:
-        """A new session for a verified key: the cookie's value and who it makes the caller."""
-        session = _Session(key.id, secrets.token_urlsafe(24), time.time() + self.settings.session_s)
-        value = self._signer("session").dumps(msgspec.to_builtins(session))
-        return value, Viewer(key, session.csrf, session.expires_at)
+        """A new session for a verified key, recorded in the store: the cookie's value and who
+        it makes the caller."""
+        sid, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(24)
+        expires_at = time.time() + self.settings.session_s
+        session, ttl_s = _hash(sid), self.settings.session_s
+        record = msgspec.json.encode(_Record(key.id, csrf, expires_at))
+        # The key's index first: a session the index misses could outlive its key's revocation
+        # (on a cluster the two are in different slots and written one after the other).
+        apikeys.in_order(self.store, [
+            ("sadd", keys.key_sessions(key.id), session),
+            ("expire", keys.key_sessions(key.id), ttl_s),
+            ("setex", keys.console_session(session), ttl_s, record),
+        ])  # fmt: skip
+        value = self._signer("session").dumps(msgspec.to_builtins(_Cookie(sid, expires_at)))
+        return value, Viewer(key, csrf, expires_at, session)
+
+    def end(self, viewer: Viewer) -> None:
+        """End the session at once (logout): its cookie names nothing after this."""
+        self.store.delete(keys.console_session(viewer.session))
+        self.store.srem(keys.key_sessions(viewer.key.id), viewer.session)
 
     def viewer(self, cookie: str | None) -> Viewer:
         """Who the session cookie names; LoginNeededError, saying why, when it names no one live."""
@@ -106,18 +143,25 @@ class Sessions:
             raise LoginNeededError("log in with an API key")
         try:
             raw = self._signer("session").loads(cookie, max_age=self.settings.session_s)
-            session = msgspec.convert(raw, _Session)
+            signed = msgspec.convert(raw, _Cookie)
         except itsdangerous.SignatureExpired:
             raise LoginNeededError("your session expired: log in again") from None
         except (itsdangerous.BadData, msgspec.ValidationError):
             raise LoginNeededError("your session is not valid here: log in again") from None
-        if session.expires_at <= time.time():
+        if signed.expires_at <= time.time():
             raise LoginNeededError("your session expired: log in again")
-        record = self.store.hget(keys.KEYS, session.key_id)
-        key = None if record is None else msgspec.json.decode(record, type=ApiKey)
+        session = _hash(signed.sid)
+        stored = self.store.get(keys.console_session(session))
+        if stored is None:
+            raise LoginNeededError(
+                "your session has ended (logged out, or its key was revoked): log in again"
+            )
+        record = msgspec.json.decode(stored, type=_Record)
+        found = self.store.hget(keys.KEYS, record.key_id)
+        key = None if found is None else msgspec.json.decode(found, type=ApiKey)
         if key is None or key.revoked_at:
             raise LoginNeededError("the key of this session was revoked: log in with a live key")
-        return Viewer(key, session.csrf, session.expires_at)
+        return Viewer(key, record.csrf, record.expires_at, session)
 
     # -- the login form's token, before there is a session ------------------------------------
 

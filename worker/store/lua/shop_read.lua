@@ -3,9 +3,9 @@ shop_read: a write's first round trip, and every read of the demo shop. Seeds th
 its demo orders the first time it is touched (HSETNX each, so concurrent first touches agree),
 then returns what the caller asked for, as one consistent snapshot.
 
-KEYS
-  1 orders hash    turnstile:shop:{S}:orders    order id -> order JSON
-  2 done hash      turnstile:shop:{S}:done      "<key>|<name>" -> done record JSON
+KEYS (shop S of tenant T: a tenant's shops are its own, whatever their names)
+  1 orders hash    turnstile:shop:{T}:S:orders    order id -> order JSON
+  2 done hash      turnstile:shop:{T}:S:done      "<key>|<name>" -> done record JSON
 ARGV
   1 done field "<key>|<name>" to look up, or '' to look up none
   2 '1' to return every order, '0' to return only the order named by ARGV[3]

@@ -4,10 +4,10 @@ business rule to it; this compare-and-sets the outcome: it is written only if (k
 still not stored and the order is byte for byte the one the rule saw. Only successful writes
 come here; a refusal is answered from the read alone and stores nothing.
 
-KEYS
-  1 orders hash    turnstile:shop:{S}:orders    order id -> order JSON
-  2 done hash      turnstile:shop:{S}:done      "<key>|<name>" -> done record JSON
-  3 effects list   turnstile:shop:{S}:effects   effect JSON, oldest first
+KEYS (shop S of tenant T: a tenant's shops are its own, whatever their names)
+  1 orders hash    turnstile:shop:{T}:S:orders    order id -> order JSON
+  2 done hash      turnstile:shop:{T}:S:done      "<key>|<name>" -> done record JSON
+  3 effects list   turnstile:shop:{T}:S:effects   effect JSON, oldest first
 ARGV
   1 done field "<key>|<name>"
   2 order id
