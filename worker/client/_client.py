@@ -46,6 +46,7 @@ from turnstile.providers import budget_for, unpriced
 from turnstile.providers.prices import PRICES_FILE_ENV
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.broker.producer import sender
+from turnstile.worker.client._edge import guard_store
 from turnstile.worker.client._memory import Memory
 from turnstile.worker.client._reading import FOLLOW_BLOCK_MS, Reading
 from turnstile.worker.names import check_name, check_run_id
@@ -205,6 +206,7 @@ def _check_conversation(conversation: str | None, policy: str | None) -> None:
         check_name("conversation", conversation)
 
 
+@guard_store
 class Client(Reading, Memory):
     """A service's handle on Turnstile: submit runs, read them, wait for them, follow their
     events, decide on held calls, and keep a tenant's users' long-term notes.
@@ -212,8 +214,10 @@ class Client(Reading, Memory):
     Made by `connect_client(Settings(redis_url=...))`. It reads and writes the store the
     workers use and sends steps through a private producer: it builds no Celery app of the
     caller's. Every input is checked before anything is written; a refusal is a
-    `SubmissionError` (or `DecisionRefusedError`) with a one-line message. One Client may be
-    shared by the threads of a process (its Redis client is a connection pool)."""
+    `SubmissionError` (or `DecisionRefusedError`) with a one-line message. A store that cannot
+    be reached is a `StoreUnavailableError` naming its URL (the password hidden), from every
+    method, the iteration of `events` included. One Client may be shared by the threads of a
+    process (its Redis client is a connection pool)."""
 
     def __init__(self, client: redis.Redis, config: Settings, send: Send) -> None:
         # A durable mode the server cannot give is refused before anything is written.
