@@ -247,13 +247,16 @@ BAD_BROKERS = [
 def test_a_broker_that_refuses_or_does_not_answer_is_one_line_at_worker_start(
     redis_url: str, url: str, code: int, said: str
 ) -> None:
-    """`turnstile worker` against wrong credentials, a vhost that is not there or a host that
-    does not answer: one line naming it (without the password), before Celery starts."""
+    """`turnstile worker` against wrong credentials, a vhost that is not there (at once) or a
+    host that does not answer (after its start wait): one line naming it (without the
+    password), before Celery starts."""
     result = runner.invoke(
         app, ["worker", "-Q", "q"], env={"TURNSTILE_REDIS_URL": redis_url,
-                                         "TURNSTILE_BROKER_URL": url},
+                                         "TURNSTILE_BROKER_URL": url,
+                                         "TURNSTILE_START_WAIT_S": "1"},
     )  # fmt: skip
     assert result.exit_code == code, result.output
+    said = "did not answer within 1 s" if code == 1 else said  # the start wait, then the line
     assert result.stderr.count("\n") == 1 and said in result.stderr, result.stderr
     assert WRONG not in result.stderr
 

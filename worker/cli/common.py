@@ -44,6 +44,11 @@ BrokerUrl = Annotated[
     typer.Option("--broker-url", envvar="TURNSTILE_BROKER_URL", show_default=False,
                  help="URL of Celery's broker; the store's server by default."),
 ]  # fmt: skip
+# A command with no store to work on: what to set, and how to get a store on a laptop.
+NO_STORE = (
+    "no store: set TURNSTILE_REDIS_URL or pass --redis-url (for development, `turnstile "
+    "dev-server` starts one and prints the line to set)"
+)
 JsonFlag = Annotated[
     bool, typer.Option("--json", envvar="TURNSTILE_JSON", help="Print JSON instead of a table.")
 ]
@@ -88,7 +93,7 @@ def open_client(redis_url: str | None, broker_url: str | None = None) -> Client:
     """A client for the command. Errors raised while it is used become one line (see
     OneLineGroup)."""
     if not redis_url:
-        fail("no store: set TURNSTILE_REDIS_URL or pass --redis-url", code=2)
+        fail(NO_STORE, code=2)
     _remember_urls(redis_url, broker_url)
     try:
         config = Settings(redis_url=redis_url, broker_url=broker_url)
