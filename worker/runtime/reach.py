@@ -4,8 +4,9 @@ A worker that starts before its store (a compose file's services in any order, a
 whose store is not started yet) waits up to TURNSTILE_START_WAIT_S for both to answer; past
 that it says, in one line, which one did not, at which URL (password hidden), and what to do,
 and exits non-zero, instead of Celery's banner and a hundred retries naming its transport.
-A server that answers but refuses the worker (a wrong password, a vhost that is not there)
-is said at once: waiting does not mend it. A store lost after the start is ridden out as
+A server that answers but refuses the worker (a wrong password, a vhost that is not there),
+or a URL that cannot be the store or the broker (a cluster's), is said at once: waiting does
+not mend it. A store lost after the start is ridden out as
 before: a step retries with backoff until it is back.
 
 `turnstile worker` asks before Celery starts; a worker Celery starts itself asks in its
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 import redis
 
-from turnstile.errors import StoreUnavailableError, redact
+from turnstile.errors import StoreMismatchError, StoreUnavailableError, redact
 from turnstile.worker.broker import amqp
 from turnstile.worker.settings import Settings
 from turnstile.worker.store.connect import UNAVAILABLE, connect, store_line
@@ -65,6 +66,8 @@ def _ping(url: str, config: Settings, what: str, advice: str) -> Unreached | Non
     subject = f"the {what} at {redact(url)}"
     try:
         client = connect(url, config)
+    except StoreMismatchError as exc:  # a cluster URL naming a single server, say
+        return Unreached(subject, str(exc), refused=True)
     except StoreUnavailableError as exc:  # a cluster none of whose nodes answered
         return Unreached(subject, _cause(exc.__cause__ or exc), advice)
     try:
@@ -96,7 +99,10 @@ def _problem(config: Settings) -> Unreached | None:
     found = _ping(store, config, "store", STORE_ADVICE)
     if found is not None:
         return found
-    broker = config.broker
+    try:
+        broker = config.broker
+    except StoreMismatchError as exc:  # a cluster is no broker
+        return Unreached("the broker", str(exc), refused=True)
     if amqp.is_amqp(broker):
         return _amqp(broker)
     return None if broker == store else _ping(broker, config, "broker", BROKER_ADVICE)
