@@ -94,8 +94,8 @@ def test_bad_params_are_refused_at_submit_and_nothing_is_written(
     from Python, and no run, no event and no message exist afterwards."""
     run_id = f"run_{uuid.uuid4().hex[:12]}"
     queue = f"q-{run_id}"
-    args = ["submit", "--tenant", "acme", "--user", "u1", "--goal", "refund ord_1001",
-            "--param", param, "--run-id", run_id, "--queue", queue]  # fmt: skip
+    args = ["submit", "--job", "support", "--tenant", "acme", "--user", "u1", "--goal",
+            "refund ord_1001", "--param", param, "--run-id", run_id, "--queue", queue]  # fmt: skip
     one_line_error(cli(redis_url, *args), message)
     client = client_for(redis_url)
     key, _, raw = param.partition("=")

@@ -301,8 +301,8 @@ def test_a_submission_whose_broker_refuses_is_stored_for_the_sweeper(
     env = {"TURNSTILE_REDIS_URL": redis_url, "TURNSTILE_FAIR_SHARE": "0",
            "TURNSTILE_BROKER_URL": _bad(AMQP_URL, password=WRONG)}  # fmt: skip
     result = runner.invoke(
-        app, ["submit", "--tenant", tenant, "--user", USER, "--goal", GOAL, "--run-id", run_id,
-              "--queue", f"rmq-{unique}"],
+        app, ["submit", "--job", "support", "--tenant", tenant, "--user", USER, "--goal", GOAL,
+              "--run-id", run_id, "--queue", f"rmq-{unique}"],
         env=env,
     )  # fmt: skip
     assert result.exit_code == 0, result.output

@@ -11,6 +11,7 @@ take the step does not undo it: the run's pickup lease lapses and the sweeper se
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import uuid
 from collections.abc import Callable, Mapping
@@ -111,6 +112,16 @@ def _budget(raw: Budget | Mapping[str, Any] | None, default: Budget) -> Budget:
         return default
     if isinstance(raw, Budget):
         return raw
+    if not isinstance(raw, Mapping):
+        raise SubmissionError(f"budget must be a Budget or a mapping, not {type(raw).__name__}")
+    fields = Budget.__struct_fields__
+    unknown = [str(name) for name in raw if name not in fields]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], fields, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise SubmissionError(
+            f"budget: unknown field {unknown[0]!r}{hint} (fields: {', '.join(fields)})"
+        )
     try:
         return msgspec.convert({**msgspec.to_builtins(default), **dict(raw)}, Budget)
     except msgspec.ValidationError as exc:
