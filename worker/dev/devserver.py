@@ -59,12 +59,8 @@ def port_problem(port: int) -> str | None:
     return f"port {port} on {HOST} is taken ({taken.strerror}): pass --port to use another"
 
 
-class _Stop(Exception):  # noqa: N818 - a signal to stop, not a failure
-    """SIGTERM or SIGHUP, stopping the server as Ctrl-C does."""
-
-
 def _raise_stop(signum: int, frame: FrameType | None) -> None:
-    raise _Stop
+    raise KeyboardInterrupt  # SIGTERM or SIGHUP: stop the server as Ctrl-C does
 
 
 @contextmanager
@@ -95,7 +91,7 @@ def serve(port: int, data_dir: Path, say: Callable[[str], None]) -> None:
                 "Ctrl-C stops it")  # fmt: skip
             say(f"export TURNSTILE_REDIS_URL={url_for(port)}")
             code = server.wait()
-        except (KeyboardInterrupt, _Stop):
+        except KeyboardInterrupt:
             server.stop()
             say(f"stopped; its data stays in {where}")
             return
