@@ -53,6 +53,17 @@ def bad_schema() -> Job:
     return Job(name="toy_bad_schema", tools={"lookup": broken}, model=good().model)
 
 
+def bad_provider() -> Job:
+    """A job whose default model names a provider there is not (a slip of `openai`)."""
+    return Job(name="toy_bad_provider", tools={}, model="opneai:gpt-4.1-mini")
+
+
+def typo_fallback() -> Job:
+    """A job whose fallback model is a typing slip from a known model."""
+    return Job(name="toy_typo_fallback", tools={}, model="openai:gpt-4.1-mini",
+               fallback_model="openai:gpt-4.1-mnii")  # fmt: skip
+
+
 def same_name() -> Job:
     return Job(name="toy_good", tools={}, model=good().model)
 

@@ -78,6 +78,43 @@ def test_turnstile_jobs_lists_ok_and_broken_plugins_with_params(redis_url: str) 
     one_line_error(cli(redis_url, "jobs", "toy"), "unknown job 'toy'; known jobs: support")
 
 
+def test_turnstile_jobs_exits_1_naming_broken_plugins_and_says_why_for_one(
+    redis_url: str,
+) -> None:
+    """`turnstile jobs` with a job whose default model names an unknown provider and a plugin
+    that does not import lists them broken with why, the good ones ok, and exits 1 naming the
+    broken ones (0 when none is); `jobs NAME` of the broken job, and `submit` of it, is one
+    line with why; `jobs NAME` of a name no job has gives the reasons of the plugins that broke
+    before naming themselves (one of them may be it)."""
+    spec = f"{P}:good,{P}:bad_provider,no_such_module_xyz:job"
+    listed = cli(redis_url, "jobs", "--json", TURNSTILE_JOBS=spec)
+    assert listed.exit_code == 1, listed.output
+    rows = {r["name"] or r["source"]: r for r in json.loads(listed.stdout)}
+    assert {k: r["status"] for k, r in rows.items()} == {
+        "support": "ok", "toy_good": "ok", "toy_bad_provider": "broken",
+        "TURNSTILE_JOBS no_such_module_xyz:job": "broken",
+    }  # fmt: skip
+    assert rows["toy_bad_provider"]["error"].startswith(
+        "ProviderConfigError: unknown provider 'opneai' in model 'opneai:gpt-4.1-mini'; "
+        "did you mean openai:gpt-4.1-mini?"
+    )
+    assert listed.stderr == (
+        "error: 2 job plugin(s) broken, each with why above: toy_bad_provider, "
+        "TURNSTILE_JOBS no_such_module_xyz:job\n"
+    )
+    assert cli(redis_url, "jobs", TURNSTILE_JOBS=f"{P}:good").exit_code == 0
+    why = "job 'toy_bad_provider' is broken (ProviderConfigError: unknown provider 'opneai'"
+    one_line_error(cli(redis_url, "jobs", "toy_bad_provider", TURNSTILE_JOBS=spec), why)
+    submit = ["submit", "--job", "toy_bad_provider", "--tenant", "t", "--user", "u", "--goal", "g"]
+    one_line_error(cli(redis_url, *submit, TURNSTILE_JOBS=spec), why)
+    one_line_error(
+        cli(redis_url, "jobs", "toy", TURNSTILE_JOBS=spec),
+        "unknown job 'toy'; known jobs: support, toy_good; broken, and it may be one of them: "
+        "TURNSTILE_JOBS no_such_module_xyz:job: ModuleNotFoundError: No module named "
+        "'no_such_module_xyz'",
+    )
+
+
 @pytest.mark.parametrize(
     ("param", "message"),
     [
