@@ -60,6 +60,30 @@ def test_a_worker_runs_the_good_jobs_and_names_each_broken_plugin_once(
             client.submit(f"t-{unique}", "u1", "toy", "say hi", queue=queue)
 
 
+def test_a_tool_value_that_is_no_json_is_logged_once_by_the_worker(
+    redis_url: str, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tool returning a set: the run's trace shows `bad_result`, and the worker's log has
+    one `tool_bad_result` line with the run, the turn, the tool and the value's type."""
+    spec = f"{P}:bad_value"
+    monkeypatch.setenv("TURNSTILE_JOBS", spec)  # the client sees the job as the worker does
+    queue = f"bad-{unique}"
+    with running_workers(redis_url, [queue], 1, env={"TURNSTILE_JOBS": spec}) as (worker,):
+        client = client_for(redis_url)
+        run_id = client.submit(f"t-{unique}", "u1", "toy_bad_value", "when is A-1 back?",
+                               queue=queue)  # fmt: skip
+        wait_until(lambda: client.state(run_id).outcome is not None, what="the run ends")
+        wait_until(lambda: bool(worker.events("tool_bad_result")), what="the log line")
+        logged = [e for e in worker.events("tool_bad_result") if e.get("run_id") == run_id]
+    traced = cli(redis_url, "trace", run_id).stdout
+    assert "tool stock_dates bad_result (not JSON: result is a set, not a JSON value)" in traced
+    (line,) = logged
+    assert (line["level"], line["turn"], line["tool"], line["value_type"]) == (
+        "error", 1, "stock_dates", "set"
+    )  # fmt: skip
+    assert line["detail"] == "not JSON: result is a set, not a JSON value"
+
+
 def test_turnstile_jobs_lists_ok_and_broken_plugins_with_params(redis_url: str) -> None:
     """`turnstile jobs --json` shows every registration, the broken ones with why, and
     `turnstile jobs NAME` a job's params schema and tools."""
