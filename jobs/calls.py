@@ -41,7 +41,8 @@ from turnstile.jobs.trace import Span, Trace, current_span
 TIMEOUT_GRACE_S = 0.05  # how much longer than its timeout a thread is waited for
 
 # Logging is the kernel's only output besides its return values: a tool's unexpected exception
-# is an observation for the model, and its traceback is for the job's author, here, once.
+# (or a value that is no result) is an observation for the model, and its traceback (or the
+# value's type) is for the job's author, here, once.
 log = structlog.get_logger("turnstile.tools")
 
 
@@ -297,6 +298,18 @@ class Invoker:
                 call=span.id, key=ctx.key, error=said, exc_info=exc,
             )  # fmt: skip
 
+    def _log_bad_result(
+        self, planned: Planned, ctx: ToolContext, span: Span, output: object, said: object
+    ) -> None:
+        """A tool that gave back what is not a result (a set, a datetime, an object, too much):
+        the model sees `bad_result`, the job's author this line, once, with the value's type."""
+        if self.log:
+            value = output.result if isinstance(output, ToolOutput) else output
+            log.error(
+                "tool_bad_result", run_id=ctx.run_id, turn=self.step, tool=planned.call.name,
+                call=span.id, key=ctx.key, value_type=type(value).__name__, detail=said,
+            )  # fmt: skip
+
     def _observe(
         self,
         planned: Planned,
@@ -324,6 +337,8 @@ class Invoker:
         else:
             result, failed = observe_value(output)
             plain = not failed
+        if failed and result.get("code") == "bad_result":  # ours, not a code the tool chose
+            self._log_bad_result(planned, ctx, span, output, result.get("detail"))
         if latency_s > ctx.timeout_s:
             # A write that outlives its timeout may still have happened: say so, never "failed".
             result = {"status": "unknown", "code": "timeout"} if tool.mutates else error("timeout")

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from typer._click.globals import get_current_context  # typer vendors click
 
+from turnstile.errors import redact
 from turnstile.ledger.client import Ledger
 from turnstile.ledger.errors import LedgerError
 from turnstile.ledger.inputs import (
@@ -34,14 +35,6 @@ ledger_app = typer.Typer(
 # anywhere in it can name the server without showing its password.
 STORE_URL_META = "turnstile.store_url"
 BROKER_URL_META = "turnstile.broker_url"
-
-_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^/@\s:]*:)[^@\s]*@", re.IGNORECASE)
-
-
-def redact(text: str) -> str:
-    """The text with the password of every URL in it replaced by ***."""
-    return _PASSWORD.sub(r"\g<head>***@", text)
-
 
 RedisUrl = Annotated[
     str | None,

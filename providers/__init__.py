@@ -8,6 +8,7 @@ format it is asked for.
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,8 @@ from turnstile.jobs.model import Model, is_provider_model, spec_problem
 from turnstile.providers import endpoints
 from turnstile.providers.endpoints import ENDPOINTS_ENV, Route
 from turnstile.providers.errors import ProviderConfigError
-from turnstile.providers.prices import Price, price_of, priced_budget
+from turnstile.providers.known import near_misses
+from turnstile.providers.prices import PRICES_FILE_ENV, Price, price_of, priced_budget
 
 if TYPE_CHECKING:
     from turnstile.jobs.job import Job
@@ -34,11 +36,13 @@ def _route(spec: str) -> tuple[Route, str]:
     provider, _, model = spec.partition(":")
     found = endpoints.route(provider)
     if found is None:
-        configured = "" if os.environ.get(ENDPOINTS_ENV) else f" (none set in {ENDPOINTS_ENV})"
+        names = endpoints.names()
+        configured = "" if os.environ.get(ENDPOINTS_ENV) else ", which is not set"
+        close = difflib.get_close_matches(provider, names, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}:{model}?" if close else ""
         raise ProviderConfigError(
-            f"unknown provider {provider!r} in model {spec!r}; one of "
-            f"{', '.join(endpoints.names())}: named endpoints come from {ENDPOINTS_ENV}"
-            f"{configured}"
+            f"unknown provider {provider!r} in model {spec!r}{hint} (a provider is one of "
+            f"{', '.join(names)}; named endpoints come from {ENDPOINTS_ENV}{configured})"
         )
     return found, model
 
@@ -50,11 +54,24 @@ def parse(spec: str) -> tuple[str, str]:
     return found.name, model
 
 
-def check(spec: str) -> str:
+def check(spec: str, *, keys: bool = True) -> str:
     """A model string a run may be submitted with, or the one-line reason it may not: its
-    provider is known here, and a named endpoint's key variable is set. (A built-in provider's
-    key is the workers' concern: a run without it ends `error` naming the variable.)"""
-    found, _ = _route(spec)
+    provider is known here, it is not a typing slip from a known model (`openai:gpt-4.1-mnii`:
+    refused naming the closest, see known.py), and (with `keys`) a named endpoint's key
+    variable is set. (A built-in provider's key is the workers' concern: a run without it
+    ends `error` naming the variable.) A job's default and fallback models are checked when
+    it is registered, without `keys`."""
+    found, model = _route(spec)
+    if (found.prices.get(model) or price_of(spec)) is None:
+        misses = near_misses(spec)
+        if misses:
+            raise ProviderConfigError(
+                f"unknown model {spec!r}: did you mean {' or '.join(misses)}? (a model this "
+                f"process does not know yet is added, with its price, to the file named in "
+                f"{PRICES_FILE_ENV})"
+            )
+    if not keys:
+        return spec
     if found.base_env is None and found.key_env and not os.environ.get(found.key_env):
         raise ProviderConfigError(
             f"model {spec!r}: endpoint {found.name!r} takes its key from {found.key_env}, "

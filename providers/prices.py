@@ -92,6 +92,11 @@ def price_of(model: str) -> Price | None:
     return _table(os.environ.get(PRICES_FILE_ENV) or None).get(model)
 
 
+def priced_models() -> list[str]:
+    """Every model string the price table names (the defaults and the override file)."""
+    return list(_table(os.environ.get(PRICES_FILE_ENV) or None))
+
+
 def priced_budget(budget: Budget, price: Price | None) -> Budget:
     """The budget with the model's rates, so a turn's reservation is its worst case at them:
     every input token at the dearer of the plain and cache-write rates, plus the output cap."""

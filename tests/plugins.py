@@ -53,6 +53,35 @@ def bad_schema() -> Job:
     return Job(name="toy_bad_schema", tools={"lookup": broken}, model=good().model)
 
 
+def bad_provider() -> Job:
+    """A job whose default model names a provider there is not (a slip of `openai`)."""
+    return Job(name="toy_bad_provider", tools={}, model="opneai:gpt-4.1-mini")
+
+
+def typo_fallback() -> Job:
+    """A job whose fallback model is a typing slip from a known model."""
+    return Job(name="toy_typo_fallback", tools={}, model="openai:gpt-4.1-mini",
+               fallback_model="openai:gpt-4.1-mnii")  # fmt: skip
+
+
+@tool
+def stock_dates(ctx: ToolContext, sku: str) -> Any:
+    """When the item is back in stock: a set of dates, which is no JSON value."""
+    return {"2025-06-01", "2025-06-08"}
+
+
+def _ask_stock_then_answer(view: Any, i: int) -> dict[str, Any]:
+    if i == 1:
+        return {"type": "tool", "name": "stock_dates", "args": {"sku": "A-1"}}
+    return _final(view, i)
+
+
+def bad_value(client: object = None) -> Job:
+    """A job whose one tool returns a set: its call is a `bad_result`, and the run goes on."""
+    return Job(name="toy_bad_value", tools={"stock_dates": stock_dates},
+               model=lambda params: Scripted(_ask_stock_then_answer, 0.1))  # fmt: skip
+
+
 def same_name() -> Job:
     return Job(name="toy_good", tools={}, model=good().model)
 

@@ -1,8 +1,8 @@
 """The one exception tree of Turnstile: every error it raises on purpose is a `TurnstileError`.
 A denial, a refusal or a budget stop is an outcome, never one of these.
 
-This module imports nothing, so that jobs/ and ledger/ root their families here without
-depending on worker/. The families:
+This module imports nothing of ours, so that jobs/ and ledger/ root their families here
+without depending on worker/. The families:
 
 - kernel: `KernelError` and its kinds (turnstile/jobs/errors.py); a provider's configuration
   error is one of its `ParamsError`s (turnstile/providers/errors.py);
@@ -11,7 +11,18 @@ depending on worker/. The families:
 - the store is down: `StoreUnavailableError`, whichever store it is;
 - what a service meets when it submits, reads or decides: the rest of this module;
 - an operator command that does not apply: `ControlError` (turnstile/worker/ops/errors.py).
+
+An error's message never shows a password: `redact` hides the one of every URL in it.
 """
+
+import re
+
+_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^/@\s:]*:)[^@\s]*@", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """The text with the password of every URL in it replaced by ***."""
+    return _PASSWORD.sub(r"\g<head>***@", text)
 
 
 class TurnstileError(Exception):

@@ -8,8 +8,10 @@ Redis client; it is given None when the job is built to run in this process alon
 listing), and should then use an in-memory world.
 
 A plugin that fails (does not import, its factory raises or returns something else, its
-tool schema is not JSON Schema, its name is taken twice) is recorded as broken with one line
-saying why; the other jobs are unaffected.
+tool schema is not JSON Schema, its default or fallback model string names a provider this
+process does not know or is a typing slip from a known model, its name is taken by another
+registration) is recorded as broken with one line saying why; the other jobs are unaffected.
+The same `module:attr` named twice (an entry point and TURNSTILE_JOBS) is one registration.
 """
 
 from __future__ import annotations
@@ -60,17 +62,36 @@ def _import_ref(ref: str) -> Callable[[], Any]:
     return load
 
 
+def _target(ref: str) -> str:
+    """`module:attr` as written, spaces around each part dropped: one target, however spaced."""
+    module, sep, attr = ref.partition(":")
+    return f"{module.strip()}{sep}{attr.strip()}"
+
+
 def candidates(spec: str | None = None) -> list[Plugin]:
-    """Every registration this process can see, in a stable order; nothing is imported yet."""
-    found = [
-        Plugin(f"entry point {ep.name} = {ep.value}", ep.name, ep.load)
-        for ep in sorted(entry_points(group=GROUP), key=lambda e: (e.name, e.value))
-    ]
+    """Every registration this process can see, in a stable order; nothing is imported yet.
+    A `module:attr` named by an entry point and again by TURNSTILE_JOBS (or twice there) is
+    one registration, the first."""
+    points = sorted(entry_points(group=GROUP), key=lambda e: (e.name, e.value))
+    found = [Plugin(f"entry point {ep.name} = {ep.value}", ep.name, ep.load) for ep in points]
+    seen = {_target(ep.value) for ep in points}
     spec = os.environ.get(ENV, "") if spec is None else spec
     for ref in (part.strip() for part in spec.split(",")):
-        if ref:
+        if ref and _target(ref) not in seen:
+            seen.add(_target(ref))
             found.append(Plugin(f"{ENV} {ref}", None, _import_ref(ref)))
     return found
+
+
+def check_models(job: Job) -> None:
+    """A job's default and fallback model strings, checked when it is registered: a provider
+    this process knows, and no typing slip from a known model (providers `check`); a named
+    endpoint's key is a run's concern. ProviderConfigError says what is wrong."""
+    from turnstile.providers import check  # noqa: PLC0415 - the providers' tables, on demand
+
+    for spec in (job.model if isinstance(job.model, str) else None, job.fallback_model):
+        if spec is not None:
+            check(spec, keys=False)
 
 
 def _takes_client(factory: Callable[..., Any]) -> bool:
@@ -121,8 +142,10 @@ class Registry:
         self.plugins = candidates(spec)
         for plugin in self.plugins:
             try:
-                plugin.job = build(plugin, client, drills=drills)
-                plugin.name = plugin.job.name
+                job = build(plugin, client, drills=drills)
+                plugin.name = job.name  # a job with a bad model string is listed by its name
+                check_models(job)
+                plugin.job = job
             except Exception as exc:  # any failure of a plugin is that plugin's, not ours
                 plugin.error = _reason(exc)
         self._mark_duplicates()

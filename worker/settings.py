@@ -55,6 +55,11 @@ class Settings(BaseSettings):
 
     ledger_grace_s: float = Field(default=60.0, ge=0)
     redis_timeout_s: float = Field(default=5.0, gt=0)
+    # How long a starting worker waits for its store and broker to answer before it exits
+    # non-zero with one line saying which did not (worker/runtime/reach.py): long enough for
+    # a compose file's store to start beside it, short enough that a worker pointed at
+    # nothing says so before its operator gives up on it. 0: one look.
+    start_wait_s: float = Field(default=30.0, ge=0)
 
     # The worker's pool and its turns in flight (`turnstile worker --pool --concurrency`; see
     # worker/runtime/pools.py). They size the connection pools: one Redis connection and one broker

@@ -77,8 +77,8 @@ def _events(client: Client, run_id: str) -> list[dict[str, Any]]:
 
 def _submit_g(redis_url: str, tenant: str, queue: str) -> str:
     g = BY_LETTER["G"].params
-    result = ok(cli(redis_url, "submit", "--tenant", tenant, "--user", USER, "--goal", GOAL,
-                    "--param", f"order={g['order']}", "--param",
+    result = ok(cli(redis_url, "submit", "--job", "support", "--tenant", tenant, "--user", USER,
+                    "--goal", GOAL, "--param", f"order={g['order']}", "--param",
                     f"amount_cents={g['amount_cents']}", "--queue", queue, "--json"))  # fmt: skip
     return str(json.loads(result.stdout)["run_id"])
 
@@ -131,8 +131,8 @@ def test_cancel_a_parked_run_and_a_running_one(
     """A run parked by a tenant pause is cancelled at once, and resuming the tenant leaves
     it ended; a running run is cancelled at its next turn boundary."""
     tenant = f"t-{unique}"
-    ok(cli(redis_url, "submit", "--tenant", tenant, "--user", USER, "--goal", GOAL,
-           "--queue", queue))  # fmt: skip
+    ok(cli(redis_url, "submit", "--job", "support", "--tenant", tenant, "--user", USER,
+           "--goal", GOAL, "--queue", queue))  # fmt: skip
     ok(cli(redis_url, "pause", "--tenant", tenant, "--by", "ops"))
     run_id = client.submit(tenant, USER, "support", GOAL, {}, queue=queue)
     wait_until(lambda: _status(client, run_id) == "parked", what="the run parks")

@@ -50,7 +50,7 @@ def one_line(result: subprocess.CompletedProcess[str] | object, prefix: str = "e
 # -- the server's errors, in every command ---------------------------------------------------
 
 EVERY_COMMAND = [
-    ["submit", "--tenant", "t", "--user", "u", "--goal", "g"],
+    ["submit", "--job", "support", "--tenant", "t", "--user", "u", "--goal", "g"],
     ["runs"], ["status", "run_x"], ["approve", "run_x"], ["deny", "run_x", "--reason", "r"],
     ["cancel", "run_x"], ["pause", "--tenant", "t"], ["resume", "--tenant", "t"],
     ["drain", "--queue", "q"], ["queues"], ["watch", "run_x"], ["trace", "run_x"],
@@ -94,8 +94,8 @@ def test_unreachable_and_refusing_servers_are_one_line_without_passwords(
 
     admin.replicaof("127.0.0.1", free_port())  # a replica of nothing: it refuses writes
     try:
-        result = turnstile("submit", "--tenant", f"t-{unique}", "--user", USER, "--goal", GOAL,
-                           TURNSTILE_REDIS_URL=own_server.url)  # fmt: skip
+        result = turnstile("submit", "--job", "support", "--tenant", f"t-{unique}", "--user",
+                           USER, "--goal", GOAL, TURNSTILE_REDIS_URL=own_server.url)  # fmt: skip
         assert result.returncode == 1
         assert "is read-only" in one_line(result)
     finally:
@@ -118,11 +118,12 @@ def test_usage_errors_are_one_line(redis_url: str) -> None:
     assert result.returncode == 2 and "No such command" in one_line(result, "turnstile: ")
 
 
+SUBMIT = ["submit", "--job", "support"]
 BAD_NAMES = [
-    ["submit", "--tenant=-acme", "--user", "u", "--goal", "g"],
-    ["submit", "--tenant", "t-{u}", "--user=-u", "--goal", "g"],
-    ["submit", "--tenant", "t-{u}", "--user", "u", "--goal", "g", "--queue=-q"],
-    ["submit", "--tenant", "t-{u}", "--user", "u", "--goal", "g", "--run-id", ""],
+    [*SUBMIT, "--tenant=-acme", "--user", "u", "--goal", "g"],
+    [*SUBMIT, "--tenant", "t-{u}", "--user=-u", "--goal", "g"],
+    [*SUBMIT, "--tenant", "t-{u}", "--user", "u", "--goal", "g", "--queue=-q"],
+    [*SUBMIT, "--tenant", "t-{u}", "--user", "u", "--goal", "g", "--run-id", ""],
     ["memory", "add", "--tenant=-acme", "--user", "u", "--text", "hello"],
     ["memory", "add", "--tenant", "t-{u}", "--user=-u", "--text", "hello"],
     ["pause", "--tenant=-acme"],
@@ -203,9 +204,9 @@ def test_a_submit_and_an_approve_with_the_broker_down_are_accepted_and_happen(
     with running_workers(redis_url, [queue], 1):
         started = time.monotonic()
         result = turnstile(
-            "submit", "--tenant", tenant, "--user", USER, "--goal", GOAL, "--queue", queue,
-            "--param", f"order={g['order']}", "--param", f"amount_cents={g['amount_cents']}",
-            "--json", **down,
+            "submit", "--job", "support", "--tenant", tenant, "--user", USER, "--goal", GOAL,
+            "--queue", queue, "--param", f"order={g['order']}",
+            "--param", f"amount_cents={g['amount_cents']}", "--json", **down,
         )  # fmt: skip
         assert time.monotonic() - started < 20
         assert result.returncode == 0, result.stderr

@@ -119,7 +119,8 @@ def test_a_url_and_a_server_that_disagree_are_refused_in_one_line(
     with pytest.raises(StoreMismatchError, match="is not a cluster node"):
         client_for(f"redis+cluster://{single}")
     result = CliRunner().invoke(
-        app, ["submit", "--tenant", f"t-{unique}", "--user", USER, "--goal", GOAL],
+        app, ["submit", "--job", "support", "--tenant", f"t-{unique}", "--user", USER,
+              "--goal", GOAL],
         env={"TURNSTILE_REDIS_URL": f"redis://{node}", "TURNSTILE_BROKER_URL": redis_url},
     )  # fmt: skip
     assert result.exit_code == 1, result.output

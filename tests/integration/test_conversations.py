@@ -404,8 +404,8 @@ def test_bad_conversation_input_is_one_line_from_the_cli(
     tenant = f"t-{unique}"
     result = runner.invoke(
         app,
-        ["submit", "--tenant", tenant, "--user", USER, "--goal", GOAL, "--queue",
-         f"q-{unique}", *args],
+        ["submit", "--job", "support", "--tenant", tenant, "--user", USER, "--goal", GOAL,
+         "--queue", f"q-{unique}", *args],
         env={"TURNSTILE_REDIS_URL": redis_url},
     )  # fmt: skip
     lines = [line for line in result.output.splitlines() if line.strip()]

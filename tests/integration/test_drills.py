@@ -31,8 +31,8 @@ def test_a_drill_is_refused_where_drills_are_off(
     param = f"{name}={value}".replace("'", '"')
     result = CliRunner().invoke(
         app,
-        ["submit", "--tenant", tenant, "--user", USER, "--goal", GOAL, "--run-id", run_id,
-         "--param", param],
+        ["submit", "--job", "support", "--tenant", tenant, "--user", USER, "--goal", GOAL,
+         "--run-id", run_id, "--param", param],
         env={"TURNSTILE_REDIS_URL": redis_url, "TURNSTILE_ALLOW_DRILLS": "0"},
     )  # fmt: skip
     assert result.exit_code == 1, result.output

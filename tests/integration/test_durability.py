@@ -142,7 +142,8 @@ def test_durable_modes_refuse_to_start_a_worker_or_a_command(
         "TURNSTILE_DURABILITY=none"
     ], started.stderr
     result = CliRunner().invoke(
-        app, ["submit", "--tenant", f"t-{unique}", "--user", USER, "--goal", GOAL],
+        app, ["submit", "--job", "support", "--tenant", f"t-{unique}", "--user", USER,
+              "--goal", GOAL],
         env={"TURNSTILE_REDIS_URL": own_server.url, "TURNSTILE_DURABILITY": "aof"},
     )  # fmt: skip
     assert result.exit_code == 1, result.output

@@ -18,6 +18,7 @@ from tests.integration.workers import wait_until
 from turnstile.jobs.support.scenarios import GOAL, USER
 from turnstile.worker.cli.main import app
 from turnstile.worker.dev.embedded import EmbeddedServer
+from turnstile.worker.http.apikeys import Role
 from turnstile.worker.store import keys
 
 pytestmark = pytest.mark.integration
@@ -199,6 +200,109 @@ def test_a_store_outage_is_a_503_not_a_500(unique: str) -> None:
             assert web.get("/healthz").status_code == 200
             server.start()
             wait_until(lambda: web.get("/readyz").status_code == 200, what="ready again")
+
+
+# One call of every operation of the API (as its document names it), as a tenant's service
+# key (runs, memory, webhooks) or an operator's key makes it, with a body it takes.
+EVERY_OPERATION = [
+    ("service", "POST", "/v1/runs", {"user": USER, "goal": GOAL, "job": "support"}),
+    ("service", "GET", "/v1/runs", None),
+    ("service", "GET", "/v1/runs/{run_id}", None),
+    ("service", "GET", "/v1/runs/{run_id}/events", None),
+    ("service", "POST", "/v1/runs/{run_id}/approve", {"digest": "d" * 24}),
+    ("service", "POST", "/v1/runs/{run_id}/deny", {"reason": "no"}),
+    ("service", "POST", "/v1/runs/{run_id}/cancel", {}),
+    ("service", "POST", "/v1/memory", {"user": USER, "text": "prefers email"}),
+    ("service", "GET", "/v1/memory", None),
+    ("service", "DELETE", "/v1/memory", None),
+    ("service", "GET", "/v1/ledger", None),
+    ("service", "POST", "/v1/webhooks", {"url": "https://example.com/hook"}),
+    ("service", "GET", "/v1/webhooks", None),
+    ("service", "DELETE", "/v1/webhooks/{endpoint_id}", None),
+    ("operator", "GET", "/readyz", None),
+    ("operator", "GET", "/v1/tenants", None),
+    ("operator", "PUT", "/v1/tenants/{tenant}/ceilings/{dimension}", {"value": 5}),
+    ("operator", "GET", "/v1/queues", None),
+    ("operator", "GET", "/v1/queues/{queue}/backlog", None),
+    ("operator", "POST", "/v1/queues/{queue}/pause", {}),
+    ("operator", "POST", "/v1/queues/{queue}/drain", {}),
+    ("operator", "POST", "/v1/queues/{queue}/resume", {}),
+    ("operator", "POST", "/v1/tenants/{tenant}/pause", {}),
+    ("operator", "POST", "/v1/tenants/{tenant}/resume", {}),
+    ("operator", "GET", "/v1/limits", None),
+    ("operator", "PUT", "/v1/limits/{endpoint}", {"rpm": 40}),
+    ("operator", "DELETE", "/v1/limits/{endpoint}", None),
+]  # fmt: skip
+CONSOLE_PAGES = ["/runs", "/runs/{run_id}", "/runs/{run_id}/events", "/inbox", "/tenants",
+                 "/queues", "/confirm?action=pause&tenant={tenant}"]  # fmt: skip
+
+
+def _console_login(api: ApiServer, key: str) -> httpx.Client:
+    """A browser's session on the console: the login form's token, then the key."""
+    browser = httpx.Client(base_url=f"{api.url}/console", timeout=30)
+    form = browser.get("/login").text
+    token = form.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+    assert browser.post("/login", data={"key": key, "csrf": token}).status_code == 303
+    return browser
+
+
+def test_every_operation_and_console_page_answers_a_store_outage_with_a_503(
+    unique: str,
+) -> None:
+    """With the store stopped, every operation of the API (the document's whole list) is a
+    503 `store_unavailable` problem (naming no address to a tenant's key), and every console
+    page the 503 error page: never a 500, never a traceback."""
+    tenant = f"t-{unique}"
+    with EmbeddedServer() as server:
+        keys_by_role = {
+            "service": make_key(server.url, tenant),
+            "operator": make_key(server.url, f"ops-{unique}", Role.OPERATOR),
+        }
+        with running_api(server.url) as api, http(api, keys_by_role["service"]) as svc:
+            run = svc.post("/v1/runs", json={"user": USER, "goal": GOAL, "queue": f"idle-{unique}"})
+            fill = {
+                "run_id": run.json()["run_id"],
+                "tenant": tenant,
+                "dimension": "steps",
+                "queue": "default",
+                "endpoint": "openai",
+                "endpoint_id": "wh_nope",
+            }
+            documented = {
+                (method.upper(), path)
+                for path, ops in svc.get("/openapi.json").json()["paths"].items()
+                for method in ops
+            }
+            browser = _console_login(api, keys_by_role["operator"])
+            clients = {role: http(api, key) for role, key in keys_by_role.items()}
+            try:
+                assert clients["service"].get("/v1/runs").status_code == 200
+                assert clients["operator"].get("/v1/tenants").status_code == 200
+                server.stop()
+                replies = {
+                    (method, path): clients[role].request(
+                        method,
+                        path.format(**fill),
+                        json=body,
+                    )
+                    for role, method, path, body in EVERY_OPERATION
+                }
+                pages = {page: browser.get(page.format(**fill)) for page in CONSOLE_PAGES}
+                healthy = clients["operator"].get("/healthz").status_code
+            finally:
+                browser.close()
+                for client in clients.values():
+                    client.close()
+    assert {(m, p) for _, m, p, _ in EVERY_OPERATION} == documented - {("GET", "/healthz")}
+    for (method, path), reply in replies.items():
+        assert reply.status_code == 503, f"{method} {path}: {reply.status_code} {reply.text}"
+        _problem(reply, 503, "store_unavailable")
+    for role, method, path, _ in EVERY_OPERATION:  # an operator's readiness names the store
+        assert role == "operator" or str(server.port) not in replies[method, path].text
+    for page, reply in pages.items():
+        assert reply.status_code == 503, f"{page}: {reply.status_code}"
+        assert "the store is unreachable" in reply.text and "Traceback" not in reply.text
+    assert healthy == 200
 
 
 def test_a_stop_is_not_held_by_open_event_streams(redis_url: str, unique: str) -> None:

@@ -110,8 +110,8 @@ def test_an_idempotency_key_names_one_run_over_http_the_client_and_the_cli(
     tenant, queue, key = f"t-{unique}", f"idle-{unique}", f"refund-{unique}"
     client = client_for(redis_url)
     made = client.submit_run(tenant, USER, "support", GOAL, queue=queue, idempotency_key=key)
-    cli = runner.invoke(app, ["submit", "--tenant", tenant, "--user", USER, "--goal", GOAL,
-                              "--queue", queue, "--idempotency-key", key, "--json",
+    cli = runner.invoke(app, ["submit", "--job", "support", "--tenant", tenant, "--user", USER,
+                              "--goal", GOAL, "--queue", queue, "--idempotency-key", key, "--json",
                               "--redis-url", redis_url])  # fmt: skip
     with http(api, make_key(redis_url, tenant)) as web:
         by_header = web.post("/v1/runs", json=_body(unique), headers={"Idempotency-Key": key})
@@ -278,7 +278,8 @@ def test_dot_run_ids_are_refused_by_the_client_and_the_cli(redis_url: str, uniqu
     for run_id in (".", ".."):
         with pytest.raises(InvalidNameError, match=r"not '\.' or '\.\.'"):
             client.submit(f"t-{unique}", USER, "support", GOAL, run_id=run_id)
-        args = ["submit", "--tenant", f"t-{unique}", "--user", USER, "--goal", GOAL]
+        args = ["submit", "--job", "support", "--tenant", f"t-{unique}", "--user", USER]
+        args += ["--goal", GOAL]
         cli = runner.invoke(app, [*args, "--run-id", run_id, "--redis-url", redis_url])
         assert cli.exit_code == 1 and cli.stderr.startswith("error: bad run id")
         assert cli.stderr.count("\n") == 1

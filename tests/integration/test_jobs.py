@@ -60,6 +60,30 @@ def test_a_worker_runs_the_good_jobs_and_names_each_broken_plugin_once(
             client.submit(f"t-{unique}", "u1", "toy", "say hi", queue=queue)
 
 
+def test_a_tool_value_that_is_no_json_is_logged_once_by_the_worker(
+    redis_url: str, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tool returning a set: the run's trace shows `bad_result`, and the worker's log has
+    one `tool_bad_result` line with the run, the turn, the tool and the value's type."""
+    spec = f"{P}:bad_value"
+    monkeypatch.setenv("TURNSTILE_JOBS", spec)  # the client sees the job as the worker does
+    queue = f"bad-{unique}"
+    with running_workers(redis_url, [queue], 1, env={"TURNSTILE_JOBS": spec}) as (worker,):
+        client = client_for(redis_url)
+        run_id = client.submit(f"t-{unique}", "u1", "toy_bad_value", "when is A-1 back?",
+                               queue=queue)  # fmt: skip
+        wait_until(lambda: client.state(run_id).outcome is not None, what="the run ends")
+        wait_until(lambda: bool(worker.events("tool_bad_result")), what="the log line")
+        logged = [e for e in worker.events("tool_bad_result") if e.get("run_id") == run_id]
+    traced = cli(redis_url, "trace", run_id).stdout
+    assert "tool stock_dates bad_result (not JSON: result is a set, not a JSON value)" in traced
+    (line,) = logged
+    assert (line["level"], line["turn"], line["tool"], line["value_type"]) == (
+        "error", 1, "stock_dates", "set"
+    )  # fmt: skip
+    assert line["detail"] == "not JSON: result is a set, not a JSON value"
+
+
 def test_turnstile_jobs_lists_ok_and_broken_plugins_with_params(redis_url: str) -> None:
     """`turnstile jobs --json` shows every registration, the broken ones with why, and
     `turnstile jobs NAME` a job's params schema and tools."""
@@ -78,6 +102,43 @@ def test_turnstile_jobs_lists_ok_and_broken_plugins_with_params(redis_url: str) 
     one_line_error(cli(redis_url, "jobs", "toy"), "unknown job 'toy'; known jobs: support")
 
 
+def test_turnstile_jobs_exits_1_naming_broken_plugins_and_says_why_for_one(
+    redis_url: str,
+) -> None:
+    """`turnstile jobs` with a job whose default model names an unknown provider and a plugin
+    that does not import lists them broken with why, the good ones ok, and exits 1 naming the
+    broken ones (0 when none is); `jobs NAME` of the broken job, and `submit` of it, is one
+    line with why; `jobs NAME` of a name no job has gives the reasons of the plugins that broke
+    before naming themselves (one of them may be it)."""
+    spec = f"{P}:good,{P}:bad_provider,no_such_module_xyz:job"
+    listed = cli(redis_url, "jobs", "--json", TURNSTILE_JOBS=spec)
+    assert listed.exit_code == 1, listed.output
+    rows = {r["name"] or r["source"]: r for r in json.loads(listed.stdout)}
+    assert {k: r["status"] for k, r in rows.items()} == {
+        "support": "ok", "toy_good": "ok", "toy_bad_provider": "broken",
+        "TURNSTILE_JOBS no_such_module_xyz:job": "broken",
+    }  # fmt: skip
+    assert rows["toy_bad_provider"]["error"].startswith(
+        "ProviderConfigError: unknown provider 'opneai' in model 'opneai:gpt-4.1-mini'; "
+        "did you mean openai:gpt-4.1-mini?"
+    )
+    assert listed.stderr == (
+        "error: 2 job plugin(s) broken, each with why above: toy_bad_provider, "
+        "TURNSTILE_JOBS no_such_module_xyz:job\n"
+    )
+    assert cli(redis_url, "jobs", TURNSTILE_JOBS=f"{P}:good").exit_code == 0
+    why = "job 'toy_bad_provider' is broken (ProviderConfigError: unknown provider 'opneai'"
+    one_line_error(cli(redis_url, "jobs", "toy_bad_provider", TURNSTILE_JOBS=spec), why)
+    submit = ["submit", "--job", "toy_bad_provider", "--tenant", "t", "--user", "u", "--goal", "g"]
+    one_line_error(cli(redis_url, *submit, TURNSTILE_JOBS=spec), why)
+    one_line_error(
+        cli(redis_url, "jobs", "toy", TURNSTILE_JOBS=spec),
+        "unknown job 'toy'; known jobs: support, toy_good; broken, and it may be one of them: "
+        "TURNSTILE_JOBS no_such_module_xyz:job: ModuleNotFoundError: No module named "
+        "'no_such_module_xyz'",
+    )
+
+
 @pytest.mark.parametrize(
     ("param", "message"),
     [
@@ -94,8 +155,8 @@ def test_bad_params_are_refused_at_submit_and_nothing_is_written(
     from Python, and no run, no event and no message exist afterwards."""
     run_id = f"run_{uuid.uuid4().hex[:12]}"
     queue = f"q-{run_id}"
-    args = ["submit", "--tenant", "acme", "--user", "u1", "--goal", "refund ord_1001",
-            "--param", param, "--run-id", run_id, "--queue", queue]  # fmt: skip
+    args = ["submit", "--job", "support", "--tenant", "acme", "--user", "u1", "--goal",
+            "refund ord_1001", "--param", param, "--run-id", run_id, "--queue", queue]  # fmt: skip
     one_line_error(cli(redis_url, *args), message)
     client = client_for(redis_url)
     key, _, raw = param.partition("=")

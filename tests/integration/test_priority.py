@@ -356,7 +356,8 @@ def test_the_cli_refuses_a_priority_that_is_not_0_to_9(
 ) -> None:
     tenant = f"t-{unique}"
     result = runner.invoke(
-        app, ["submit", "--tenant", tenant, "--user", USER, "--goal", GOAL, "--priority", value],
+        app, ["submit", "--job", "support", "--tenant", tenant, "--user", USER, "--goal", GOAL,
+              "--priority", value],
         env={"TURNSTILE_REDIS_URL": redis_url},
     )  # fmt: skip
     assert result.exit_code == 2, result.output
@@ -405,8 +406,9 @@ def test_the_priority_is_stored_and_shown(redis_url: str, api: ApiServer, unique
         assert web.post("/v1/runs", json={**body, "priority": 7}).status_code == 409
         plain = web.post("/v1/runs", json={"user": USER, "goal": GOAL, "queue": queue})
         assert web.get(f"/v1/runs/{plain.json()['run_id']}").json()["priority"] == 5
-    result = runner.invoke(app, ["submit", "--tenant", tenant, "--user", USER, "--goal", GOAL,
-                                 "--queue", queue, "--priority", "1"], env=env)  # fmt: skip
+    result = runner.invoke(app, ["submit", "--job", "support", "--tenant", tenant, "--user",
+                                 USER, "--goal", GOAL, "--queue", queue, "--priority", "1"],
+                           env=env)  # fmt: skip
     assert result.exit_code == 0, result.output
     low = result.stdout.strip()
     shown = runner.invoke(app, ["status", low, "--json"], env=env)

@@ -19,6 +19,7 @@ from turnstile.errors import SubmissionError
 from turnstile.jobs.outcomes import Outcome
 from turnstile.jobs.support.scenarios import GOAL, USER
 from turnstile.worker.ops.replay import replay_run
+from turnstile.worker.store import keys
 
 pytestmark = pytest.mark.integration
 
@@ -90,6 +91,34 @@ def test_submit_refuses_a_bad_model_string_and_an_unpriced_model_under_a_cost_ce
     chosen = client.state(other).budget
     assert chosen.input_microusd_per_mtok == 0
     assert chosen.max_tokens == 40_000  # the job's default, raised for a real model
+
+
+TYPO_SAID = (
+    "unknown model 'openai:gpt-4.1-mnii': did you mean openai:gpt-4.1-mini? (a model this "
+    "process does not know yet is added, with its price, to the file named in "
+    "TURNSTILE_PRICES_FILE)"
+)
+
+
+@pytest.mark.parametrize("ceiling", [True, False], ids=["cost ceiling", "no ceiling"])
+def test_a_typed_model_is_refused_naming_the_closest_for_every_tenant(
+    redis_url: str, ceiling: bool
+) -> None:
+    """`openai:gpt-4.1-mnii`, the run's model or its fallback, is refused as an unknown model
+    with the closest known name, whether its tenant has a cost ceiling (it was told to add a
+    price) or not (it was accepted); nothing is written."""
+    client = client_for(redis_url)
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    if ceiling:
+        client.ledger.set_ceiling(tenant, "cost_microusd", 1_000_000)
+    for params in ({"model": "openai:gpt-4.1-mnii"}, {"fallback_model": "openai:gpt-4.1-mnii"}):
+        run_id = f"run-{uuid.uuid4().hex[:12]}"
+        with pytest.raises(SubmissionError) as refused:
+            client.submit(tenant, USER, "support", GOAL, params, queue=f"idle-{tenant}",
+                          run_id=run_id)  # fmt: skip
+        assert str(refused.value) == TYPO_SAID
+        assert client.client.hget(keys.RUN_TENANTS, run_id) is None
+    assert client.client.zcard(keys.runs(tenant)) == 0
 
 
 def test_turns_on_two_workers_export_one_trace_over_otlp_with_genai_attributes(

@@ -247,13 +247,16 @@ BAD_BROKERS = [
 def test_a_broker_that_refuses_or_does_not_answer_is_one_line_at_worker_start(
     redis_url: str, url: str, code: int, said: str
 ) -> None:
-    """`turnstile worker` against wrong credentials, a vhost that is not there or a host that
-    does not answer: one line naming it (without the password), before Celery starts."""
+    """`turnstile worker` against wrong credentials, a vhost that is not there (at once) or a
+    host that does not answer (after its start wait): one line naming it (without the
+    password), before Celery starts."""
     result = runner.invoke(
         app, ["worker", "-Q", "q"], env={"TURNSTILE_REDIS_URL": redis_url,
-                                         "TURNSTILE_BROKER_URL": url},
+                                         "TURNSTILE_BROKER_URL": url,
+                                         "TURNSTILE_START_WAIT_S": "1"},
     )  # fmt: skip
     assert result.exit_code == code, result.output
+    said = "did not answer within 1 s" if code == 1 else said  # the start wait, then the line
     assert result.stderr.count("\n") == 1 and said in result.stderr, result.stderr
     assert WRONG not in result.stderr
 
@@ -298,8 +301,8 @@ def test_a_submission_whose_broker_refuses_is_stored_for_the_sweeper(
     env = {"TURNSTILE_REDIS_URL": redis_url, "TURNSTILE_FAIR_SHARE": "0",
            "TURNSTILE_BROKER_URL": _bad(AMQP_URL, password=WRONG)}  # fmt: skip
     result = runner.invoke(
-        app, ["submit", "--tenant", tenant, "--user", USER, "--goal", GOAL, "--run-id", run_id,
-              "--queue", f"rmq-{unique}"],
+        app, ["submit", "--job", "support", "--tenant", tenant, "--user", USER, "--goal", GOAL,
+              "--run-id", run_id, "--queue", f"rmq-{unique}"],
         env=env,
     )  # fmt: skip
     assert result.exit_code == 0, result.output

@@ -107,8 +107,8 @@ def test_param_help_says_how_text_and_json_are_told_apart(redis_url: str, unique
     assert "a param the job's schema declares as a string is always text" in said
     submitted = CliRunner().invoke(
         app,
-        ["submit", "--tenant", f"t-{unique}", "--user", "u1", "--goal", "g", "--queue",
-         f"idle-{unique}", "--param", "order=1001", "--param", "amount_cents=1000"],
+        ["submit", "--job", "support", "--tenant", f"t-{unique}", "--user", "u1", "--goal", "g",
+         "--queue", f"idle-{unique}", "--param", "order=1001", "--param", "amount_cents=1000"],
         env={"TURNSTILE_REDIS_URL": redis_url},
     )  # fmt: skip
     assert submitted.exit_code == 0, submitted.output

@@ -5,24 +5,26 @@ rides out restarts of its server."""
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import redis
 from typer.testing import CliRunner
 
 from tests.integration.workers import WorkerProcess, client_for, settled, stop_all, wait_until
+from turnstile.errors import StoreUnavailableError
 from turnstile.jobs.support.scenarios import GOAL, USER
 from turnstile.worker.broker.producer import producer
 from turnstile.worker.cli.main import app
-from turnstile.worker.dev.embedded import EmbeddedServer
+from turnstile.worker.dev.embedded import EmbeddedServer, free_port
 from turnstile.worker.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -130,7 +132,7 @@ def _progress(redis_url: str, runs: list[str]) -> int:
     try:
         client = client_for(redis_url)
         return sum(int(client.run_hash(r)[1]["version"]) for r in runs)
-    except (redis.ConnectionError, redis.TimeoutError):
+    except StoreUnavailableError:  # what the client says of a server that is not answering
         return -1
 
 
@@ -165,3 +167,84 @@ def test_a_worker_rides_out_restarts_of_its_server(unique: str) -> None:
             client = client_for(server.url)
             assert {client.state(r).outcome for r in runs} == {"completed"}
             assert "AttributeError" not in worker.log()
+
+
+START_WAIT_MARGIN_S = 60  # beyond its start wait, what a loaded machine may take to say so
+
+
+def _no_store_worker(*args: str, **env: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    """`turnstile worker` as its own process, with the environment given; its result and how
+    long it ran."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    started = time.monotonic()
+    result = subprocess.run(
+        [TURNSTILE, "worker", "-Q", "q", *args], env={**base, **env}, capture_output=True,
+        text=True, timeout=START_WAIT_MARGIN_S + 30, check=False,
+    )  # fmt: skip
+    return result, time.monotonic() - started
+
+
+def test_a_worker_with_no_store_says_so_in_one_line_and_exits_after_its_wait() -> None:
+    """`turnstile worker` pointed at a store that is not there waits --start-wait-s, then
+    prints one line naming the store (password hidden) and `turnstile dev-server`, and exits
+    1: no Celery banner, no retries naming the transport."""
+    port = free_port()
+    url = f"redis://:hunter2@127.0.0.1:{port}/0"
+    result, took_s = _no_store_worker("--redis-url", url, "--start-wait-s", "3")
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert 3 <= took_s < 3 + START_WAIT_MARGIN_S
+    assert result.stdout == "" and result.stderr.count("\n") == 1, result.stderr[-2000:]
+    line = result.stderr
+    assert line.startswith(
+        f"error: the store at redis://:***@127.0.0.1:{port}/0 did not answer within 3 s ("
+    ), line
+    assert "start one with `turnstile dev-server`" in line and "TURNSTILE_REDIS_URL" in line
+    assert "hunter2" not in line and "Transport" not in line and "celery" not in line.lower()
+
+
+def test_the_start_wait_is_a_setting_and_a_separate_broker_is_waited_for_too(
+    redis_url: str,
+) -> None:
+    """TURNSTILE_START_WAIT_S sets the wait as the flag does; with the store up, a Redis
+    broker of its own that does not answer is the one line, naming the broker."""
+    port = free_port()
+    broker = f"redis://127.0.0.1:{port}/0"
+    result, took_s = _no_store_worker(TURNSTILE_REDIS_URL=redis_url, TURNSTILE_BROKER_URL=broker,
+                                      TURNSTILE_START_WAIT_S="1")  # fmt: skip
+    assert result.returncode == 1 and took_s >= 1, result.stderr[-2000:]
+    assert result.stderr.count("\n") == 1, result.stderr[-2000:]
+    assert result.stderr.startswith(f"error: the broker at {broker} did not answer within 1 s")
+    assert "TURNSTILE_BROKER_URL" in result.stderr
+
+
+def test_a_worker_started_before_its_store_starts_when_the_store_does(unique: str) -> None:
+    """The store comes up while the worker waits: the worker starts and runs a run."""
+    port = free_port()
+    queue = f"late-{unique}"
+    worker = command_worker(f"redis://127.0.0.1:{port}/0", "-Q", queue, "--start-wait-s", "120")
+    try:
+        time.sleep(1.0)  # the worker is waiting by now (a slow import only waits less)
+        assert popen(worker).poll() is None, worker.log()[-2000:]
+        with EmbeddedServer(port=port) as server:
+            worker.wait_ready()
+            client = client_for(server.url)
+            run_id = client.submit(f"t-{unique}", USER, "support", GOAL, queue=queue)
+            wait_until(lambda: settled(client, [run_id]), what="the run ends")
+            assert client.state(run_id).outcome is not None
+            stop_all([worker])
+    finally:
+        worker.kill()
+
+
+def test_a_celery_started_worker_with_no_store_exits_with_the_one_line() -> None:
+    """A worker Celery starts itself (`celery -A ... worker`) waits TURNSTILE_START_WAIT_S
+    for its store as it starts, then exits non-zero with the same line, not a hundred
+    retries."""
+    port = free_port()
+    worker = WorkerProcess(f"redis://127.0.0.1:{port}/0", ["q"], name=f"nostore-{port}",
+                           env={"TURNSTILE_START_WAIT_S": "1"})  # fmt: skip
+    worker.start()
+    assert popen(worker).wait(START_WAIT_MARGIN_S) != 0
+    log = worker.log()
+    assert f"error: the store at redis://127.0.0.1:{port}/0 did not answer within 1 s" in log, log
+    assert "Trying again" not in log and "Traceback" not in log, log[-2000:]

@@ -50,6 +50,40 @@ def test_each_broken_plugin_is_reported_and_the_others_still_load() -> None:
         registry.get("nope")
 
 
+def test_a_job_with_a_bad_model_string_is_broken_with_why_and_the_others_are_served() -> None:
+    """A default model naming an unknown provider, or a fallback one slip from a known model,
+    is checked when the job is registered: the job is listed broken, by its name, with the
+    reason (and a run of it refused with it); the other jobs are served."""
+    registry = Registry(None, spec=f"{P}:good,{P}:bad_provider,{P}:typo_fallback")
+    assert registry.names() == ["support", "toy_good"]
+    why = {p.name: p.error for p in registry.broken()}
+    assert why == {
+        "toy_bad_provider": "ProviderConfigError: unknown provider 'opneai' in model "
+        "'opneai:gpt-4.1-mini'; did you mean openai:gpt-4.1-mini? (a provider is one of "
+        "openai, anthropic; named endpoints come from TURNSTILE_MODEL_ENDPOINTS, which is "
+        "not set)",
+        "toy_typo_fallback": "ProviderConfigError: unknown model 'openai:gpt-4.1-mnii': did "
+        "you mean openai:gpt-4.1-mini? (a model this process does not know yet is added, "
+        "with its price, to the file named in TURNSTILE_PRICES_FILE)",
+    }
+    with pytest.raises(UnknownJobError, match=r"job 'toy_bad_provider' is broken \(Provider"):
+        registry.get("toy_bad_provider")
+
+
+def test_one_target_named_twice_is_one_registration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`turnstile.support:support`, the support entry point's own target, named again in
+    TURNSTILE_JOBS (spaced or not, and twice) is the one registration, not a name taken twice."""
+    registry = Registry(None, spec="turnstile.support:support, turnstile.support : support")
+    assert registry.names() == ["support"] and registry.broken() == []
+    assert [p.source for p in registry.plugins] == [
+        "entry point support = turnstile.support:support"
+    ]
+    twice = Registry(None, spec=f"{P}:good,{P}:good")
+    assert twice.names() == ["support", "toy_good"] and twice.broken() == []
+
+
 def test_a_factory_is_handed_the_client_when_it_takes_one() -> None:
     """A factory with a parameter gets the process's Redis client (None in process)."""
     plugins.CLIENTS.clear()

@@ -151,6 +151,25 @@ def test_a_value_that_is_not_json_is_a_one_line_bad_result(value: Any, said: str
     assert ran.state.failures == {"lookup": 1}
 
 
+def test_a_value_that_is_not_json_is_logged_once_with_its_type() -> None:
+    """A bad_result is logged once, an error bound to the run, the turn and the tool, naming
+    the value's type and what was wrong (the trace alone showed it before); a tool's own
+    error code `bad_result` is its answer, not logged."""
+    with structlog.testing.capture_logs() as logs:
+        go(make_job([returning({"when": datetime.date(2025, 1, 1)})]),
+           Listed([call("lookup", "o1")]), Budget(max_steps=1))  # fmt: skip
+    (line,) = logs
+    assert line == {
+        "event": "tool_bad_result", "log_level": "error", "run_id": "r1", "turn": 1,
+        "tool": "lookup", "call": line["call"], "key": line["key"], "value_type": "dict",
+        "detail": "not JSON: result.when is a date, not a JSON value",
+    }  # fmt: skip
+    with structlog.testing.capture_logs() as logs:
+        go(make_job([returning(ToolError("bad_result", "the tool's own word"))]),
+           Listed([call("lookup", "o1")]), Budget(max_steps=1))  # fmt: skip
+    assert logs == []
+
+
 def test_a_huge_value_is_a_bad_result_and_the_state_stays_small() -> None:
     """A tool returning 10 MB is a bad_result saying how big it was; the state does not grow."""
     ran = go(make_job([returning("x" * 10_000_000)]), Listed([call("lookup")]),

@@ -27,12 +27,12 @@ from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageErro
 from typer._click.globals import get_current_context
 from typer.core import TyperGroup
 
-from turnstile.errors import TurnstileError
+from turnstile.errors import TurnstileError, redact
 from turnstile.jobs.model import ModelError
-from turnstile.ledger.cli import BROKER_URL_META, STORE_URL_META, redact
+from turnstile.ledger.cli import BROKER_URL_META, STORE_URL_META
 from turnstile.worker.client._client import Client, connect_client
 from turnstile.worker.settings import Settings
-from turnstile.worker.store.connect import UNAVAILABLE, check
+from turnstile.worker.store.connect import UNAVAILABLE, check, store_line
 
 RedisUrl = Annotated[
     str | None,
@@ -44,6 +44,11 @@ BrokerUrl = Annotated[
     typer.Option("--broker-url", envvar="TURNSTILE_BROKER_URL", show_default=False,
                  help="URL of Celery's broker; the store's server by default."),
 ]  # fmt: skip
+# A command with no store to work on: what to set, and how to get a store on a laptop.
+NO_STORE = (
+    "no store: set TURNSTILE_REDIS_URL or pass --redis-url (for development, `turnstile "
+    "dev-server` starts one and prints the line to set)"
+)
 JsonFlag = Annotated[
     bool, typer.Option("--json", envvar="TURNSTILE_JSON", help="Print JSON instead of a table.")
 ]
@@ -53,31 +58,13 @@ def _flat(text: str) -> str:
     return redact(" ".join(str(text).split()))
 
 
-# The server's errors, most specific first: what the line says before the server's words.
-_STORE_ERRORS: tuple[tuple[type[redis.RedisError], str], ...] = (
-    (redis.AuthenticationError, "the store{at} refused the credentials"),
-    (redis.exceptions.NoPermissionError, "the store{at} refused the command for this user"),
-    (redis.ReadOnlyError, "the store{at} is read-only (a replica?)"),
-    (redis.BusyLoadingError, "the store{at} is loading its data; try again shortly"),
-    (redis.ConnectionError, "store unreachable{at}"),
-    (redis.TimeoutError, "store unreachable{at}"),
-    (redis.ResponseError, "the store{at} refused"),
-    (redis.RedisError, "store error{at}"),
-)
-
-
-def _store_line(exc: redis.RedisError, at: str) -> str:
-    head = next(text for kind, text in _STORE_ERRORS if isinstance(exc, kind))
-    return f"{head.format(at=at)}: {exc}"
-
-
 def one_line(exc: BaseException, *, store: str | None = None, broker: str | None = None) -> str:
     """The one line a command prints for an error, naming where it came from."""
     # A model's signal is the kernel's to handle: one that gets this far is a bug, said so.
     if isinstance(exc, TurnstileError) and not isinstance(exc, ModelError):
         return _flat(str(exc))
     if isinstance(exc, redis.RedisError):
-        return _flat(_store_line(exc, f" at {store}" if store else ""))
+        return _flat(store_line(exc, store))
     if isinstance(exc, kombu.exceptions.KombuError):
         return _flat(f"broker error{f' at {broker}' if broker else ''}: {exc}")
     if isinstance(exc, pydantic.ValidationError):
@@ -106,7 +93,7 @@ def open_client(redis_url: str | None, broker_url: str | None = None) -> Client:
     """A client for the command. Errors raised while it is used become one line (see
     OneLineGroup)."""
     if not redis_url:
-        fail("no store: set TURNSTILE_REDIS_URL or pass --redis-url", code=2)
+        fail(NO_STORE, code=2)
     _remember_urls(redis_url, broker_url)
     try:
         config = Settings(redis_url=redis_url, broker_url=broker_url)

@@ -1,9 +1,11 @@
-"""`turnstile scenarios | demo`: the support job's scenarios on a simulated clock, and a
-job's runs end to end on a private server (worker/dev/)."""
+"""`turnstile scenarios | demo | dev-server`: the support job's scenarios on a simulated
+clock, a job's runs end to end on a private server, and a store for development
+(worker/dev/)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -11,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from turnstile.worker.cli.common import JsonFlag, RedisUrl, fail
+from turnstile.worker.dev.devserver import DEFAULT_DIR, DEFAULT_PORT
 
 
 def scenarios(as_json: JsonFlag = False) -> None:
@@ -80,4 +83,33 @@ def demo(
         typer.echo(json.dumps(result))
 
 
-COMMANDS = (scenarios, demo)
+def dev_server(
+    port: Annotated[
+        int,
+        typer.Option(
+            "--port",
+            envvar="TURNSTILE_DEV_SERVER_PORT",
+            min=1,
+            max=65535,
+            help="The port on 127.0.0.1 to listen on.",
+        ),
+    ] = DEFAULT_PORT,
+    data_dir: Annotated[
+        Path,
+        typer.Option(
+            "--dir",
+            envvar="TURNSTILE_DEV_SERVER_DIR",
+            file_okay=False,
+            help="The folder its data is kept in (made if missing).",
+        ),
+    ] = DEFAULT_DIR,
+) -> None:
+    """Run a store for development in the foreground until Ctrl-C: the embedded Valkey on
+    127.0.0.1, its data kept in a folder across restarts; prints the
+    `export TURNSTILE_REDIS_URL=...` line for the shells that run workers and commands."""
+    from turnstile.worker.dev.devserver import serve
+
+    serve(port, data_dir, typer.echo)  # an error (the port is taken) is one line
+
+
+COMMANDS = (scenarios, demo, dev_server)

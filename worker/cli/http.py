@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from turnstile.worker.cli.common import (
+    NO_STORE,
     BrokerUrl,
     Connection,
     JsonFlag,
@@ -40,7 +41,7 @@ def api(
     from turnstile.worker.settings import Settings
 
     if not redis_url:
-        fail("no store: set TURNSTILE_REDIS_URL or pass --redis-url", code=2)
+        fail(NO_STORE, code=2)
     try:
         api_settings = ApiSettings(host=host, port=port)
         app = build(Settings(redis_url=redis_url, broker_url=broker_url), api_settings)

@@ -17,19 +17,31 @@ def jobs(
     as_json: JsonFlag = False,
 ) -> None:
     """List the jobs this process can see (entry points `turnstile.jobs` and TURNSTILE_JOBS),
-    with their params schema and tools; a plugin that failed is shown as broken, with why."""
+    with their params schema and tools; a plugin that failed is shown as broken, with why,
+    and the command then exits 1. With NAME, that job; a broken one is one line saying why."""
+    from turnstile.jobs.errors import UnknownJobError
     from turnstile.worker.registry import Registry
 
-    rows = Registry(None).describe()
+    registry = Registry(None)
     if name is not None:
-        rows = [r for r in rows if r["name"] == name]
-        if not rows:
-            known = ", ".join(sorted(r["name"] for r in Registry(None).describe() if r["name"]))
-            fail(f"unknown job {name!r}; known jobs: {known or 'none'}")
-    if as_json:
-        typer.echo(json.dumps(rows if name is None else rows[0]))
+        try:
+            registry.get(name)  # broken or unknown: why, in one line, with the known jobs
+        except UnknownJobError as exc:
+            fail(str(exc))
+        (row,) = [r for r in registry.describe() if r["name"] == name and r["status"] == "ok"]
+        if as_json:
+            typer.echo(json.dumps(row))
+        else:
+            Console().print(_job_detail(row))
         return
-    Console().print(_jobs_table(rows) if name is None else _job_detail(rows[0]))
+    rows = registry.describe()
+    if as_json:
+        typer.echo(json.dumps(rows))
+    else:
+        Console().print(_jobs_table(rows))
+    broken = [p.name or p.source for p in registry.broken()]
+    if broken:
+        fail(f"{len(broken)} job plugin(s) broken, each with why above: {', '.join(broken)}")
 
 
 def _jobs_table(rows: list[dict[str, object]]) -> Table:
@@ -43,10 +55,6 @@ def _jobs_table(rows: list[dict[str, object]]) -> Table:
 
 
 def _job_detail(row: dict[str, object]) -> Table:
-    if row["status"] != "ok":
-        out = Table("job", "status", "error", "from")
-        out.add_row(str(row["name"] or "?"), "broken", str(row["error"]), str(row["source"]))
-        return out
     out = Table(
         "param", "schema", title=f"{row['name']}: {row['description']}", title_justify="left"
     )

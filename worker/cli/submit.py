@@ -33,12 +33,21 @@ def _text_params(c: Client, job: str) -> set[str]:
     return {k for k, sub in props.items() if isinstance(sub, dict) and sub.get("type") == "string"}
 
 
-def _params(pairs: list[str], text: set[str] | frozenset[str] = frozenset()) -> dict[str, object]:
+BUDGET_HELP = (
+    "KEY=VALUE, repeatable: one of the run's budget limits (max_steps=12, max_tool_calls=8, "
+    "max_tokens=40000, max_cost_microusd=250000, deadline_ms=120000, ...); the job's own for "
+    "the others. Checked as the Python client's `budget` argument is."
+)
+
+
+def _params(
+    pairs: list[str], text: set[str] | frozenset[str] = frozenset(), *, what: str = "--param"
+) -> dict[str, object]:
     out: dict[str, object] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            fail(f"expected KEY=VALUE, got {pair!r}", code=2)
+            fail(f"{what}: expected KEY=VALUE, got {pair!r}", code=2)
         if key in text:
             out[key] = value
             continue
@@ -53,10 +62,17 @@ def submit(
     tenant: Annotated[str, typer.Option("--tenant", envvar="TURNSTILE_TENANT")],
     user: Annotated[str, typer.Option("--user", envvar="TURNSTILE_USER")],
     goal: Annotated[str, typer.Option("--goal", envvar="TURNSTILE_GOAL")],
-    job: Annotated[str, typer.Option("--job", envvar="TURNSTILE_JOB")] = "support",
+    job: Annotated[
+        str,
+        typer.Option("--job", envvar="TURNSTILE_JOB", help="The job to run (`turnstile jobs`)."),
+    ],
     param: Annotated[
         list[str] | None,
         typer.Option("--param", envvar="TURNSTILE_PARAMS", help=PARAM_HELP),
+    ] = None,
+    budget: Annotated[
+        list[str] | None,
+        typer.Option("--budget", envvar="TURNSTILE_BUDGET", help=BUDGET_HELP),
     ] = None,
     queue: Annotated[str, typer.Option("--queue", envvar="TURNSTILE_QUEUE")] = "default",
     priority: Annotated[
@@ -110,13 +126,14 @@ def submit(
     that is down does not refuse it: the run is stored and its step sent when the broker is
     back."""
     _params(param or [])  # a malformed pair is refused before connecting
+    limits = _params(budget or [], what="--budget") if budget else None
     problem = policy_problem(policy) if policy is not None else None
     if problem:  # refused before connecting, like a malformed pair
         fail(problem, code=2)
     with client(redis_url, broker_url) as c:
         params = _params(param or [], _text_params(c, job))
         made = c.submit_run(
-            tenant, user, job, goal, params, queue=queue, run_id=run_id,
+            tenant, user, job, goal, params, budget=limits, queue=queue, run_id=run_id,
             idempotency_key=idempotency_key, priority=priority, conversation=conversation,
             conversation_policy=policy,
         )  # fmt: skip

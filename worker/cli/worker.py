@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from turnstile.worker.cli.common import BrokerUrl, RedisUrl, fail
+from turnstile.worker.cli.common import NO_STORE, BrokerUrl, RedisUrl, fail
 from turnstile.worker.settings import Settings
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -68,6 +68,17 @@ def worker(
     ] = "WARNING",
     redis_url: RedisUrl = None,
     broker_url: BrokerUrl = None,
+    start_wait_s: Annotated[
+        float | None,
+        typer.Option(
+            "--start-wait-s",
+            envvar="TURNSTILE_START_WAIT_S",
+            min=0,
+            show_default=False,
+            help="Seconds to wait at start for the store and the broker to answer before "
+            "exiting non-zero with one line saying which did not (default 30).",
+        ),
+    ] = None,
     reload: Annotated[
         bool,
         typer.Option(
@@ -81,11 +92,12 @@ def worker(
     """Start a Celery worker for Turnstile's steps: acks late, prefetch 1, JSON only; Celery's
     task events off unless TURNSTILE_TASK_EVENTS=1. SIGTERM finishes the turns in flight before
     exiting; the exit status is Celery's, so a supervisor restarts a worker that stopped on an
-    error."""
+    error. A store or broker that does not answer within --start-wait-s is one line and exit
+    1; one lost later is ridden out (steps retry until it is back)."""
     from turnstile.worker.names import QUEUE as QUEUE_NAME
 
     if not redis_url:
-        fail("no store: set TURNSTILE_REDIS_URL or pass --redis-url", code=2)
+        fail(NO_STORE, code=2)
     names = [q.strip() for q in queues.split(",")]
     if not all(QUEUE_NAME.match(q) for q in names):
         fail(f"bad --queues {queues!r}: comma-separated names of letters, digits, '.', '_', '-'",
@@ -102,12 +114,13 @@ def worker(
         fail(f"bad --loglevel {loglevel!r}: one of {', '.join(LOG_LEVELS)}", code=2)
     node = node_name(name)
     if reload:  # the same command, without --reload, as a child this process restarts
+        wait = [] if start_wait_s is None else ["--start-wait-s", f"{start_wait_s:g}"]
         child = ["worker", "-Q", ",".join(names), "-c", str(concurrency), "-P", pool,
-                 "--loglevel", loglevel, *(["-n", name] if name else [])]  # fmt: skip
+                 "--loglevel", loglevel, *(["-n", name] if name else []), *wait]  # fmt: skip
         raise typer.Exit(_supervise(child, redis_url, broker_url))
-    config = worker_settings(redis_url, broker_url, pool, concurrency)
+    config = worker_settings(redis_url, broker_url, pool, concurrency, start_wait_s)
+    _check_reachable(config)
     _check_durable(config)
-    _check_broker(config)
     from turnstile.worker.runtime.app import build_worker
 
     worker = build_worker(config)
@@ -155,32 +168,32 @@ def _check_durable(config: Settings) -> None:
         store.close()
 
 
-def _check_broker(config: Settings) -> None:
-    """A RabbitMQ broker that refuses the worker (wrong user or password, no such vhost) or
-    does not answer refuses it before Celery starts: one line, exit 2 for a refusal (no
-    restart mends it), 1 for a broker that does not answer (a supervisor's restart may)."""
-    from turnstile.worker.broker import amqp
+def _check_reachable(config: Settings) -> None:
+    """A store or broker that does not answer within --start-wait-s, or refuses the worker,
+    refuses it before Celery starts: one line naming it and what to do, exit 1 for one that
+    did not answer (a supervisor's restart may mend it), 2 for a refusal (no restart does)."""
+    from turnstile.worker.runtime.reach import wait_reachable
 
-    if not amqp.is_amqp(config.broker):
-        return
-    try:
-        amqp.check(config.broker)
-    except amqp.BrokerRefusedError as exc:
-        fail(str(exc), code=2)
-    except amqp.BrokerError as exc:
-        fail(str(exc), code=1)
+    found = wait_reachable(config)
+    if found is not None:
+        fail(found.line(config.start_wait_s), code=found.exit_code)
 
 
 def worker_settings(
-    redis_url: str, broker_url: str | None, pool: str, concurrency: int
+    redis_url: str,
+    broker_url: str | None,
+    pool: str,
+    concurrency: int,
+    start_wait_s: float | None = None,
 ) -> Settings:
     """The worker's Settings: its flags, and every other setting from its `TURNSTILE_*`
     variable; a bad one is one line and exit 2."""
     from pydantic import ValidationError
 
+    flags: dict[str, Any] = {} if start_wait_s is None else {"start_wait_s": start_wait_s}
     try:
         return Settings(redis_url=redis_url, broker_url=broker_url or None, pool=pool,
-                        concurrency=concurrency)  # fmt: skip
+                        concurrency=concurrency, **flags)  # fmt: skip
     except ValidationError as exc:
         first = exc.errors()[0]
         where = "TURNSTILE_" + str(first["loc"][0]).upper() if first["loc"] else "settings"

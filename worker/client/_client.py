@@ -11,6 +11,7 @@ take the step does not undo it: the run's pickup lease lapses and the sweeper se
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import uuid
 from collections.abc import Callable, Mapping
@@ -46,6 +47,7 @@ from turnstile.providers import budget_for, unpriced
 from turnstile.providers.prices import PRICES_FILE_ENV
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.broker.producer import sender
+from turnstile.worker.client._edge import guard_store
 from turnstile.worker.client._memory import Memory
 from turnstile.worker.client._reading import FOLLOW_BLOCK_MS, Reading
 from turnstile.worker.client._room import call_charges, no_room
@@ -111,6 +113,16 @@ def _budget(raw: Budget | Mapping[str, Any] | None, default: Budget) -> Budget:
         return default
     if isinstance(raw, Budget):
         return raw
+    if not isinstance(raw, Mapping):
+        raise SubmissionError(f"budget must be a Budget or a mapping, not {type(raw).__name__}")
+    fields = Budget.__struct_fields__
+    unknown = [str(name) for name in raw if name not in fields]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], fields, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise SubmissionError(
+            f"budget: unknown field {unknown[0]!r}{hint} (fields: {', '.join(fields)})"
+        )
     try:
         return msgspec.convert({**msgspec.to_builtins(default), **dict(raw)}, Budget)
     except msgspec.ValidationError as exc:
@@ -206,6 +218,7 @@ def _check_conversation(conversation: str | None, policy: str | None) -> None:
         check_name("conversation", conversation)
 
 
+@guard_store
 class Client(Reading, Memory):
     """A service's handle on Turnstile: submit runs, read them, wait for them, follow their
     events, decide on held calls, and keep a tenant's users' long-term notes.
@@ -213,8 +226,10 @@ class Client(Reading, Memory):
     Made by `connect_client(Settings(redis_url=...))`. It reads and writes the store the
     workers use and sends steps through a private producer: it builds no Celery app of the
     caller's. Every input is checked before anything is written; a refusal is a
-    `SubmissionError` (or `DecisionRefusedError`) with a one-line message. One Client may be
-    shared by the threads of a process (its Redis client is a connection pool)."""
+    `SubmissionError` (or `DecisionRefusedError`) with a one-line message. A store that cannot
+    be reached is a `StoreUnavailableError` naming its URL (the password hidden), from every
+    method, the iteration of `events` included. One Client may be shared by the threads of a
+    process (its Redis client is a connection pool)."""
 
     def __init__(self, client: redis.Redis, config: Settings, send: Send) -> None:
         # A durable mode the server cannot give is refused before anything is written.

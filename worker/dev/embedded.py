@@ -74,7 +74,9 @@ class EmbeddedServer:
     nothing is replied to before it is fsynced and TURNSTILE_DURABILITY=aof holds (see
     worker/store/durability.py). `appendfsync` picks another policy, for tests of what those lose.
     The default keeps nothing on disk, which is what most tests want. `env` is added to the
-    process's environment (a test preloads a library that watches its fsyncs).
+    process's environment (a test preloads a library that watches its fsyncs). `data_dir`
+    names a folder of the caller's to keep the data in (`turnstile dev-server`'s), made if
+    missing and left in place by `close`; by default a temporary one, removed by `close`.
     """
 
     def __init__(
@@ -85,13 +87,17 @@ class EmbeddedServer:
         appendfsync: str = FSYNC_POLICY,
         env: Mapping[str, str] | None = None,
         args: Sequence[str] = (),
+        data_dir: Path | None = None,
     ) -> None:
         self.port = port or free_port()
         self.args = list(args)  # more of the server's options (a cluster node's, say)
         self.appendonly = appendonly
         self.appendfsync = appendfsync
         self.env = dict(env or {})
-        self._dir = tempfile.mkdtemp(prefix="turnstile-valkey-")
+        self._keep = data_dir is not None
+        if data_dir is not None:
+            data_dir.mkdir(parents=True, exist_ok=True)
+        self._dir = str(data_dir) if data_dir else tempfile.mkdtemp(prefix="turnstile-valkey-")
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -152,6 +158,12 @@ class EmbeddedServer:
         log = self.log_path.read_text() if self.log_path.exists() else ""
         raise EmbeddedServerError(f"server on port {self.port} did not start: {log[-500:]}")
 
+    def wait(self) -> int:
+        """Block until the server process ends; its exit status."""
+        if self._process is None:
+            return 0
+        return self._process.wait()
+
     def stop(self) -> None:
         """Stop the process (the data directory stays, so `start` brings the same data back)."""
         process, self._process = self._process, None
@@ -175,7 +187,8 @@ class EmbeddedServer:
 
     def close(self) -> None:
         self.stop()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        if not self._keep:
+            shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> Self:
         self.start()

@@ -14,11 +14,11 @@ import structlog
 from celery import signals
 
 from turnstile.errors import StoreMismatchError, StoreUnavailableError
-from turnstile.worker.broker import amqp, layout, producer
+from turnstile.worker.broker import layout, producer
 from turnstile.worker.observability import metrics
 from turnstile.worker.observability.logs import configure as configure_logging
 from turnstile.worker.registry import Registry
-from turnstile.worker.runtime import pools
+from turnstile.worker.runtime import pools, reach
 from turnstile.worker.runtime.services import WorkerServices
 from turnstile.worker.scheduling import dispatcher as fair_dispatcher
 from turnstile.worker.scheduling import fair
@@ -120,22 +120,21 @@ class DurabilityHook(Hook):
             client.close()
 
 
-class BrokerCheckHook(Hook):
-    """A worker whose RabbitMQ broker refuses it (wrong user or password, a vhost that is not
-    there) or does not answer does not start: one line and an exit status, before Celery's
-    consumer would retry a login that cannot succeed, or print a traceback."""
+class ReachHook(Hook):
+    """A worker whose store or broker does not answer within TURNSTILE_START_WAIT_S, or
+    refuses it (a wrong password, a RabbitMQ vhost that is not there), does not start: one line
+    naming it and what to do, and an exit status, before Celery's consumer would retry for
+    ever or print a traceback (worker/runtime/reach.py). A store lost later is ridden out."""
 
     def __init__(self, config: Settings) -> None:
         self.config = config
 
     def worker_init(self, **kwargs: Any) -> None:
-        url = self.config.broker_url or self.config.redis_url
-        if not amqp.is_amqp(url):
+        if self.config.redis_url is None:
             return
-        try:
-            amqp.check(str(url))
-        except amqp.BrokerError as exc:
-            raise SystemExit(f"error: {exc}") from None
+        found = reach.wait_reachable(self.config)
+        if found is not None:
+            raise SystemExit(f"error: {found.line(self.config.start_wait_s)}")
 
 
 class SweeperHook(Hook):
@@ -299,8 +298,8 @@ def worker_hooks(worker: WorkerServices) -> list[Hook]:
     config = worker.settings
     return [
         LoggingHook(config),
+        ReachHook(config),
         DurabilityHook(config),
-        BrokerCheckHook(config),
         SweeperHook(config, worker.send),
         DispatcherHook(config, worker.send_many),
         WatchdogHook(config),

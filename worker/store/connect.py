@@ -5,7 +5,9 @@ A store URL names a single server (`redis://`, `rediss://`, `unix://`) or one no
 Valkey/Redis Cluster (`redis+cluster://host:port`, `rediss+cluster://` with TLS): redis-py's
 cluster client then finds the other nodes, sends each command and each script to the node
 that serves its keys' slot, follows MOVED and ASK, and re-reads the slot map after a failover.
-`check` refuses, in one line, a URL and a server that disagree.
+`check` refuses, in one line, a URL and a server that disagree; `store_line` is the one line
+for a server's error, naming the store by its URL with the password hidden, and
+`unreachable` the StoreUnavailable a store that does not answer is.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import redis.asyncio as aioredis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
-from turnstile.errors import StoreMismatchError
+from turnstile.errors import StoreMismatchError, redact
 from turnstile.ledger.client import cluster_client, cluster_seed
 from turnstile.worker.settings import Settings
 from turnstile.worker.store.runs import StoreUnavailable
@@ -26,6 +28,7 @@ from turnstile.worker.store.values import UNAVAILABLE, is_cluster_client
 
 __all__ = [
     "UNAVAILABLE", "check", "connect", "connect_async", "is_cluster", "is_cluster_client",
+    "store_line", "unreachable",
 ]  # fmt: skip
 
 # A cluster client's own retries of a command a node did not answer (it re-reads the slot
@@ -33,6 +36,33 @@ __all__ = [
 # timeout and an election, a few seconds), short of a step's own retry with backoff.
 CLUSTER_RETRY_ATTEMPTS = 8
 CLUSTER_RETRY_CAP_S = 1.0
+
+
+# The server's errors, most specific first: what a line says before the server's words.
+_STORE_ERRORS: tuple[tuple[type[redis.RedisError], str], ...] = (
+    (redis.AuthenticationError, "the store{at} refused the credentials"),
+    (redis.exceptions.NoPermissionError, "the store{at} refused the command for this user"),
+    (redis.ReadOnlyError, "the store{at} is read-only (a replica?)"),
+    (redis.BusyLoadingError, "the store{at} is loading its data; try again shortly"),
+    (redis.ConnectionError, "store unreachable{at}"),
+    (redis.TimeoutError, "store unreachable{at}"),
+    (redis.ResponseError, "the store{at} refused"),
+    (redis.RedisError, "store error{at}"),
+)
+
+
+def store_line(exc: BaseException, url: str | None) -> str:
+    """One line for an error of the store's server, naming the store by its URL (password
+    hidden): `store unreachable at redis://:***@db:6379/0: Error 111 connecting to ...`."""
+    at = f" at {url}" if url else ""
+    head = next((text for kind, text in _STORE_ERRORS if isinstance(exc, kind)), "store error{at}")
+    return redact(" ".join(f"{head.format(at=at)}: {exc}".split()))
+
+
+def unreachable(url: str | None, exc: BaseException) -> StoreUnavailable:
+    """What a store that did not answer (`exc`, one of UNAVAILABLE) is to a caller: a
+    StoreUnavailable naming the store by its URL, the password hidden."""
+    return StoreUnavailable(store_line(exc, url))
 
 
 def is_cluster(url: str) -> bool:
@@ -66,7 +96,7 @@ def connect(url: str, config: Settings, *, max_connections: int | None = None) -
         try:
             return cluster_client(url, **options)
         except redis.ConnectionError as exc:
-            raise StoreUnavailable(f"store unavailable: {exc}") from exc
+            raise unreachable(url, exc) from exc
     if max_connections is None:
         return redis.Redis.from_url(url, **options)
     pool = redis.BlockingConnectionPool.from_url(
