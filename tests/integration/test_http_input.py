@@ -259,13 +259,14 @@ def test_every_operation_and_console_page_answers_a_store_outage_with_a_503(
             "operator": make_key(server.url, f"ops-{unique}", Role.OPERATOR),
         }
         with running_api(server.url) as api, http(api, keys_by_role["service"]) as svc:
-            run = svc.post("/v1/runs", json={"user": USER, "goal": GOAL, "queue": f"idle-{unique}"})
+            submitted = {"user": USER, "goal": GOAL, "job": "support", "queue": f"idle-{unique}"}
+            run = svc.post("/v1/runs", json=submitted)
             fill = {
                 "run_id": run.json()["run_id"],
                 "tenant": tenant,
                 "dimension": "steps",
                 "queue": "default",
-                "endpoint": "openai",
+                "endpoint": "openai:gpt-4.1-mini",
                 "endpoint_id": "wh_nope",
             }
             documented = {

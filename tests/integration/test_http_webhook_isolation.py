@@ -44,7 +44,7 @@ def pool(redis_url: str, queue: str) -> Iterator[list[WorkerProcess]]:
 
 def _finish_runs(web: httpx.Client, redis_url: str, tenant: str, queue: str, n: int) -> list[str]:
     """Submit `n` runs for the key's tenant and wait until every one has finished."""
-    body = {"user": USER, "goal": GOAL, "queue": queue}
+    body = {"user": USER, "goal": GOAL, "job": "support", "queue": queue}
     ids = [str(web.post("/v1/runs", json=body).json()["run_id"]) for _ in range(n)]
     store = client_for(redis_url).store
     wait_until(

@@ -65,7 +65,9 @@ def test_a_reserve_that_timed_out_but_ran_replays_on_retry(
     ledger = Ledger.from_url(own_server.url, timeout_s=0.2)
     ledger.set_ceiling(unique, "tokens", 100)
     ledger.reserve(unique, "warm", {"tokens": 1}, timeout_s=60)  # loads the reserve script
-    admin = Ledger.from_url(own_server.url, timeout_s=5)
+    # Its patience outlasts the busy script however loaded the machine (the script counts CPU
+    # time, not the wall clock's), so the script has ended when its thread returns.
+    admin = Ledger.from_url(own_server.url, timeout_s=60)
     # Keep the server busy for 1 s: the reserve waits in its socket, the client gives up
     # after 0.2 s, and the server runs the reserve once the busy script ends.
     busy = threading.Thread(

@@ -379,7 +379,13 @@ def test_http_refuses_a_priority_that_is_not_0_to_9(
     """A priority over HTTP is a JSON integer from 0 to 9: 10, -1, true, 5.0, "5", null each
     get a one-line 422 problem naming the field, and nothing is written."""
     tenant = f"t-{unique}"
-    body = {"user": USER, "goal": GOAL, "queue": f"q-{unique}", "priority": priority}
+    body = {
+        "user": USER,
+        "goal": GOAL,
+        "job": "support",
+        "queue": f"q-{unique}",
+        "priority": priority,
+    }
     with http(api, make_key(redis_url, tenant)) as web:
         reply = web.post("/v1/runs", json=body)
     assert reply.status_code == 422, reply.text
@@ -397,14 +403,23 @@ def test_the_priority_is_stored_and_shown(redis_url: str, api: ApiServer, unique
     tenant, queue = f"t-{unique}", f"nobody-{unique}"
     env = {"TURNSTILE_REDIS_URL": redis_url}
     with http(api, make_key(redis_url, tenant)) as web:
-        body = {"user": USER, "goal": GOAL, "queue": queue, "priority": 8, "run_id": "k1"}
+        body = {
+            "user": USER,
+            "goal": GOAL,
+            "job": "support",
+            "queue": queue,
+            "priority": 8,
+            "run_id": "k1",
+        }
         made = web.post("/v1/runs", json=body)
         assert made.status_code == 202, made.text
         run_id = made.json()["run_id"]
         assert web.get(f"/v1/runs/{run_id}").json()["priority"] == 8
         assert web.post("/v1/runs", json=body).json()["created"] is False
         assert web.post("/v1/runs", json={**body, "priority": 7}).status_code == 409
-        plain = web.post("/v1/runs", json={"user": USER, "goal": GOAL, "queue": queue})
+        plain = web.post(
+            "/v1/runs", json={"user": USER, "goal": GOAL, "job": "support", "queue": queue}
+        )
         assert web.get(f"/v1/runs/{plain.json()['run_id']}").json()["priority"] == 5
     result = runner.invoke(app, ["submit", "--job", "support", "--tenant", tenant, "--user",
                                  USER, "--goal", GOAL, "--queue", queue, "--priority", "1"],

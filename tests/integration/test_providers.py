@@ -143,7 +143,7 @@ def test_a_support_run_completes_with_the_refund_and_the_email(provider: str, ru
         tokens, cost = wire.billed()
         assert run.committed() == (tokens, cost + EMAIL_COST_MICROUSD)
         assert run.committed() == (run.state.usage.tokens, run.state.usage.cost_microusd)
-    assert run.shop.effects(run.state.run_id) == [
+    assert run.shop.effects(run.state.tenant, run.state.run_id) == [
         ["refund", "ord_1001", 3000],
         ["email", "ord_1001"],
     ]
