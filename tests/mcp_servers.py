@@ -5,9 +5,10 @@ over stdio or streamable HTTP, recording what they receive.
     python -m tests.mcp_servers RECORD.jsonl http [VARIANT]    # prints its port first
 
 Every call is appended to RECORD as a JSON line (`{"event": "call", "tool", "args", "meta",
-"pid"}`), and so are a call's cancellation (`"cancelled"`) and a write's effect (`"executed"`,
-with its idempotency key): a write seen before under the same key answers from the record
-and is not executed again, as a server honouring idempotency keys does, across restarts.
+"pid"}`), and so are a call's cancellation (`"cancelled"`), a write's effect (`"executed"`,
+with its idempotency key) and each listing of the tools (`"listed"`): a write seen before
+under the same key answers from the record and is not executed again, as a server honouring
+idempotency keys does, across restarts.
 
 VARIANT `good` (the default) lists the desk tools; `bad` adds, to a few of them, a tool whose
 schema is not JSON Schema, one whose name a model cannot call and one named `echo` (a Python
@@ -173,6 +174,13 @@ def build(path: Path, variant: str) -> MCPServer:  # noqa: C901 - one server, it
         await ctx.session.send_tool_list_changed()
         return "grown"
 
+    listed = server.list_tools
+
+    async def list_tools() -> Any:
+        record("listed")
+        return await listed()
+
+    server.list_tools = list_tools  # type: ignore[method-assign]
     if variant == "bad":
         _add_bad_tools(server)
     return server
