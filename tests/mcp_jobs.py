@@ -170,6 +170,18 @@ def per_tenant() -> Job:
                mcp=[http("tenanted", per_tenant=True, allow=("lookup_order",))])  # fmt: skip
 
 
-NAMES = ("desk", "desk_http", "desk_openai", "desk_openai_http", "slow", "slow_http",
-         "approve", "slow_write", "dies", "down", "bad", "grow", "per_tenant")  # fmt: skip
+@tool(mutates=True, reversible=False)
+def post_notice(ctx: ToolContext, text: str) -> dict[str, Any]:
+    """Post a notice to every customer (it cannot be taken back)."""
+    return {"posted": text}
+
+
+def notice() -> Job:
+    """A Python job whose one write waits for a person: what `turnstile mcp` drives."""
+    replies = (call("post_notice", text="closed today"), final("posted"))
+    return Job(name="notice", tools={"post_notice": post_notice}, model=lambda p: script(*replies))
+
+
+NAMES = ("desk", "desk_http", "desk_openai", "desk_openai_http", "slow", "slow_http", "approve",
+         "slow_write", "dies", "down", "bad", "grow", "per_tenant", "notice")  # fmt: skip
 SPEC = ",".join(f"tests.mcp_jobs:{name}" for name in NAMES)
