@@ -276,3 +276,23 @@ def test_turnstile_jobs_shows_the_mcp_tools_and_one_line_for_a_server_that_is_do
         ("lookup_order", False),
         ("add_note", True),
     ]
+
+
+def test_a_run_of_mcp_tools_is_not_replayed_against_its_servers(
+    *, worker: WorkerProcess, client: Client, queue: str, record: Path, unique: str,
+    redis_url: str,
+) -> None:  # fmt: skip
+    """Replay runs a run's tools again; an MCP server's tools act on its own world, so
+    `turnstile replay` refuses a run of MCP tools in one line, and calls no server."""
+    state = run(client, queue, f"t-{unique}", "mcp_desk")
+    before = len(records(record))
+    replayed = CliRunner().invoke(
+        app,
+        ["replay", state.run_id],
+        env={"TURNSTILE_REDIS_URL": redis_url, "TURNSTILE_JOBS": SPEC},
+    )
+    assert replayed.exit_code == 1, replayed.output
+    assert replayed.stderr == (
+        "error: the run's job calls MCP servers (desk); replay has a world of one run only\n"
+    )
+    assert len(records(record)) == before
