@@ -52,9 +52,17 @@ def mcp(
         fail(str(exc), code=2)
     if not redis_url:
         fail("no store: set TURNSTILE_REDIS_URL or pass --redis-url", code=2)
+    api = None
+    if http:
+        from turnstile.worker.http.settings import ApiSettings
+
+        try:
+            api = ApiSettings()  # the HTTP API's limits: a body's size, a key's submissions
+        except ValueError as exc:
+            fail(f"bad setting: {' '.join(str(exc).split())}", code=2)
     with client(redis_url, broker_url) as c:
-        if http:
-            serve_http(c, host, port)
+        if api is not None:
+            serve_http(c, host, port, api)
         else:
             assert tenant is not None
             serve_stdio(c, tenant, by)

@@ -30,6 +30,7 @@ from turnstile.jobs.errors import KernelError
 from turnstile.jobs.tools import one_line
 from turnstile.worker.client._client import Client
 from turnstile.worker.http import apikeys
+from turnstile.worker.http.settings import ApiSettings
 from turnstile.worker.names import RUN_ID
 from turnstile.worker.ops import decisions, views
 from turnstile.worker.store import keys
@@ -50,6 +51,7 @@ class Caller:
     tenant: str
     by: str
     operator: bool = False
+    key_id: str | None = None  # the API key's, whose submissions are counted (HTTP)
 
 
 def _refused(exc: Exception) -> ToolError:
@@ -67,8 +69,11 @@ async def _off_loop(fn: Callable[[], T]) -> T:
 class Tools:
     """The server's tools over one client; `caller` says who each request is for."""
 
-    def __init__(self, client: Client, caller: Callable[[Context], Caller]) -> None:
-        self.client, self.caller = client, caller
+    def __init__(
+        self, client: Client, caller: Callable[[Context], Caller],
+        limit: Callable[[str], None] | None = None,
+    ) -> None:  # fmt: skip
+        self.client, self.caller, self.limit = client, caller, limit
 
     def run_tenant(self, who: Caller, run_id: str) -> str:
         """The run's tenant, if `who` may see the run: another tenant's run is not found."""
@@ -88,6 +93,8 @@ class Tools:
     def submit(self, who: Caller, *, job: str, goal: str, user: str,
                params: dict[str, Any] | None, budget: dict[str, Any] | None, queue: str,
                idempotency_key: str | None, priority: int) -> dict[str, Any]:  # fmt: skip
+        if self.limit is not None and who.key_id is not None:
+            self.limit(who.key_id)  # the HTTP API's limit on the key's submissions, shared
         made = self.client.submit_run(
             who.tenant, user, job, goal, params or {}, budget=budget, queue=queue,
             idempotency_key=idempotency_key, priority=priority,
@@ -123,9 +130,13 @@ class Tools:
         return views.run_view(self.client, run_id, tenant)
 
 
-def build(client: Client, caller: Callable[[Context], Caller]) -> MCPServer:
-    """The MCP server: its tools over `client`, each acting for `caller(ctx)`."""
-    tools = Tools(client, caller)
+def build(
+    client: Client, caller: Callable[[Context], Caller],
+    limit: Callable[[str], None] | None = None,
+) -> MCPServer:  # fmt: skip
+    """The MCP server: its tools over `client`, each acting for `caller(ctx)`; `limit(key_id)`
+    counts a key's submission (raising past its limit)."""
+    tools = Tools(client, caller, limit)
     server = MCPServer("turnstile", instructions=__doc__.split("\n\n")[0] if __doc__ else None,
                        log_level="WARNING")  # fmt: skip
 
@@ -223,15 +234,21 @@ def http_caller(ctx: Context) -> Caller:
     key = state.get(KEY_STATE)
     if not isinstance(key, apikeys.ApiKey):  # the gate refuses such a request first
         raise ToolError("no API key")
-    return Caller(key.tenant, key.name, key.operator)
+    return Caller(key.tenant, key.name, key.operator, key.id)
 
 
-def serve_http(client: Client, host: str, port: int) -> None:
-    """Serve the tools over streamable HTTP at /mcp, behind the API keys."""
+def serve_http(client: Client, host: str, port: int, api: ApiSettings) -> None:
+    """Serve the tools over streamable HTTP at /mcp, behind the API keys, with the HTTP API's
+    limits (TURNSTILE_API_*): a request body's size, and a key's submissions per window,
+    counted with its submissions to the HTTP API."""
     import uvicorn  # noqa: PLC0415 - only the HTTP server needs it
 
-    server = build(client, http_caller)
-    app = key_gate(server.streamable_http_app(host=host), client.client)
+    from turnstile.worker.http.ratelimit import RateLimiter  # noqa: PLC0415
+
+    limiter = RateLimiter(client.client, limit=api.submits_per_window, window_s=api.rate_window_s)
+    server = build(client, http_caller, limiter.take)
+    served = server.streamable_http_app(host=host, max_request_body_size=api.max_body_bytes)
+    app = key_gate(served, client.client)
     uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).run()
 
 
