@@ -160,6 +160,7 @@ class McpServer:
 
     @property
     def transport(self) -> str:
+        """`stdio` (a command the worker starts) or `http` (a URL)."""
         return "stdio" if self.command is not None else "http"
 
     @property

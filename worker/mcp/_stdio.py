@@ -22,6 +22,7 @@ import mcp_types
 from mcp.client.stdio import get_default_environment
 from mcp.shared.message import SessionMessage
 
+from turnstile.errors import TurnstileError
 from turnstile.jobs.tools import one_line
 from turnstile.worker.mcp._loop import green
 
@@ -29,7 +30,7 @@ MAX_LINE_BYTES = 16 * 1024 * 1024  # far above a result the kernel keeps (jobs/t
 STOP_GRACE_S = 2.0  # from SIGTERM to SIGKILL for a server that does not stop
 
 
-class SpawnError(OSError):
+class SpawnError(TurnstileError):
     """The server's command could not be started."""
 
 
