@@ -4,16 +4,19 @@ and the same MCP jobs on a green (gevent) worker."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
-from tests.integration.workers import client_for, running_workers, wait_until
+from tests.integration.workers import WorkerProcess, client_for, running_workers, wait_until
 from tests.mcp_servers import records, serving
 from turnstile.jobs.outcomes import Outcome
+from turnstile.worker.cli.main import app
 from turnstile.worker.client._client import Client
 
 pytestmark = pytest.mark.integration
@@ -129,3 +132,23 @@ def test_mcp_tools_on_a_green_worker(
     while not events(record, "cancelled") and time.monotonic() - started < 10:
         time.sleep(0.1)
     assert events(record, "cancelled", tool="slow_read")
+
+
+def test_a_secrets_file_that_cannot_be_read_stops_a_worker_and_a_command_in_one_line(
+    *, redis_url: str, tmp_path: Path, unique: str
+) -> None:
+    """A secrets file of the wrong shape: the worker does not start (non-zero, one line naming
+    the file and what it should be), and `turnstile jobs NAME` says the same line."""
+    bad = tmp_path / "secrets.json"
+    bad.write_text(json.dumps({"crm": ["not", "a", "map"]}))
+    said = (f"error: TURNSTILE_MCP_SECRETS_FILE {bad}: server 'crm': expected "
+            '{"<server>": {"*" or "<tenant>": {"<header or variable>": "<value>"}}}')  # fmt: skip
+    worker = WorkerProcess(redis_url, [f"q-{unique}"], name=f"secrets-{unique}",
+                           env={"TURNSTILE_MCP_SECRETS_FILE": str(bad)}).start()  # fmt: skip
+    assert worker.process is not None
+    assert worker.process.wait(60) != 0
+    lines = [line for line in worker.log().splitlines() if "TURNSTILE_MCP_SECRETS_FILE" in line]
+    assert lines == [said], worker.log()[-2000:]
+    shown = CliRunner().invoke(app, ["jobs", "mcp_desk"], env={
+        "TURNSTILE_JOBS": SPEC, "TURNSTILE_MCP_SECRETS_FILE": str(bad)})  # fmt: skip
+    assert shown.exit_code == 1 and shown.stderr == said + "\n"

@@ -210,7 +210,7 @@ class Toolbox:
         found = [(s, self.connection(s, tenant)) for s in job.mcp]
         listings = [(s, c, c.listing()) for s, c in found if c is not None]
         versions = tuple(listing.version for _, _, listing in listings)
-        key = (id(job), tenant)
+        key = (id(job), tenant if any(s.per_tenant for s in job.mcp) else "")
         with self._lock:
             cached = self._jobs.get(key)
         if cached is not None and cached[0] == versions:
