@@ -73,6 +73,7 @@ class _Session:
     child: _stdio.Child | None
     ended: str | None = None  # set when the session is over, by whoever ends it
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    task: Future[None] | None = None  # the session's own task: done when it is over
 
 
 def reason(exc: BaseException) -> str:
@@ -207,12 +208,14 @@ class Connection:
                                "detail": f"server {self.server.name!r}: {why}"})  # fmt: skip
         raise McpUnavailableError(f"server {self.server.name!r}: {why}") from None
 
-    def close(self) -> None:
-        """End the session (a stdio server is stopped)."""
+    def close(self) -> Future[None] | None:
+        """End the session (a stdio server is stopped); the future is done when it is over."""
         with self._lock:
             session, self._session = self._session, None
-        if session is not None:
-            self._end(session, "closed")
+        if session is None:
+            return None
+        self._end(session, "closed")
+        return session.task
 
     # -- the session --------------------------------------------------------------------------
 
@@ -254,7 +257,7 @@ class Connection:
         ready: Future[_Session] = Future()
         task = self.loop.submit(self._hold(child, ready))
         try:
-            return self.loop.wait(ready, wait_s)
+            session = self.loop.wait(ready, wait_s)
         except TimeoutError:
             task.cancel()  # the session's task stops the child on its way out
             what = "its handshake (initialize)" if child else "its handshake"
@@ -264,6 +267,8 @@ class Connection:
         except Exception as exc:
             why = (child.ended if child else None) or reason(exc)
             raise McpUnavailableError(f"server {server.name!r}: {why}") from None
+        session.task = task
+        return session
 
     @asynccontextmanager
     async def _transport(self, child: _stdio.Child | None) -> AsyncIterator[Any]:

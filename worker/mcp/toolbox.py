@@ -18,7 +18,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 from collections.abc import Iterable, Mapping
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("turnstile.mcp")
 
 EVERY_TENANT = "*"  # the secrets file's entry for every tenant
+CLOSE_WAIT_S = 3.0  # for the sessions to end when the process stops (a stdio server's grace: 2 s)
 Secrets = Mapping[str, Mapping[str, Mapping[str, str]]]
 
 
@@ -159,12 +162,16 @@ class Toolbox:
                 self._connections[key] = found
             return found
 
-    def close(self) -> None:
-        """End every session (stdio servers are stopped)."""
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """End every session (stdio servers are stopped), waiting up to `wait_s` for them."""
         with self._lock:
             connections = list(self._connections.values())
-        for connection in connections:
-            connection.close()
+        ending = [f for f in (c.close() for c in connections) if f is not None]
+        deadline = time.monotonic() + wait_s
+        for future in ending:
+            assert self._loop is not None
+            with suppress(Exception):
+                self._loop.wait(future, max(0.0, deadline - time.monotonic()))
 
     # -- a job's tools -----------------------------------------------------------------------
 
