@@ -138,11 +138,14 @@ def test_a_slow_mcp_call_ends_the_run_at_its_deadline_and_the_server_is_told_to_
     *, worker: WorkerProcess, client: Client, queue: str, record: Path, unique: str, job: str
 ) -> None:
     """A read that would take a minute in a run of three seconds: the call is cut at the run's
-    remaining time, the run ends `budget_exhausted` (deadline), and the server received the
-    cancellation (its handler was cancelled)."""
+    remaining time (a timeout the model is shown, no traceback logged), the run ends
+    `budget_exhausted` (deadline), and the server received the cancellation (its handler was
+    cancelled)."""
     state = run(client, queue, f"t-{unique}", job)
     assert (state.outcome, state.detail) == (Outcome.BUDGET_EXHAUSTED, "deadline"), state.reason
     assert state.usage.elapsed_ms <= 3000
+    assert turn_results(client, state.run_id)[0] == {"status": "error", "code": "timeout"}
+    assert [e for e in worker.events("tool_raised") if e.get("run_id") == state.run_id] == []
     (made,) = calls(record, state.run_id, "slow_read")
     wait_until(
         lambda: any(r["event"] == "cancelled" and r["pid"] == made["pid"] and r["t"] > made["t"]

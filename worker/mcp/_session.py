@@ -170,7 +170,7 @@ class Connection:
         mutates: bool,
     ) -> Any:  # fmt: skip
         """The call's result (its JSON). Past `timeout_s` the request is cancelled (the server
-        is sent MCP's cancellation) and TimeoutError raised; a lost connection is
+        is sent MCP's cancellation) and the call is observed past its timeout; a lost connection is
         McpUnavailableError, or for a write a ToolOutput of `unknown` status (it may have been
         done); an error the server answers with is a ToolError the model sees."""
         deadline = time.monotonic() + timeout_s
@@ -186,10 +186,11 @@ class Connection:
         try:
             return self.loop.run(go(), max(0.0, deadline - time.monotonic()) + CANCEL_GRACE_S)
         except TimeoutError:
-            raise TimeoutError(
-                f"MCP tool {name!r} of server {self.server.name!r} did not answer within "
-                f"{timeout_s:.1f} s: the call was cancelled"
-            ) from None
+            # Past its timeout, as the kernel says of any call (a write's outcome unknown);
+            # the request was cancelled, which the server was told.
+            log.info("mcp_call_cancelled", server=self.label, tool=name, timeout_s=timeout_s)
+            spent_s = timeout_s + max(0.001, time.monotonic() - deadline)
+            return ToolOutput({"status": "error", "code": "timeout"}, latency_s=spent_s)
         except ValidationError as exc:
             raise McpUnavailableError(
                 f"server {self.server.name!r} answered {name!r} with a result that is not "
