@@ -92,8 +92,9 @@ def test_an_http_server_down_after_listing_is_a_tool_failure_the_model_sees(
     with serving(record) as (down_url, server):
         urls = {"MCP_TEST_DOWN_URL": down_url, "MCP_TEST_URL": down_url}
         with running_workers(redis_url, [queue], 1, env=env(record, **urls)) as (worker,):
-            wait_until(lambda: bool(events(record, "listed", pid=server.pid)), timeout_s=60,
-                       what="the worker listing the server's tools")  # fmt: skip
+            wait_until(lambda: any(e["transport"] == "http" and e["tools"] > 0
+                                   for e in worker.events("mcp_server_connected")),
+                       timeout_s=60, what="the worker listing the server's tools")  # fmt: skip
             server.kill()
             server.wait(10)
             run_id = client.submit(tenant, "u1", "mcp_down", "look it up", queue=queue)

@@ -243,6 +243,9 @@ class Connection:
                 log.warning("mcp_server_unavailable", server=self.label, reason=self._error)
                 raise
             self._error = None
+            tools, _ = self._listed
+            log.info("mcp_server_connected", server=self.label, transport=self.server.transport,
+                     tools=len(tools or []))  # fmt: skip
             return self._session
 
     def _connect(self, wait_s: float) -> _Session:
