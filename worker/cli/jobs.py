@@ -47,7 +47,7 @@ def _mcp(job: Job) -> list[dict[str, Any]]:
     from turnstile.worker.settings import Settings
 
     try:
-        toolbox = Toolbox.from_settings(Settings())
+        toolbox = Toolbox.from_settings(Settings(), quiet=True)  # it says what it finds
     except McpConfigError as exc:
         fail(str(exc))
     try:

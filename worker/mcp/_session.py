@@ -120,8 +120,10 @@ class Connection:
         connect_timeout_s: float,
         retry_s: float,
         label: str,
+        logger: Any = log,
     ) -> None:
         self.server, self.values, self.loop, self.label = server, dict(values), loop, label
+        self.log = logger  # a command that shows what it finds itself passes a quiet one
         self.connect_timeout_s, self.retry_s = connect_timeout_s, retry_s
         self._lock = threading.Lock()
         self._session: _Session | None = None
@@ -188,7 +190,7 @@ class Connection:
         except TimeoutError:
             # Past its timeout, as the kernel says of any call (a write's outcome unknown);
             # the request was cancelled, which the server was told.
-            log.info("mcp_call_cancelled", server=self.label, tool=name, timeout_s=timeout_s)
+            self.log.info("mcp_call_cancelled", server=self.label, tool=name, timeout_s=timeout_s)
             spent_s = timeout_s + max(0.001, time.monotonic() - deadline)
             return ToolOutput({"status": "error", "code": "timeout"}, latency_s=spent_s)
         except ValidationError as exc:
@@ -240,12 +242,12 @@ class Connection:
             except McpUnavailableError as exc:
                 self._error = str(exc).removeprefix(f"server {self.server.name!r}: ")
                 self._retry_at = time.monotonic() + self.retry_s
-                log.warning("mcp_server_unavailable", server=self.label, reason=self._error)
+                self.log.warning("mcp_server_unavailable", server=self.label, reason=self._error)
                 raise
             self._error = None
             tools, _ = self._listed
-            log.info("mcp_server_connected", server=self.label, transport=self.server.transport,
-                     tools=len(tools or []))  # fmt: skip
+            self.log.info("mcp_server_connected", server=self.label,
+                          transport=self.server.transport, tools=len(tools or []))  # fmt: skip
             return self._session
 
     def _connect(self, wait_s: float) -> _Session:
@@ -333,7 +335,7 @@ class Connection:
                 async for _ in events:
                     await self._relist(session.client)
         except Exception as exc:  # a server that does not offer it, or a stream that ended
-            log.debug("mcp_listen_ended", server=self.label, reason=reason(exc))
+            self.log.debug("mcp_listen_ended", server=self.label, reason=reason(exc))
 
     def _on_message(self, holder: list[_Session]) -> Any:
         async def handle(message: Any) -> None:
@@ -348,10 +350,10 @@ class Connection:
         try:
             tools = await _list(client)
         except Exception as exc:
-            log.warning("mcp_relist_failed", server=self.label, reason=reason(exc))
+            self.log.warning("mcp_relist_failed", server=self.label, reason=reason(exc))
             return
         self._listed = (tools, next(_VERSIONS))
-        log.info("mcp_tools_changed", server=self.label, tools=[t.get("name") for t in tools])
+        self.log.info("mcp_tools_changed", server=self.label, tools=[t.get("name") for t in tools])
 
 
 class _Given:

@@ -70,6 +70,15 @@ def load_secrets(path: str | None) -> Secrets:
     return data
 
 
+class Quiet:
+    """A logger that says nothing."""
+
+    def _nothing(self, event: str, **fields: Any) -> None:
+        return None
+
+    debug = info = warning = error = _nothing
+
+
 def _identity(server: McpServer) -> tuple[Any, ...]:
     """What makes two declarations the same server (two jobs may declare one)."""
     return (server.name, server.command, server.args, tuple(sorted(server.env.items())),
@@ -101,9 +110,11 @@ class Toolbox:
 
     def __init__(
         self, *, secrets: Secrets | None = None, connect_timeout_s: float = 10.0,
-        retry_s: float = 15.0,
+        retry_s: float = 15.0, quiet: bool = False,
     ) -> None:  # fmt: skip
+        """`quiet`: log nothing (a command that shows what it finds, `turnstile jobs NAME`)."""
         self.secrets = dict(secrets or {})
+        self.log: Any = Quiet() if quiet else log
         self.connect_timeout_s, self.retry_s = connect_timeout_s, retry_s
         self._lock = threading.Lock()
         self._loop: Loop | None = None
@@ -112,11 +123,12 @@ class Toolbox:
         self._said: set[str] = set()
 
     @classmethod
-    def from_settings(cls, config: Settings) -> Toolbox:
+    def from_settings(cls, config: Settings, *, quiet: bool = False) -> Toolbox:
         return cls(
             secrets=load_secrets(config.mcp_secrets_file),
             connect_timeout_s=config.mcp_connect_timeout_s,
             retry_s=config.mcp_retry_s,
+            quiet=quiet,
         )
 
     # -- connections ---------------------------------------------------------------------------
@@ -155,7 +167,7 @@ class Toolbox:
                 if self._loop is None:
                     self._loop = Loop()
                 label = f"{server.name}[{tenant}]" if tenant else server.name
-                found = Connection(server, values, self._loop, label=label,
+                found = Connection(server, values, self._loop, label=label, logger=self.log,
                                    connect_timeout_s=server.connect_timeout_s
                                    or self.connect_timeout_s,
                                    retry_s=self.retry_s)  # fmt: skip
@@ -179,7 +191,7 @@ class Toolbox:
         """A warning, once per process."""
         if line not in self._said:
             self._said.add(line)
-            log.warning("mcp_tool_left_out", reason=line, **fields)
+            self.log.warning("mcp_tool_left_out", reason=line, **fields)
 
     def offered(
         self, job: Job, server: McpServer, connection: Connection, listing: Listing,
