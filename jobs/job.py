@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
@@ -23,6 +23,7 @@ from turnstile.jobs.conversations import (
 )
 from turnstile.jobs.errors import JobDefinitionError, ParamsError
 from turnstile.jobs.extensions import check_extendable
+from turnstile.jobs.mcp import McpServer, check_servers
 from turnstile.jobs.model import Model, is_model, is_provider_model, spec_problem
 from turnstile.jobs.state import Call, RunState
 from turnstile.jobs.tools import Tool
@@ -180,6 +181,9 @@ class Job:
     # Budget dimensions (steps, tool_calls, tokens, cost, deadline) whose running out suspends
     # a run `needs_budget`, for a person to extend or stop, instead of ending it.
     extendable: tuple[str, ...] = ()
+    # MCP servers whose tools the model is offered besides `tools` (jobs/mcp.py): declared
+    # here, connected by the worker; nothing a run carries chooses one.
+    mcp: Sequence[McpServer] = ()
     _params_validator: Draft202012Validator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -197,6 +201,7 @@ class Job:
         object.__setattr__(
             self, "extendable", check_extendable(self.extendable, f"job {self.name!r}")
         )
+        object.__setattr__(self, "mcp", check_servers(self.name, self.mcp))
         for key, tool in self.tools.items():
             if not isinstance(tool, Tool) or tool.name != key:
                 raise JobDefinitionError(f"job {self.name!r}: {key!r} is not a Tool of that name")
@@ -318,7 +323,8 @@ class Job:
     @cached_property
     def tool_cost_bound_microusd(self) -> int:
         """The most one call of this job can cost: what a per-turn allowance reserves."""
-        return max((t.cost_bound_microusd for t in self.tools.values()), default=0)
+        bounds = [t.cost_bound_microusd for t in self.tools.values()]
+        return max([*bounds, *(s.cost_bound_microusd for s in self.mcp)], default=0)
 
 
 def _params_message(job: Job, exc: Any) -> str:

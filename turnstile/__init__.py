@@ -53,6 +53,7 @@ from turnstile.jobs.job import (
     Verdict,
     render_view,
 )
+from turnstile.jobs.mcp import McpServer
 from turnstile.jobs.model import (
     Model,
     ModelError,
@@ -108,6 +109,7 @@ __all__ = [
     "LedgerProtocolError",
     "LedgerUnavailable",
     "LedgerUnknownReservation",
+    "McpServer",
     "Model",
     "ModelChoice",
     "ModelError",

@@ -130,6 +130,16 @@ class Settings(BaseSettings):
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: str = "INFO"
 
+    # MCP servers of the jobs (worker/mcp/): a session's handshake and first listing must come
+    # within this; a server that did not answer is tried again no sooner than `mcp_retry_s`
+    # later, its calls failing at once meanwhile, with the reason.
+    mcp_connect_timeout_s: float = Field(default=10.0, gt=0)
+    mcp_retry_s: float = Field(default=15.0, gt=0)
+    # A JSON file of the MCP servers' secrets, read by each worker process when it starts:
+    # {"<server>": {"*": {...}, "<tenant>": {...}}}, headers of an HTTP server, environment
+    # variables of a stdio one ("*" for every tenant; a tenant's own for a per_tenant server).
+    mcp_secrets_file: str | None = None
+
     @model_validator(mode="after")
     def _wait_fits_socket(self) -> Settings:
         waits = self.durability is not Durability.NONE

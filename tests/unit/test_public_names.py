@@ -30,6 +30,7 @@ TURNSTILE = {
     "LedgerProtocolError",
     "LedgerUnavailable",
     "LedgerUnknownReservation",
+    "McpServer",
     "Model",
     "ModelChoice",
     "ModelError",

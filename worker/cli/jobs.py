@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from turnstile.worker.cli.common import JsonFlag, fail
+
+if TYPE_CHECKING:
+    from turnstile.jobs.job import Job
 
 
 def jobs(
@@ -18,21 +21,27 @@ def jobs(
 ) -> None:
     """List the jobs this process can see (entry points `turnstile.jobs` and TURNSTILE_JOBS),
     with their params schema and tools; a plugin that failed is shown as broken, with why,
-    and the command then exits 1. With NAME, that job; a broken one is one line saying why."""
+    and the command then exits 1. With NAME, that job; a broken one is one line saying why.
+    For one job with MCP servers, connect to them (within TURNSTILE_MCP_CONNECT_TIMEOUT_S) and
+    show the tools they offer, the ones left out and why, or why a server offers none."""
     from turnstile.jobs.errors import UnknownJobError
     from turnstile.worker.registry import Registry
 
     registry = Registry(None)
     if name is not None:
         try:
-            registry.get(name)  # broken or unknown: why, in one line, with the known jobs
+            job = registry.get(name)  # broken or unknown: why, in one line, with the known jobs
         except UnknownJobError as exc:
             fail(str(exc))
         (row,) = [r for r in registry.describe() if r["name"] == name and r["status"] == "ok"]
+        if job.mcp:
+            row["mcp"] = _mcp(job)
         if as_json:
             typer.echo(json.dumps(row))
-        else:
-            Console().print(_job_detail(row))
+            return
+        Console().print(_job_detail(row))
+        for line in _mcp_lines(row.get("mcp") or []):
+            typer.echo(line)
         return
     rows = registry.describe()
     if as_json:
@@ -42,6 +51,38 @@ def jobs(
     broken = [p.name or p.source for p in registry.broken()]
     if broken:
         fail(f"{len(broken)} job plugin(s) broken, each with why above: {', '.join(broken)}")
+
+
+def _mcp(job: Job) -> list[dict[str, Any]]:
+    from turnstile.worker.mcp.toolbox import McpConfigError, Toolbox
+    from turnstile.worker.settings import Settings
+
+    try:
+        toolbox = Toolbox.from_settings(Settings(), quiet=True)  # it says what it finds
+    except McpConfigError as exc:
+        fail(str(exc))
+    try:
+        return toolbox.describe(job)
+    finally:
+        toolbox.close()
+
+
+def _mcp_lines(servers: list[dict[str, Any]]) -> list[str]:
+    """One line per MCP server, per tool it offers and per tool left out."""
+    lines = []
+    for server in servers:
+        head = f"mcp {server['server']} ({server['transport']} {server['where']})"
+        if server["status"] != "ok":
+            lines.append(f"{head}: {server['status']}: {server['error']}")
+            continue
+        lines.append(f"{head}: {len(server['tools'])} tools")
+        for t in server["tools"]:
+            flags = ("write" if t["mutates"] else "read") + ("" if t["reversible"] else
+                                                              ", irreversible")  # fmt: skip
+            lines.append(f"  tool {t['name']}: {flags}; {t['description']} "
+                         f"{json.dumps(t['schema'])}")  # fmt: skip
+        lines.extend(f"  left out: {why}" for why in server["left_out"])
+    return lines
 
 
 def _jobs_table(rows: list[dict[str, object]]) -> Table:

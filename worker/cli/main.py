@@ -14,6 +14,7 @@ from turnstile.worker.cli.dev import COMMANDS as DEV
 from turnstile.worker.cli.http import api, keys_app
 from turnstile.worker.cli.jobs import jobs
 from turnstile.worker.cli.limits import limits_app
+from turnstile.worker.cli.mcp import mcp
 from turnstile.worker.cli.memory import memory_app
 from turnstile.worker.cli.queues import COMMANDS as QUEUES
 from turnstile.worker.cli.runs import COMMANDS as RUNS
@@ -44,7 +45,7 @@ def _job_dimensions() -> tuple[str, ...]:
 
 
 register(app, QUEUES + DECISIONS + RUNS)  # the operator commands, in this order
-for command in (api, *DEV, worker, jobs, submit):
+for command in (api, *DEV, worker, jobs, submit, mcp):
     app.command()(command)
 
 

@@ -243,6 +243,11 @@ def replay_events(
         raise ReplayError(
             f"the run shared its world with others ({shared[0]}); replay has a world of one run"
         )
+    if job.mcp:  # their tools act on the servers' own worlds: running them again would act twice
+        names = ", ".join(server.name for server in job.mcp)
+        raise ReplayError(
+            f"the run's job calls MCP servers ({names}); replay has a world of one run only"
+        )
     rp = _Replaying(state, job, stored)
     for index, event in enumerate(events[1:], start=1):
         kind = event.get("type")

@@ -15,6 +15,7 @@ from celery import signals
 
 from turnstile.errors import StoreMismatchError, StoreUnavailableError
 from turnstile.worker.broker import layout, producer
+from turnstile.worker.mcp.toolbox import McpConfigError, load_secrets
 from turnstile.worker.observability import metrics
 from turnstile.worker.observability.logs import configure as configure_logging
 from turnstile.worker.registry import Registry
@@ -249,6 +250,54 @@ class JobsLogHook(Hook):
         log.info("worker_jobs", jobs=registry.names(), dimensions=list(registry.dimensions()))
 
 
+class McpHook(Hook):
+    """The MCP servers of the worker's jobs (worker/mcp/): a secrets file that cannot be read
+    stops the worker as it starts, in one line; each process that runs steps connects its
+    jobs' servers and lists their tools when it starts, on a thread of its own, saying once
+    what is wrong (its first step does not wait for them); and stops its stdio servers as
+    it stops."""
+
+    def __init__(self, worker: WorkerServices) -> None:
+        self.worker = worker
+
+    def worker_init(self, **kwargs: Any) -> None:
+        try:
+            load_secrets(self.worker.settings.mcp_secrets_file)
+        except McpConfigError as exc:
+            raise SystemExit(f"error: {exc}") from None
+
+    def worker_process_init(self, **kwargs: Any) -> None:
+        self._warm()
+
+    def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
+        if pools.green():  # its one process runs the steps (prefork's children warm their own)
+            self._warm()
+
+    def worker_process_shutdown(self, **kwargs: Any) -> None:
+        self._close()
+
+    def worker_shutdown(self, **kwargs: Any) -> None:
+        if pools.green():
+            self._close()
+
+    def _warm(self) -> None:
+        def warm() -> None:
+            try:
+                registry = self.worker.jobs()
+                jobs = [registry.get(name) for name in registry.names()]
+                if any(job.mcp for job in jobs):
+                    self.worker.services().mcp.warm(jobs)
+            except Exception as exc:  # a store that is down: the first step connects instead
+                log.warning("mcp_warm_failed", error=str(exc))
+
+        threading.Thread(target=warm, name="turnstile-mcp-warm", daemon=True).start()
+
+    def _close(self) -> None:
+        built = self.worker.built()
+        if built is not None:
+            built.mcp.close()
+
+
 class MetricsHook(Hook):
     """Prometheus metrics: written by every pool process, served by the main process."""
 
@@ -304,6 +353,7 @@ def worker_hooks(worker: WorkerServices) -> list[Hook]:
         DispatcherHook(config, worker.send_many),
         WatchdogHook(config),
         JobsLogHook(worker.jobs),
+        McpHook(worker),
         MetricsHook(config),
         StopClaimingHook(worker),
         ExitCodeHook(),

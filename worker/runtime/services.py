@@ -17,6 +17,7 @@ import redis
 import structlog
 
 from turnstile.jobs.errors import StateFormatError
+from turnstile.jobs.job import Job
 from turnstile.jobs.kernel import READ_POOL_SIZE
 from turnstile.jobs.state import RunState
 from turnstile.ledger.client import Ledger
@@ -25,6 +26,7 @@ from turnstile.providers import retry
 from turnstile.worker.broker import producer
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.broker.producer import Send
+from turnstile.worker.mcp.toolbox import Toolbox
 from turnstile.worker.registry import Jobs, Registry
 from turnstile.worker.runtime import pools
 from turnstile.worker.runtime.heartbeat import Heartbeat
@@ -64,6 +66,12 @@ class Services:
     heartbeat: Heartbeat = field(default_factory=lambda: Heartbeat(5.0))
     # The shared buckets of the model endpoints' rate limits (worker/scheduling/ratelimits.py).
     buckets: Buckets | None = None
+    # The process's MCP connections (worker/mcp/): a job's tools from its MCP servers.
+    mcp: Toolbox = field(default_factory=Toolbox)
+
+    def with_mcp(self, job: Job, tenant: str) -> Job:
+        """The job as a turn of the tenant's run sees it: with its MCP servers' tools."""
+        return self.mcp.job(job, tenant)
 
 
 def redis_max_connections(config: Settings) -> int:
@@ -161,6 +169,7 @@ def build_services(
         # Tool calls of every turn in flight: greenlets on a green worker, so one set per turn.
         pool=ThreadPoolExecutor(READ_POOL_SIZE * turns, "turnstile-tool"),
         buckets=buckets,
+        mcp=Toolbox.from_settings(config),
     )
 
 
@@ -216,6 +225,12 @@ class WorkerServices:
         """This process's job registry, over its store client (None without a store)."""
         with self._lock:
             return self._here().jobs
+
+    def built(self) -> Services | None:
+        """This process's step services if a step (or a hook) has built them, else None."""
+        with self._lock:
+            here = self._process
+            return here.services if here is not None and here.pid == os.getpid() else None
 
     def services(self) -> Services:
         """This process's step services."""

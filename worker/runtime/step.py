@@ -317,7 +317,7 @@ class Step:
             return "poison"
         try:
             state = RunState.from_json(loaded.state)
-            job = self.services.jobs.get(state.job)
+            job = self.services.with_mcp(self.services.jobs.get(state.job), state.tenant)
         except (StateFormatError, UnknownJobError) as exc:
             self.fail(loaded, str(exc))
             return "broken"
