@@ -82,14 +82,17 @@ def worker(
     task events off unless TURNSTILE_TASK_EVENTS=1. SIGTERM finishes the turns in flight before
     exiting; the exit status is Celery's, so a supervisor restarts a worker that stopped on an
     error."""
-    from turnstile.worker.names import QUEUE as QUEUE_NAME
+    from turnstile.errors import InvalidNameError
+    from turnstile.worker.names import check_name
 
     if not redis_url:
         fail("no store: set TURNSTILE_REDIS_URL or pass --redis-url", code=2)
     names = [q.strip() for q in queues.split(",")]
-    if not all(QUEUE_NAME.match(q) for q in names):
-        fail(f"bad --queues {queues!r}: comma-separated names of letters, digits, '.', '_', '-'",
-             code=2)  # fmt: skip
+    try:
+        for queue_name in names:
+            check_name("queue", queue_name)
+    except InvalidNameError as exc:
+        fail(f"bad --queues {queues!r}: {exc}", code=2)
     from turnstile.worker.registry import Registry
     from turnstile.worker.runtime import pools
 
