@@ -18,6 +18,7 @@ from typer.testing import CliRunner, Result
 
 from tests.integration.workers import WorkerProcess, client_for, running_workers, wait_until
 from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
+from turnstile.worker.broker import layout
 from turnstile.worker.cli.main import app
 from turnstile.worker.client._client import Client
 from turnstile.worker.dev.shop import RedisShop
@@ -328,7 +329,7 @@ def test_bad_input_is_one_line_and_changes_nothing(
             for t in (tenant, idle["other"]):
                 for kind in ("cont", "start"):
                     pipe.zcard(keys.pending(t, queue, kind))
-            pipe.llen(queue)
+            pipe.llen(layout.broker_queue(queue))
             count = int(sum(pipe.execute()))
             if count == last:
                 break
