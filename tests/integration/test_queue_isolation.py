@@ -148,6 +148,10 @@ def test_a_queue_named_after_the_brokers_keys_is_refused_or_harmless(
         for i in range(3):  # each delivery acks through kombu's unacked hash: it still works
             _completes(client, f"v{i}-{unique}", queue)
         _alive(workers)
+        client.client.sadd(keys.QUEUES, *names)  # as a store from before the rule holds them
+        viewed = runner.invoke(app, ["queues", "--json"], env=env)
+        assert viewed.exit_code == 0, viewed.output
+        assert set(names) <= {v["name"] for v in json.loads(viewed.stdout)}
 
 
 @pytest.mark.parametrize("where", ["broker list", "pending set"])

@@ -13,12 +13,17 @@ from collections.abc import Mapping
 from typing import Annotated, cast
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from turnstile.ledger.cli import HandedOn
-from turnstile.worker.cli.common import Connection, JsonFlag, client, with_connection
+from turnstile.worker.cli.common import (
+    Connection,
+    JsonFlag,
+    client,
+    console_for_tables,
+    with_connection,
+)
 from turnstile.worker.store import keys
 from turnstile.worker.store.queues import TENANT_QUEUES, parse_tenant_queues
 
@@ -144,7 +149,7 @@ def show(
                       str(v.active_runs), _cap(v.runs_cap), str(v.weight),
                       escape(",".join(v.queues) or "-"))  # fmt: skip
 
-    Console().print(table)
+    console_for_tables().print(table)  # piped, as wide as its columns need
 
 
 def _cap(cap: int | None) -> str:
