@@ -37,6 +37,13 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return int(os.environ.get("TURNSTILE_TEST_PROCESSES", TEST_PROCESSES))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The suite's clients and commands may submit to any queue name: each test uses queues
+    of its own, most of which no worker serves (runs kept waiting on purpose). The tests of
+    who may submit where (tests/integration/test_queue_isolation.py) set the rule they test."""
+    os.environ.setdefault("TURNSTILE_SUBMIT_QUEUES", "*")
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     """URL of a server for the whole session: the named one, or one started here."""

@@ -51,6 +51,11 @@ class SubmissionConflictError(SubmissionError):
     """The run id is taken: by another tenant, or by a different submission."""
 
 
+class QueueNotAllowedError(SubmissionError):
+    """A submission to a queue its tenant may not submit to: one no worker serves, or one
+    outside the operators' list for the deployment or the tenant. Nothing was written."""
+
+
 class ConversationBusyError(SubmissionError):
     """A submission with the `reject` policy to a conversation that has an active run: refused,
     naming that run (`active_run`). Nothing was written."""

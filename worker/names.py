@@ -18,6 +18,13 @@ look-arounds, so that pydantic's regex engine and JSON Schema read them as Pytho
 `$` ends the text, and here the compiled rules end with `\\Z`, so a trailing newline is no
 part of a name either way.
 
+A queue name may not be one the broker reserves either: kombu's own keys on a Redis broker
+(`unacked`, `unacked_index`, `unacked_mutex`, `_kombu.*`), Celery's (`celeryev*`,
+`celery_delayed_*`, `*.pidbox`), RabbitMQ's (`amq.*`) and Turnstile's own namespace there
+(`turnstile.*`, see worker/broker/layout.py). Each queue lies under that namespace on the
+broker, so none of these could reach the broker's keys anyway; a name that spells one is a
+mistake or a probe, and is refused where it comes in.
+
 The ledger checks its own tenants (it imports nothing of the worker), more loosely: every
 tenant valid here is valid there, under the same limit of 128 characters.
 """
@@ -70,6 +77,10 @@ ENDPOINT_RULE = (
     "provider:model, the provider a lower-case letter and up to 31 lower-case letters, digits,"
     " '_' or '-', the model 1-200 letters, digits, '.', '_', ':', '/', '@', '+' or '-'"
 )
+# Names a queue may not have: the broker's own (see the module's text).
+RESERVED_QUEUES = frozenset({"unacked", "unacked_index", "unacked_mutex"})
+RESERVED_QUEUE_PREFIXES = ("_kombu.", "amq.", "celeryev", "celery_delayed_", "turnstile.")
+RESERVED_QUEUE_SUFFIXES = (".pidbox",)
 RULES = {
     "tenant": (NAME, NAME_RULE),
     "user": (NAME, NAME_RULE),
@@ -89,7 +100,20 @@ def check_name(what: str, value: object) -> str:
         raise InvalidNameError(f"bad {what} {value!r}: a name may not start with '-'")
     if not rule.match(value):
         raise InvalidNameError(f"bad {what} {value!r}: {said}")
+    if what == "queue" and reserved_queue(value):
+        raise InvalidNameError(f"bad queue {value!r}: the name is reserved by the broker")
     return value
+
+
+def reserved_queue(name: str) -> bool:
+    """Whether `name` is one of the broker's own (kombu's, Celery's, RabbitMQ's, Turnstile's
+    namespace on the broker), which no queue may be named."""
+    lowered = name.lower()
+    return (
+        lowered in RESERVED_QUEUES
+        or lowered.startswith(RESERVED_QUEUE_PREFIXES)
+        or lowered.endswith(RESERVED_QUEUE_SUFFIXES)
+    )
 
 
 def check_run_id(run_id: object) -> str:

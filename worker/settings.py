@@ -9,9 +9,17 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from turnstile.errors import StoreMismatchError
+from turnstile.errors import InvalidNameError, StoreMismatchError
 from turnstile.ledger.client import cluster_seed
+from turnstile.worker.names import check_name
 from turnstile.worker.store.durability import Durability, WaitFor
+
+ANY_QUEUE = "*"  # TURNSTILE_SUBMIT_QUEUES=*: a client may submit to any queue name
+
+
+def split_names(raw: str) -> list[str]:
+    """`a, b,c` as names: each stripped, the empty ones dropped."""
+    return [name.strip() for name in raw.split(",") if name.strip()]
 
 
 class Settings(BaseSettings):
@@ -24,6 +32,13 @@ class Settings(BaseSettings):
     redis_url: str | None = None  # the store and the ledger; None: local commands embed one
     broker_url: str | None = None  # Celery's broker; defaults to the store's server
     default_queue: str = "default"
+    # The queues a client (a service, `turnstile submit`, the HTTP API) may submit to, for a
+    # tenant without a list of its own (`turnstile tenants set T queues=a,b`): empty, the
+    # queues the workers serve (each worker registers its queues in the store as it starts)
+    # and the default queue; a comma-separated list, exactly those; `*`, any queue name
+    # (nothing is checked: for development and tests). A queue refused is one line, nothing
+    # written (worker/store/queues.py).
+    submit_queues: str = ""
 
     # A step's hard time limit is the run's remaining active time plus this grace, so a call
     # that ignores its own timeout is still stopped from outside; the soft limit is a little
@@ -139,6 +154,25 @@ class Settings(BaseSettings):
     # {"<server>": {"*": {...}, "<tenant>": {...}}}, headers of an HTTP server, environment
     # variables of a stdio one ("*" for every tenant; a tenant's own for a per_tenant server).
     mcp_secrets_file: str | None = None
+
+    @model_validator(mode="after")
+    def _queue_names(self) -> Settings:
+        try:
+            check_name("queue", self.default_queue)
+            if self.submit_queues.strip() != ANY_QUEUE:
+                for name in split_names(self.submit_queues):
+                    check_name("queue", name)
+        except InvalidNameError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    @property
+    def submit_queue_names(self) -> frozenset[str] | None:
+        """The queues TURNSTILE_SUBMIT_QUEUES names; None when it names none (the served
+        queues apply), the empty set never; ANY_QUEUE alone for `*`."""
+        if self.submit_queues.strip() == ANY_QUEUE:
+            return frozenset({ANY_QUEUE})
+        return frozenset(split_names(self.submit_queues)) or None
 
     @model_validator(mode="after")
     def _wait_fits_socket(self) -> Settings:

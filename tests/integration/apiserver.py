@@ -39,6 +39,7 @@ class ApiServer:
             "TURNSTILE_LOG_FORMAT": "json",
             "TURNSTILE_ALLOW_DRILLS": "1",  # slow tools, as the test workers allow
             "TURNSTILE_API_WEBHOOKS": "false",  # one deliverer at a time: the webhook tests'
+            "TURNSTILE_SUBMIT_QUEUES": "*",  # any queue, as the suite's clients (conftest.py)
             **(env or {}),
         }
         self.process: subprocess.Popen[bytes] | None = None

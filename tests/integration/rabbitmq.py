@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from kombu import Connection
 
-from turnstile.worker.broker import amqp
+from turnstile.worker.broker import amqp, layout
 from turnstile.worker.dev.embedded import EmbeddedServer
 
 AMQP_URL = os.environ.get("TURNSTILE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
@@ -31,10 +31,11 @@ def unreachable() -> str | None:
 
 
 def delete_queues(*names: str, url: str = AMQP_URL) -> None:
-    """Delete these queues and the exchanges named after them (Celery declares one per
-    queue); the ones that are not there are skipped."""
+    """Delete these Turnstile queues on the broker (by their broker names, and by the names
+    themselves, as queues were named before their namespace) and the exchanges named after
+    them (Celery declares one per queue); the ones that are not there are skipped."""
     with Connection(url, connect_timeout=5) as conn:
-        for name in names:
+        for name in (n for queue in names for n in (layout.broker_queue(queue), queue)):
             for delete in ("queue_delete", "exchange_delete"):
                 channel: Any = conn.channel()
                 try:

@@ -22,7 +22,7 @@ import pytest
 from tests.integration.workers import WorkerProcess, client_for, shop_effects, stop_all, wait_until
 from turnstile.errors import DecisionRefusedError
 from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
-from turnstile.worker.broker import deadletters
+from turnstile.worker.broker import deadletters, layout
 from turnstile.worker.broker.message import STEP_TASK
 from turnstile.worker.broker.producer import producer
 from turnstile.worker.client._client import Client
@@ -123,7 +123,7 @@ class Drill:
 
     def malformed(self) -> None:
         for entry in MALFORMED:
-            self.client.client.lpush(self.queue, entry)
+            self.client.client.lpush(layout.broker_queue(self.queue), entry)
         producer(Settings(redis_url=self.server.url)).send_task(
             STEP_TASK,
             kwargs={"tenant": self.tenants[1], "run_id": "run_nobody", "version": 1,

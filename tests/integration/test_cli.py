@@ -24,6 +24,7 @@ from tests.integration.workers import (
     wait_until,
 )
 from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
+from turnstile.worker.broker import layout
 from turnstile.worker.cli.main import app
 from turnstile.worker.client._client import Client
 from turnstile.worker.store import keys
@@ -333,7 +334,7 @@ def test_bad_input_is_one_line_and_changes_nothing(
             for t in (tenant, idle["other"]):
                 for kind in ("cont", "start"):
                     pipe.zcard(keys.pending(t, queue, kind))
-            pipe.llen(queue)
+            pipe.llen(layout.broker_queue(queue))
             count = int(sum(pipe.execute()))
             if count == last:
                 break

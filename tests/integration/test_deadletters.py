@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from tests.integration.test_metrics import free_port, scrape, value
 from tests.integration.workers import client_for, running_workers, settled, wait_until
 from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.broker import layout
 from turnstile.worker.broker.intake import Channel, Transport
 from turnstile.worker.broker.message import STEP_TASK
 from turnstile.worker.cli.main import app
@@ -89,7 +90,7 @@ def test_a_worker_survives_any_bytes_on_its_queue(redis_url: str, unique: str) -
     with running_workers(redis_url, [queue], 1, env=env) as (worker,):
         broker = redis.Redis.from_url(redis_url)
         for _, make in BAD.values():
-            broker.lpush(queue, make(queue))
+            broker.lpush(layout.broker_queue(queue), make(queue))
         client = client_for(redis_url)
         run_id = client.submit(f"t-{unique}", USER, "support", GOAL, {}, queue=queue)
         wait_until(lambda: settled(client, [run_id]), timeout_s=60, what="the run ends")
@@ -102,7 +103,8 @@ def test_a_worker_survives_any_bytes_on_its_queue(redis_url: str, unique: str) -
 
     kept = [json.loads(e) for e in broker.lrange(keys.dead_letters(queue), 0, -1)]
     assert sorted(d["reason"] for d in kept) == sorted(reason for reason, _ in BAD.values())
-    assert broker.llen(queue) == 0 and all(d["queue"] == queue for d in kept)
+    assert broker.llen(layout.broker_queue(queue)) == 0
+    assert all(d["queue"] == queue for d in kept)  # the Turnstile queue, not the broker's
     not_json = next(d for d in kept if d["reason"] == "not_json")
     assert base64.b64decode(not_json["raw"]) == b"\xff\x00 not a message"
     for reason in {r for r, _ in BAD.values()}:

@@ -11,6 +11,7 @@ from typer.testing import CliRunner, Result
 
 from tests.integration.workers import client_for, running_workers, wait_until
 from turnstile.errors import SubmissionError
+from turnstile.worker.broker import layout
 from turnstile.worker.cli.main import app
 from turnstile.worker.client._client import RUN_TENANTS
 from turnstile.worker.store import keys
@@ -168,7 +169,7 @@ def test_bad_params_are_refused_at_submit_and_nothing_is_written(
         client.submit("acme", "u1", "support", "refund", {key: value}, run_id=run_id, queue=queue)
     assert client.client.hget(RUN_TENANTS, run_id) is None
     assert not client.client.exists(keys.run("acme", run_id))
-    assert client.client.llen(queue) == 0
+    assert client.client.llen(layout.broker_queue(queue)) == 0
 
 
 def test_params_that_are_not_an_object_are_refused(redis_url: str) -> None:

@@ -71,10 +71,12 @@ def queue(unique: str) -> Iterator[str]:
 
 
 def _publish_raw(queue: str, body: bytes, **properties: Any) -> None:
-    """A message as any AMQP client could put it on the queue, past Celery."""
+    """A message as any AMQP client could put it on the queue (by its broker name), past
+    Celery."""
+    name = layout.broker_queue(queue)
     with Connection(AMQP_URL) as conn:
-        producer = Producer(conn.channel(), exchange=Exchange(queue, type="topic"))
-        producer.publish(body, routing_key=queue, **properties)
+        producer = Producer(conn.channel(), exchange=Exchange(name, type="topic"))
+        producer.publish(body, routing_key=name, **properties)
 
 
 def test_a_queue_is_a_quorum_queue_whose_depth_is_read_by_amqp(
@@ -104,7 +106,8 @@ def test_a_queue_is_a_quorum_queue_whose_depth_is_read_by_amqp(
         assert dispatcher.depth(queue) == 3  # the reader goes on after the 404
     with Connection(AMQP_URL) as conn, pytest.raises(Exception, match="inequivalent arg"):
         channel: Any = conn.channel()
-        channel.queue_declare(queue, durable=True, arguments={"x-queue-type": "classic"})
+        channel.queue_declare(layout.broker_queue(queue), durable=True,
+                              arguments={"x-queue-type": "classic"})  # fmt: skip
     with running_workers(redis_url, [queue], 1, broker_url=AMQP_URL):
         wait_until(lambda: settled(client, runs), timeout_s=60, what="the three runs end")
     assert layout.broker_depth(AMQP_URL, queue) == 0

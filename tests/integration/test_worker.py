@@ -241,7 +241,7 @@ def test_malformed_messages_are_logged_acked_and_fail_only_their_run(
         kwargs={"tenant": tenant, "run_id": "run_nobody", "version": 1, "queue": queue},
         queue=queue,
     )
-    client.client.lpush(queue, b"\x00\x01 this is not a message")
+    client.client.lpush(layout.broker_queue(queue), b"\x00\x01 this is not a message")
     wait_until(lambda: settled(client, [victim, healthy]), timeout_s=60, what="runs end")
     stored = client.run_hash(victim)[1]
     assert stored["outcome"] == "error" and "malformed step message" in stored["reason"]

@@ -26,7 +26,7 @@ from fastapi.routing import APIRoute
 from kombu.transport.redis import Channel as RedisChannel
 from prometheus_client import CollectorRegistry
 
-from turnstile.worker.broker.layout import priority_lists
+from turnstile.worker.broker.layout import broker_queue, priority_lists
 from turnstile.worker.http import routes_ops
 from turnstile.worker.http.app import create_app
 from turnstile.worker.http.context import operator
@@ -392,7 +392,7 @@ def test_redis_autoscaler_sums_every_priority_list_and_the_turns_in_flight(
     queues = env["TURNSTILE_QUEUES"].split(",")
     expected = [name for queue in queues for name in priority_lists(queue)]
     assert sorted(lists.values()) == sorted([*expected, RedisChannel.unacked_key])
-    assert "default\x06\x169" in expected  # the separator kombu writes, not its escape
+    assert "turnstile.q.default\x06\x169" in expected  # the separator kombu writes, not its escape
     modifiers = scaled["spec"]["advanced"]["scalingModifiers"]
     formula = modifiers["formula"]
     assert re.fullmatch(r"\s*\w+(\s*\+\s*\w+)*\s*", formula), f"not a plain sum: {formula}"
@@ -404,15 +404,15 @@ def test_redis_autoscaler_sums_every_priority_list_and_the_turns_in_flight(
 def test_rabbitmq_autoscaler_counts_ready_and_unacknowledged(
     manifests: dict[str, list[dict[str, Any]]],
 ) -> None:
-    """keda-rabbitmq.yaml counts each queue of TURNSTILE_QUEUES through the management API
-    (messages ready and unacknowledged), against TURNSTILE_CONCURRENCY turns per pod, its
-    credentials from the TriggerAuthentication beside it."""
+    """keda-rabbitmq.yaml counts each queue of TURNSTILE_QUEUES (by its broker name) through
+    the management API (messages ready and unacknowledged), against TURNSTILE_CONCURRENCY
+    turns per pod, its credentials from the TriggerAuthentication beside it."""
     scaled = scaled_object(manifests, "keda-rabbitmq.yaml")
     scales_the_worker(manifests, scaled)
     env = worker_pod_env(manifests)
     triggers = scaled["spec"]["triggers"]
     assert sorted(t["metadata"]["queueName"] for t in triggers) == sorted(
-        env["TURNSTILE_QUEUES"].split(",")
+        broker_queue(queue) for queue in env["TURNSTILE_QUEUES"].split(",")
     )
     (auth,) = [d for d in manifests["keda-rabbitmq.yaml"] if d["kind"] == "TriggerAuthentication"]
     assert {ref["parameter"] for ref in auth["spec"]["secretTargetRef"]} == {"host"}

@@ -133,3 +133,30 @@ def test_the_http_api_uses_the_rule() -> None:
     assert fields["user"].metadata[0].pattern == NAME_PATTERN
     assert fields["queue"].metadata[0].pattern == QUEUE_PATTERN
     assert get_args(routes_limits.EndpointPath)[1].metadata[0].pattern == ENDPOINT_PATTERN
+
+
+RESERVED = ["unacked", "unacked_index", "unacked_mutex", "Unacked", "_kombu.binding.default",
+            "_kombu.binding.celery.pidbox", "amq.gen-1", "celeryev", "celeryev.abc",
+            "celery_delayed_27", "w1.celery.pidbox", "x.reply.celery.pidbox",
+            "turnstile.q.default", "turnstile.anything"]  # fmt: skip
+NEAR = ["unacked2", "kombu.binding", "amq", "celery", "celery-jobs", "pidbox", "turnstile",
+        "my.turnstile.q"]  # fmt: skip
+
+
+def test_queue_names_the_broker_reserves_are_refused_in_one_line() -> None:
+    """kombu's own keys on a Redis broker, Celery's queues, RabbitMQ's `amq.` and Turnstile's
+    namespace on the broker are no queue's name: one line saying the name is reserved; names
+    that only resemble them are taken."""
+    for name in RESERVED:
+        with pytest.raises(InvalidNameError) as refused:
+            check_name("queue", name)
+        assert str(refused.value) == f"bad queue {name!r}: the name is reserved by the broker"
+    for name in NEAR:
+        assert check_name("queue", name) == name
+
+
+def test_a_reserved_name_is_a_queue_rule_only() -> None:
+    """A tenant, a user or a conversation key may be spelt like a broker's key: they are no
+    key on the broker."""
+    for kind in ("tenant", "user", "conversation"):
+        assert check_name(kind, "unacked") == "unacked"

@@ -26,6 +26,7 @@ compare-and-set in the store makes every extra delivery a no-op.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -128,10 +129,16 @@ def check(url: str, timeout_s: float = CHECK_TIMEOUT_S) -> str:
 class QueueDepth:
     """Messages ready on a RabbitMQ queue (`message_count` of a passive `queue.declare`: the
     ones not yet delivered, as LLEN counts them on Redis), over one connection and channel
-    kept open: one round trip per read. A queue not declared yet holds nothing."""
+    kept open: one round trip per read. A queue not declared yet holds nothing. `name` gives
+    the broker's name of the queue asked for (layout.py passes `broker_queue`)."""
 
-    def __init__(self, url: str, timeout_s: float = CHECK_TIMEOUT_S) -> None:
-        self.url, self.timeout_s = url, timeout_s
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float = CHECK_TIMEOUT_S,
+        name: Callable[[str], str] = str,
+    ) -> None:
+        self.url, self.timeout_s, self.name = url, timeout_s, name
         self._conn: Any = None
         self._channel: Any = None
 
@@ -148,7 +155,7 @@ class QueueDepth:
                 self.close()
                 raise _refusal(self.url, exc) from None
         try:
-            _, count, _ = self._channel.queue_declare(queue=queue, passive=True)
+            _, count, _ = self._channel.queue_declare(queue=self.name(queue), passive=True)
             return int(count)
         except amqp.exceptions.NotFound:  # the server closed the channel with the 404
             self._channel = None

@@ -8,7 +8,12 @@ on. Here every such entry is dead-lettered, in two places:
 
 - `Transport` / `Channel`: kombu's Redis transport, except that an entry which is not JSON or
   not a well-formed envelope (properties, delivery tag, body that decodes) is dead-lettered
-  where it is read, before kombu builds a message from it (`broker_transport`).
+  where it is read, before kombu builds a message from it (`broker_transport`); and a queue
+  whose list the server refuses to pop (a key of another type where it should be: WRONGTYPE)
+  is left out of the worker's reads, said once in the log (`queue_broken`), and looked at
+  again every BROKEN_RECHECK_S, while the worker goes on reading its other queues (kombu
+  would raise out of the event loop, and the worker, and every worker restarted on that
+  queue, would exit).
 - `Consumer`: Celery's consumer (`worker_consumer`), on every broker (on RabbitMQ it is the
   only guard: py-amqp hands over whatever bytes a message carries, and a body that does not
   decode reaches these handlers; its dead letters are kept in the store), whose handlers
@@ -23,13 +28,15 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
 from queue import Empty
-from typing import Any
+from typing import Any, cast
 
 import redis
+import structlog
 from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
@@ -37,6 +44,12 @@ from kombu.utils.json import loads as kombu_loads
 
 from turnstile.worker.broker import amqp
 from turnstile.worker.broker.deadletters import Reason, make, record
+from turnstile.worker.broker.layout import turnstile_queue
+
+log = structlog.get_logger("turnstile.intake")
+
+# How often a worker looks again at a queue it left out as broken (a few TYPE reads).
+BROKEN_RECHECK_S = 5.0
 
 # The app's setting that names the store's URL, where the consumer keeps the dead letters of a
 # broker that is not Redis (kombu's Redis transport keeps them on the broker's server).
@@ -96,22 +109,47 @@ def _body_problem(body: Any, encoding: Any) -> str | None:
 
 class Channel(kombu_redis.Channel):
     """kombu's Redis channel, except that an entry which is not an envelope is dead-lettered
-    where BRPOP hands it over, instead of raising out of the worker's event loop."""
+    where BRPOP hands it over, and a queue whose lists the server refuses to pop is left out
+    of the reads, instead of either raising out of the worker's event loop."""
 
     # set by kombu's Channel at run time
     connection_errors: tuple[type[BaseException], ...]
     _queue_cycle: Any
     _flush_brpop_reauth: Callable[[], None]
     _create_client: Callable[[], Any]
+    brpop_timeout: int
+    priority_steps: list[int]
+    _q_for_pri: Callable[[str, int], str]
+
+    def _brpop_start(self, timeout: int | None = None) -> None:
+        # kombu's own `_brpop_start` (kombu 5.7), without the queues left out as broken.
+        left_out = self._left_out()
+        if not left_out:
+            cast(Any, super())._brpop_start(timeout)
+            return
+        queues = [q for q in self._queue_cycle.consume(len(self.active_queues))
+                  if q not in left_out]  # fmt: skip
+        if not queues:
+            return  # every queue is broken: the next poll looks again
+        wait = self.brpop_timeout if timeout is None else timeout
+        lists = [self._q_for_pri(queue, pri) for pri in self.priority_steps for queue in queues]
+        self._in_poll = self.client.connection
+        self._brpop_sent_at = time.monotonic()
+        self.client.connection.send_command("BRPOP", *lists, wait or 0)
 
     def _brpop_read(self, **options: Any) -> bool:
-        # kombu's own `_brpop_read` (kombu 5.7), with the decode and the hand-over checked.
+        # kombu's own `_brpop_read` (kombu 5.7), with the decode and the hand-over checked,
+        # and an error reply (WRONGTYPE) taken as a broken queue.
         try:
             try:
                 dest__item = self.client.parse_response(self.client.connection, "BRPOP", **options)
             except self.connection_errors:
                 self.client.connection.disconnect()
                 raise
+            except redis.ResponseError as exc:
+                if not self._leave_out_broken(str(exc)):
+                    raise
+                raise Empty() from None
             if not dest__item:
                 raise Empty()
             dest, item = dest__item
@@ -122,6 +160,57 @@ class Channel(kombu_redis.Channel):
         finally:
             self._in_poll = None
             self._flush_brpop_reauth()
+
+    def _broken_lists(self, queues: list[str]) -> dict[str, str]:
+        """Of these broker queues, the ones a list of which is not a list (or cannot be
+        read), with what it is."""
+        with self.conn_or_acquire() as client:
+            pipe = client.pipeline(transaction=False)
+            lists = [(q, self._q_for_pri(q, pri)) for q in queues for pri in self.priority_steps]
+            for _, name in lists:
+                pipe.type(name)
+            found: dict[str, str] = {}
+            for (queue, name), kind in zip(lists, pipe.execute(raise_on_error=False), strict=True):
+                said = kind if isinstance(kind, Exception) else bytes_to_str(kind)
+                if str(said) not in ("list", "none"):
+                    found.setdefault(queue, f"{name!r} is {said}, not a list")
+            return found
+
+    def _leave_out_broken(self, error: str) -> bool:
+        """After BRPOP's error reply: leave out the queues whose lists are broken, each said
+        once; False when none is (the error is not one queue's)."""
+        found = self._broken_lists(list(self.active_queues))
+        left_out = self._broken_queues()
+        until = time.monotonic() + BROKEN_RECHECK_S
+        for queue, what in found.items():
+            if queue not in left_out:
+                log.error("queue_broken", by="consumer", queue=turnstile_queue(queue),
+                          error=error, found=what)  # fmt: skip
+            left_out[queue] = until
+        return bool(found)
+
+    def _left_out(self) -> set[str]:
+        """The broker queues left out of the reads now: those found broken, looked at again
+        once BROKEN_RECHECK_S has passed (and read again when they are mended)."""
+        left_out = self._broken_queues()
+        now = time.monotonic()
+        due = [q for q, until in left_out.items() if until <= now]
+        if due:
+            still = self._broken_lists(due)
+            for queue in due:
+                if queue in still:
+                    left_out[queue] = now + BROKEN_RECHECK_S
+                else:
+                    del left_out[queue]
+                    log.info("queue_mended", by="consumer", queue=turnstile_queue(queue))
+        return set(left_out)
+
+    def _broken_queues(self) -> dict[str, float]:
+        left_out: dict[str, float] | None = getattr(self, "_turnstile_broken", None)
+        if left_out is None:
+            left_out = {}
+            self._turnstile_broken = left_out
+        return left_out
 
     def _hand_over(self, queue: str, item: bytes) -> None:
         try:
@@ -137,7 +226,7 @@ class Channel(kombu_redis.Channel):
 
     def _dead_letter(self, queue: str, reason: Reason, detail: str, item: bytes) -> None:
         with self.conn_or_acquire() as client:
-            record(client, make(queue, reason, detail, item))
+            record(client, make(turnstile_queue(queue), reason, detail, item))
 
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
@@ -193,8 +282,9 @@ def _message_raw(message: Any) -> bytes | str:
 
 
 def _queue_of(message: Any) -> str:
+    """The Turnstile queue the message came from, as its delivery says (by broker name)."""
     info = message.delivery_info or {}
-    return str(info.get("routing_key") or info.get("exchange") or "?")
+    return turnstile_queue(str(info.get("routing_key") or info.get("exchange") or "?"))
 
 
 def _time_limit_problem(value: Any) -> str | None:

@@ -118,7 +118,8 @@ def drain(
 
 def queues(conn: Connection, as_json: JsonFlag = False) -> None:
     """Every queue: messages waiting, turns in flight, runs parked, dead letters (see
-    `turnstile dead-letters`), paused or draining."""
+    `turnstile dead-letters`), paused or draining, or broken (a key of another type where
+    one of its lists is: the dispatcher skips it until it is mended)."""
     views = queue_views.queues(conn.client)
     if as_json:
         echo_json([{**dataclasses.asdict(v), "pending": v.pending} for v in views])
@@ -129,6 +130,8 @@ def queues(conn: Connection, as_json: JsonFlag = False) -> None:
     for v in views:
         flagged = (("paused", v.paused, v.paused_by), ("draining", v.draining, v.draining_by))
         state = ", ".join(f"{flag} by {who} since {at}" for flag, at, who in flagged if at)
+        if v.broken:  # the dispatcher skips it until its keys are mended
+            state = ", ".join(s for s in (f"BROKEN: {v.broken}", state) if s)
         table.add_row(
             escape(v.name), _depth(v.depth), str(v.pending), str(v.in_flight), str(v.running),
             str(v.parked), _depth(v.dead_letters), escape(state or "open"),

@@ -13,13 +13,19 @@ from collections.abc import Mapping
 from typing import Annotated, cast
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from turnstile.ledger.cli import HandedOn
-from turnstile.worker.cli.common import Connection, JsonFlag, client, with_connection
+from turnstile.worker.cli.common import (
+    Connection,
+    JsonFlag,
+    client,
+    console_for_tables,
+    with_connection,
+)
 from turnstile.worker.store import keys
+from turnstile.worker.store.queues import TENANT_QUEUES, parse_tenant_queues
 
 tenants_app = typer.Typer(
     help="A tenant's share of the workers: a cap on its turns in flight, its fair-share weight.",
@@ -31,7 +37,8 @@ Pairs = Annotated[
     list[str],
     typer.Argument(help="turns_in_flight=N, active_runs=N (none: no cap), weight=N (default 1), "
                         "extendable=tokens,cost (budget dimensions whose running out suspends "
-                        "a run needs_budget; none: none).",
+                        "a run needs_budget; none: none), queues=a,b (the only queues the "
+                        "tenant may submit to; none: the deployment's).",
                    show_default=False),
 ]  # fmt: skip
 
@@ -46,18 +53,24 @@ def set_(conn: Connection, tenant: TenantArg, pairs: Pairs) -> None:
 
     check_name("tenant", tenant)
     extendable = [p for p in pairs if p.startswith(f"{EXTENDABLE}=")]
-    rest = [p for p in pairs if p not in extendable]
+    own_queues = [p for p in pairs if p.startswith(f"{QUEUES}=")]
+    rest = [p for p in pairs if p not in extendable and p not in own_queues]
     names = _extendable(extendable)
-    caps = fair.parse_caps(rest) if rest or not extendable else {}
-    if names is not None:
-        conn.client.client.hset(keys.caps(tenant), EXTENDABLE, ",".join(names))
+    queues = parse_tenant_queues(own_queues[-1].partition("=")[2]) if own_queues else None
+    caps = fair.parse_caps(rest) if rest or not (extendable or own_queues) else {}
+    written = {EXTENDABLE: names, QUEUES: queues}
+    for field, value in written.items():
+        if value is not None:
+            conn.client.client.hset(keys.caps(tenant), field, ",".join(value))
     if caps:
         fair.set_caps(conn.client.client, tenant, caps)
-    shown = {**caps, **({} if names is None else {EXTENDABLE: ",".join(names) or "none"})}
+    shown: dict[str, int | str | None] = {**caps}
+    shown |= {k: ",".join(v) or "none" for k, v in written.items() if v is not None}
     typer.echo(_shown(tenant, shown))
 
 
 EXTENDABLE = "extendable"  # the budget dimensions whose running out suspends a tenant's runs
+QUEUES = TENANT_QUEUES  # the queues the tenant may submit to (none: the deployment's)
 
 
 def _extendable(pairs: list[str]) -> list[str] | None:
@@ -129,12 +142,14 @@ def show(
     if as_json:
         typer.echo(json.dumps([dataclasses.asdict(v) for v in views]))
         return
-    table = Table("tenant", "waiting", "in flight", "cap", "active runs", "cap", "weight")
+    table = Table("tenant", "waiting", "in flight", "cap", "active runs", "cap", "weight",
+                  "queues")  # fmt: skip
     for v in views:
         table.add_row(escape(v.tenant), str(v.waiting), str(v.in_flight), _cap(v.cap),
-                      str(v.active_runs), _cap(v.runs_cap), str(v.weight))  # fmt: skip
+                      str(v.active_runs), _cap(v.runs_cap), str(v.weight),
+                      escape(",".join(v.queues) or "-"))  # fmt: skip
 
-    Console().print(table)
+    console_for_tables().print(table)  # piped, as wide as its columns need
 
 
 def _cap(cap: int | None) -> str:

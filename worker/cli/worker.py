@@ -94,14 +94,17 @@ def worker(
     exiting; the exit status is Celery's, so a supervisor restarts a worker that stopped on an
     error. A store or broker that does not answer within --start-wait-s is one line and exit
     1; one lost later is ridden out (steps retry until it is back)."""
-    from turnstile.worker.names import QUEUE as QUEUE_NAME
+    from turnstile.errors import InvalidNameError
+    from turnstile.worker.names import check_name
 
     if not redis_url:
         fail(NO_STORE, code=2)
     names = [q.strip() for q in queues.split(",")]
-    if not all(QUEUE_NAME.match(q) for q in names):
-        fail(f"bad --queues {queues!r}: comma-separated names of letters, digits, '.', '_', '-'",
-             code=2)  # fmt: skip
+    try:
+        for queue_name in names:
+            check_name("queue", queue_name)
+    except InvalidNameError as exc:
+        fail(f"bad --queues {queues!r}: {exc}", code=2)
     from turnstile.worker.registry import Registry
     from turnstile.worker.runtime import pools
 

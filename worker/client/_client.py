@@ -25,6 +25,7 @@ from turnstile.errors import (
     ConversationBusyError,
     DecisionRefusedError,
     InvalidNameError,
+    QueueNotAllowedError,
     SubmissionConflictError,
     SubmissionError,
     SubmissionNameError,
@@ -59,6 +60,7 @@ from turnstile.worker.scheduling.priority import DEFAULT as DEFAULT_PRIORITY
 from turnstile.worker.scheduling.priority import check_priority
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
+from turnstile.worker.store import queues as served_queues
 from turnstile.worker.store.connect import connect
 from turnstile.worker.store.durability import check_server
 from turnstile.worker.store.memory import RedisMemory
@@ -343,7 +345,11 @@ class Client(Reading, Memory):
         digest = fingerprint([*asked, conversation, policy] if conversation else asked)
         # Every refusal is found by reading before anything is written: a refused submission
         # adds no queue, no tenant and no run id to any index.
-        draining, owner, stored_digest, extendable = self._before_writing(queue, tenant, run_id)
+        draining, owner, stored_digest, extendable, refused = self._before_writing(
+            queue, tenant, run_id
+        )
+        if refused is not None:
+            raise QueueNotAllowedError(refused)
         state.extendable = sorted(set(state.extendable) | set(extendable))
         if draining:
             raise SubmissionError(f"queue {queue!r} is draining: it takes no new runs")
@@ -548,21 +554,29 @@ class Client(Reading, Memory):
 
     def _before_writing(
         self, queue: str, tenant: str, run_id: str
-    ) -> tuple[bool, str | None, str | None, tuple[str, ...]]:
+    ) -> tuple[bool, str | None, str | None, tuple[str, ...], str | None]:
         """In one round trip: whether the queue is draining, the tenant that holds the run id
-        (None: no one yet), the fingerprint of the tenant's run of that id, if any, and the
-        budget dimensions the tenant made extendable."""
+        (None: no one yet), the fingerprint of the tenant's run of that id, if any, the
+        budget dimensions the tenant made extendable, and why the tenant may not submit to
+        the queue (None: it may; worker/store/queues.py)."""
         pipe = self.client.pipeline(transaction=False)
         pipe.hget(keys.queue_control(queue), "draining")
         pipe.hget(RUN_TENANTS, run_id)
         pipe.hget(keys.run(tenant, run_id), "fingerprint")
-        pipe.hget(keys.caps(tenant), "extendable")
-        draining, owner, stored, extendable = pipe.execute()
+        pipe.hmget(keys.caps(tenant), "extendable", served_queues.TENANT_QUEUES)
+        pipe.hexists(keys.SERVED_QUEUES, queue)
+        draining, owner, stored, (extendable, own_queues), is_served = pipe.execute()
+        refused = served_queues.refusal(
+            queue, tenant=tenant, tenant_list=served_queues.tenant_queues(own_queues),
+            listed=self.config.submit_queue_names, is_served=bool(is_served),
+            default_queue=self.config.default_queue,
+        )  # fmt: skip
         return (
             bool(draining),
             None if owner is None else str(owner),
             None if stored is None else str(stored),
             tenant_extendable(extendable),
+            refused,
         )
 
     def _claim_run_id(self, run_id: str, tenant: str) -> str:

@@ -22,6 +22,7 @@ from turnstile.errors import (
     ConversationBusyError,
     DecisionRefusedError,
     InvalidNameError,
+    QueueNotAllowedError,
     RunNotFoundError,
     StoreUnavailableError,
     SubmissionConflictError,
@@ -31,7 +32,7 @@ from turnstile.errors import (
 from turnstile.jobs.errors import KernelError, UnknownJobError
 from turnstile.ledger.errors import LedgerError, LedgerInputError
 from turnstile.worker.broker.amqp import BrokerError
-from turnstile.worker.ops.errors import ControlError
+from turnstile.worker.ops.errors import ControlError, QueueBrokenError
 from turnstile.worker.scheduling.ratelimits import RateLimitError
 
 log = structlog.get_logger("turnstile.api")
@@ -99,9 +100,11 @@ ANSWERS: tuple[tuple[type[Exception], int, str], ...] = (
     (RunNotFoundError, 404, "run_not_found"),
     (ConversationBusyError, 409, "conversation_busy"),  # the detail names the active run
     (SubmissionConflictError, 409, "run_id_conflict"),
+    (QueueNotAllowedError, 403, "queue_not_allowed"),
     (SubmissionError, 422, "invalid_submission"),  # "unknown_job" when that is the cause
     (DecisionRefusedError, 409, "decision_refused"),
     (ControlError, 409, "control_refused"),
+    (QueueBrokenError, 503, "queue_broken"),  # a queue's backlog, its keys refused
     (InvalidNameError, 422, "invalid_request"),
     (LedgerInputError, 422, "invalid_request"),
     (LedgerError, 409, "ledger_refused"),

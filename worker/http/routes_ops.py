@@ -19,7 +19,7 @@ from turnstile.worker.http.problems import Problem
 from turnstile.worker.http.routes_runs import PROBLEMS
 from turnstile.worker.http.schemas import CeilingBody, ControlBody, LedgerView
 from turnstile.worker.ops import flags, queues, subjects
-from turnstile.worker.ops.errors import ControlError
+from turnstile.worker.ops.errors import ControlError, QueueBrokenError
 from turnstile.worker.ops.flags import Flagged, Resumed
 from turnstile.worker.ops.subjects import Subject
 from turnstile.worker.store import keys
@@ -106,11 +106,14 @@ def list_queues(_: Operator, ctx: Ctx) -> dict[str, Any]:
 def queue_backlog(queue: QueuePath, _: Operator, ctx: Ctx) -> dict[str, Any]:
     """The queue's backlog, what an autoscaler scales on: steps waiting (in the tenants'
     pending lists and on the broker) and turns in flight, read without scanning the store.
-    404 for a queue the store does not know (no run was ever submitted to it)."""
+    404 for a queue the store does not know (no run was ever submitted to it), 503 for a
+    broken one (a key of another type where one of its lists is), saying what was refused."""
     try:
         return dataclasses.asdict(queues.backlog(ctx.client, queue))
     except ControlError as exc:
         raise Problem(404, "not_found", str(exc)) from None
+    except QueueBrokenError as exc:
+        raise Problem(503, "queue_broken", str(exc)) from None
 
 
 def _by(key: ApiKey, body: ControlBody | None) -> str:

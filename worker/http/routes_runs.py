@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import StreamingResponse
 
-from turnstile.errors import SubmissionConflictError, SubmissionError
+from turnstile.errors import QueueNotAllowedError, SubmissionConflictError, SubmissionError
 from turnstile.worker.client._client import idempotent_run_id
 from turnstile.worker.http import listing, sse
 from turnstile.worker.http.bodies import JsonRoute
@@ -116,6 +116,8 @@ def submit_run(
         raise Problem(
             409, "run_id_conflict", f"run {run_id!r} was submitted before with another body"
         ) from None
+    except QueueNotAllowedError:
+        raise  # a 403 (problems.py), whether the queue drains or not
     except SubmissionError as exc:
         # The client refuses a draining queue too; looked up only then, so it is a 409.
         if ctx.redis.hget(queue_control(body.queue), "draining"):

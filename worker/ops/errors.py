@@ -13,3 +13,8 @@ class ControlError(TurnstileError):
 
 class DrainTimeoutError(ControlError):
     """`drain --wait` ran out of time with turns of the queue still in flight."""
+
+
+class QueueBrokenError(TurnstileError):
+    """A queue whose keys the server refuses to read (a key of another type where one of its
+    lists or sets should be): its figures cannot be given. The queue views show it broken."""

@@ -1,18 +1,26 @@
 """What an operator sees of the queues: depth on the broker, turns in flight, running and
 parked runs, flags, dead letters and each tenant's fair share; a queue's backlog, the figure
-an autoscaler reads; and `drain --wait`'s wait."""
+an autoscaler reads; and `drain --wait`'s wait.
+
+A broken queue (a key of another type where one of its lists or sets is, worker/store/
+queues.py) is shown with what was refused (`broken`) and the figures that could be read; it
+never fails the view of the others."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, TypeVar
+
+import redis
 
 from turnstile.worker.broker.layout import broker_depth, dead_letter_count
 from turnstile.worker.client._client import Client
-from turnstile.worker.ops.errors import DrainTimeoutError
+from turnstile.worker.ops.errors import DrainTimeoutError, QueueBrokenError
 from turnstile.worker.ops.subjects import (
     SCAN_COUNT,
+    StoredQueue,
     Subject,
     check_known,
     live_inflight,
@@ -22,9 +30,11 @@ from turnstile.worker.ops.subjects import (
 )
 from turnstile.worker.scheduling import fair
 from turnstile.worker.store import keys
+from turnstile.worker.store import queues as served_queues
 from turnstile.worker.store.values import server_ms, text
 
 DRAIN_POLL_S = 0.2
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -42,6 +52,9 @@ class QueueView:
     # Fair share: per tenant with steps waiting for the dispatcher on this queue or turns in
     # flight, {tenant, waiting (on this queue), in_flight (every queue), cap, weight}.
     tenants: list[dict[str, Any]] = field(default_factory=list)
+    # "" for a queue that works; else what the server refused when it was read (or what the
+    # dispatcher last met on it): the queue is skipped until its keys are mended.
+    broken: str = ""
 
     @property
     def pending(self) -> int:
@@ -52,28 +65,52 @@ class QueueView:
 def queue_view(c: Client, queue: str) -> QueueView:
     subject = Subject(queue=queue)
     check_known(c, subject)
-    paused, paused_by, draining, draining_by = (
-        text(v)
-        for v in c.client.hmget(
-            keys.queue_control(queue), "paused", "paused_by", "draining", "draining_by"
-        )
-    )
-    return QueueView(
+    return _view(c, subject, served_queues.broken(c.client).get(queue, ""))
+
+
+class _Reads:
+    """Each read of a view, guarded: an error reply (the queue's key is of another type) gives
+    the read's default and is kept, the first one, as what is broken."""
+
+    def __init__(self) -> None:
+        self.error = ""
+
+    def __call__(self, read: Callable[[], T], default: T) -> T:
+        try:
+            return read()
+        except redis.ResponseError as exc:
+            self.error = self.error or str(exc)
+            return default
+
+
+def _view(c: Client, subject: Subject, recorded: str) -> QueueView:
+    """The queue's view, each figure read on its own: a broken one is left unknown (None or
+    0) and the queue shown broken, with what was refused or what the dispatcher recorded."""
+    queue, reads = subject.name, _Reads()
+    flags = reads(lambda: [text(v) for v in c.client.hmget(
+        keys.queue_control(queue), "paused", "paused_by", "draining", "draining_by")],
+        ["", "", "", ""])  # fmt: skip
+    paused, paused_by, draining, draining_by = flags
+    view = QueueView(
         queue,
-        broker_depth(c.config.broker, queue),
-        len(live_inflight(c, subject)),
-        len(runs_in(c, subject, "running")),
-        len(parked_runs(c, subject)),
+        reads(lambda: broker_depth(c.config.broker, queue), None),
+        reads(lambda: len(live_inflight(c, subject)), 0),
+        reads(lambda: len(runs_in(c, subject, "running")), 0),
+        reads(lambda: len(parked_runs(c, subject)), 0),
         paused, paused_by, draining, draining_by,
-        dead_letter_count(c.config.broker, queue, c.client),
-        _fair_tenants(c, queue),
+        reads(lambda: dead_letter_count(c.config.broker, queue, c.client), None),
+        reads(lambda: _fair_tenants(c, queue, reads), []),
     )  # fmt: skip
+    return replace(view, broken=reads.error or recorded)
 
 
-def _fair_tenants(c: Client, queue: str) -> list[dict[str, Any]]:
+def _fair_tenants(c: Client, queue: str, reads: _Reads) -> list[dict[str, Any]]:
     out = []
     for tenant in sorted(text(t) for t in c.client.smembers(keys.fair_active(queue))):
         view = fair.tenant_view(c.client, tenant, [queue])
+        if view.broken:  # read again, for the error the server gives
+            none: dict[str, int] = {}
+            reads(lambda: fair.pending_counts(c.client, [tenant], queue), none)  # noqa: B023
         if view.waiting or view.in_flight:
             out.append(asdict(view))
     return out
@@ -99,6 +136,13 @@ def backlog(c: Client, queue: str) -> Backlog:
     of tenants. No key is scanned for. On a broker that is not Redis, `on_broker` is what the
     store records as sent by the dispatcher and not loaded yet (keys.fair_sent)."""
     check_known(c, Subject(queue=queue))
+    try:
+        return _backlog(c, queue)
+    except redis.ResponseError as exc:
+        raise QueueBrokenError(f"queue {queue!r} is broken: {exc}") from None
+
+
+def _backlog(c: Client, queue: str) -> Backlog:
     active = sorted({t for some in scan(c, keys.fair_active(queue)) for t in some})  # SSCAN repeats
     pending = 0
     for start in range(0, len(active), SCAN_COUNT):
@@ -114,7 +158,10 @@ def backlog(c: Client, queue: str) -> Backlog:
 
 
 def queues(c: Client) -> list[QueueView]:
-    return [queue_view(c, text(q)) for q in sorted(c.client.smembers(keys.QUEUES))]
+    """Every queue the store holds (used, controlled or served), broken ones included."""
+    recorded = served_queues.broken(c.client)
+    names = sorted(text(q) for q in c.client.smembers(keys.QUEUES))
+    return [_view(c, StoredQueue(queue=name), recorded.get(name, "")) for name in names]
 
 
 def wait_drained(

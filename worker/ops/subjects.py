@@ -45,6 +45,17 @@ class Subject:
         return keys.control(self.tenant)
 
 
+@dataclass(frozen=True)
+class StoredQueue(Subject):
+    """A queue named by the store rather than by a person (the queue views list every queue
+    the store holds, one stored before the name rule refused its name included): not held to
+    the name rule."""
+
+    def __post_init__(self) -> None:
+        if self.queue is None or self.tenant is not None:
+            raise ControlError("a stored queue is a queue")
+
+
 SCAN_COUNT = 500  # members asked for per SSCAN call: indexes are read in slices
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from celery import Celery
 
-from turnstile.worker.broker import amqp, intake
+from turnstile.worker.broker import amqp, intake, namespace
 from turnstile.worker.runtime import hooks, pools, task
 from turnstile.worker.runtime.pools import Pool
 from turnstile.worker.runtime.services import WorkerServices
@@ -31,7 +31,8 @@ from turnstile.worker.settings import Settings
 def make_app(config: Settings, *, main: bool = True) -> Celery:
     """A Celery app configured from `config`, with no task of its own: the worker's
     (`main`: made the current app) or a client's private producer (never made current)."""
-    celery = Celery("turnstile", set_as_current=main)
+    # Its queue table names every Turnstile queue by its broker name (worker/broker/namespace.py).
+    celery = Celery("turnstile", set_as_current=main, amqp=namespace.AMQP)
     url = config.broker if (config.broker_url or config.redis_url) else None
     transport = (
         intake.transport_options(url or "")
@@ -50,7 +51,6 @@ def make_app(config: Settings, *, main: bool = True) -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
-        task_default_queue=config.default_queue,
         task_create_missing_queues=True,
         worker_send_task_events=config.task_events,
         task_send_sent_event=config.task_events,
@@ -61,6 +61,7 @@ def make_app(config: Settings, *, main: bool = True) -> Celery:
         # A queue entry the worker cannot take in goes to the dead letters, not the worker
         # down; on RabbitMQ, quorum queues and publisher confirms (worker/broker/amqp.py).
         **intake.celery_config(url or "", config.redis_url),
+        **namespace.celery_config(config.default_queue),
     )
     return celery
 

@@ -25,9 +25,11 @@ from turnstile.worker.scheduling import dispatcher as fair_dispatcher
 from turnstile.worker.scheduling import fair
 from turnstile.worker.scheduling.sweeper import Sweeper
 from turnstile.worker.settings import Settings
+from turnstile.worker.store import queues as served_queues
 from turnstile.worker.store.connect import UNAVAILABLE, connect
 from turnstile.worker.store.connect import check as store_check
 from turnstile.worker.store.durability import DurabilityRefusedError, check_server
+from turnstile.worker.store.values import server_ms
 
 log = structlog.get_logger("turnstile.worker")
 
@@ -209,15 +211,63 @@ def _with_store(
     threading.Thread(target=target, name=name, daemon=True).start()
 
 
+def _queues(consumer: Any) -> list[str]:
+    """The Turnstile queues the worker reads (Celery knows them by their broker names)."""
+    return sorted({layout.turnstile_queue(str(q)) for q in consumer.app.amqp.queues.consume_from})
+
+
 def _capacity(consumer: Any) -> tuple[str, list[str], int] | None:
     """This worker as the dispatcher announces it: its name, the queues it reads and how many
     turns it holds in flight (the pool's limit: processes on prefork, greenlets on gevent)."""
     try:
-        queues = sorted(consumer.app.amqp.queues.consume_from)
-        return str(consumer.hostname), queues, int(consumer.pool.limit)
+        return str(consumer.hostname), _queues(consumer), int(consumer.pool.limit)
     except (AttributeError, TypeError, ValueError) as exc:
         log.warning("capacity_unknown", error=str(exc))
         return None
+
+
+class ServedQueuesHook(Hook):
+    """As the worker gets ready, before its ready line: the queues it reads are registered as
+    served in the store, so clients may submit to them from then on (worker/store/queues.py).
+    A store that does not answer now is tried again from a thread until it does."""
+
+    def __init__(self, config: Settings) -> None:
+        self.config = config
+        self.stop = threading.Event()
+
+    def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
+        try:
+            queues = _queues(sender)
+        except (AttributeError, TypeError) as exc:
+            log.warning("served_queues_unknown", error=str(exc))
+            return
+        if self.config.redis_url is None or not queues:
+            return
+        self.stop.clear()
+        try:
+            client = connect(self.config.redis_url, self.config)
+            try:
+                served_queues.register_served(client, queues, server_ms(client))
+            finally:
+                client.close()
+        except (StoreUnavailableError, redis.RedisError) as exc:
+            log.warning("served_queues_unregistered", error=str(exc))
+            _with_store(self.config, self.stop, "turnstile-served-queues", self._retry(queues))
+
+    def _retry(self, queues: list[str]) -> Callable[[redis.Redis], None]:
+        def register(client: redis.Redis) -> None:
+            while not self.stop.wait(self.config.dispatch_poll_s):
+                try:
+                    served_queues.register_served(client, queues, server_ms(client))
+                    log.info("served_queues_registered", queues=queues)
+                    return
+                except redis.RedisError:  # still down: try again shortly
+                    continue
+
+        return register
+
+    def worker_shutdown(self, **kwargs: Any) -> None:
+        self.stop.set()
 
 
 class WatchdogHook(Hook):
@@ -342,10 +392,12 @@ class StopClaimingHook(Hook):
 
 
 def worker_hooks(worker: WorkerServices) -> list[Hook]:
-    """The worker's hooks, in the order they answer a signal: logging first, so every other
-    hook's lines are structured, and the ready line before the threads start."""
+    """The worker's hooks, in the order they answer a signal: logging configured first (at
+    worker_init), so every other hook's lines are structured; the queues registered as
+    served, then the ready line, then the threads start."""
     config = worker.settings
     return [
+        ServedQueuesHook(config),  # its queues open to clients before the ready line says so
         LoggingHook(config),
         ReachHook(config),
         DurabilityHook(config),

@@ -8,10 +8,18 @@ cap on turns in flight or on active runs. A take (pop + slot) is one script (fai
 dispatcher that dies between it and the publish loses that message, and the run's pickup lease
 lapses and the sweeper re-sends it, as for any lost message. How steps get into the pending
 lists, and the slots and caps, are in fair.py.
+
+A queue whose keys the server refuses (a key of another type where its broker list, a
+tenant's pending set or its bookkeeping should be: WRONGTYPE, or any other error reply) is
+broken: said once in the log (`queue_broken`), recorded in the store for the operator's views
+(worker/store/queues.py), and skipped for BROKEN_RECHECK_S at a time, while every other
+queue's dispatch goes on. A pass over it that works again clears it (`queue_mended`). A store
+that does not answer is no queue's fault: the pass fails and is tried again, as before.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import threading
@@ -29,6 +37,7 @@ from turnstile.worker.scheduling.fair import aging_ms, sent_window_ms, slot_extr
 from turnstile.worker.scheduling.ratelimits import Promoter
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
+from turnstile.worker.store import queues as served_queues
 from turnstile.worker.store.durability import Durability
 from turnstile.worker.store.scripts import FAIR, evalsha, register, with_scripts
 from turnstile.worker.store.values import server_ms
@@ -54,6 +63,8 @@ DEPTH_SHARE = 4
 LINGER_S = 0.005
 WEIGHTS_EVERY_S = 1.0  # a weight changed by hand applies within this long
 GAUGES_EVERY_S = 1.0  # how often the dispatcher publishes each tenant's share as metrics
+BROKEN_RECHECK_S = 5.0  # a broken queue is tried again this long after it failed
+RECORDS_EVERY_S = 1.0  # how often the store's record of broken queues is read again
 LIVE = ("running", "suspended", "parked")  # a run in one of these is active
 
 
@@ -115,6 +126,11 @@ class Dispatcher:
         # Steps deferred by a provider rate limit (ratelimits.py), queued here when due.
         self.promoter = Promoter(client)
         self.next_due_s: float | None = None
+        # Broken queues: queue -> (the error met, when to try it again, monotonic s); and the
+        # ones the store records as broken (read at most once a RECORDS_EVERY_S).
+        self.broken: dict[str, tuple[str, float]] = {}
+        self.recorded: set[str] = set()
+        self.recorded_at = 0.0
 
     def depth(self, queue: str) -> int:
         """Steps waiting on the queue's broker (worker/broker/layout.py: the priority lists'
@@ -166,14 +182,51 @@ class Dispatcher:
         return depth
 
     def dispatch(self) -> int:
-        """One pass over every queue; returns how many steps were sent to the broker."""
+        """One pass over every queue; returns how many steps were sent to the broker. A
+        broken queue is skipped (see the module's text), the others go on."""
         sent = 0
         self.next_due_s = self.promoter.promote()
+        self._read_records()
+        now = time.monotonic()
         for queue in sorted(str(q) for q in self.client.smembers(keys.FAIR_QUEUES)):
-            room = self.wanted_depth(queue) - self.depth(queue)
-            if room > 0:
-                sent += self._fill(queue, room)
+            if queue in self.broken and now < self.broken[queue][1]:
+                continue
+            try:
+                room = self.wanted_depth(queue) - self.depth(queue)
+                if room > 0:
+                    sent += self._fill(queue, room)
+            except redis.ResponseError as exc:  # the queue's keys, not the store: skip it
+                self._broken(queue, str(exc))
+            else:
+                self._mended(queue)
         return sent
+
+    def _broken(self, queue: str, error: str) -> None:
+        """Skip the queue for BROKEN_RECHECK_S; said and recorded once per error."""
+        said = self.broken.get(queue, ("", 0.0))[0]
+        self.broken[queue] = (error, time.monotonic() + BROKEN_RECHECK_S)
+        if error == said:
+            return
+        log.error("queue_broken", by="dispatcher", queue=queue, error=error)
+        with contextlib.suppress(redis.RedisError):  # the log line is said all the same
+            served_queues.mark_broken(self.client, queue, error, server_ms(self.client))
+            self.recorded.add(queue)
+
+    def _mended(self, queue: str) -> None:
+        """A pass over the queue worked: it is broken no more, here and in the store."""
+        if self.broken.pop(queue, None) is not None:
+            log.info("queue_mended", by="dispatcher", queue=queue)
+        if queue in self.recorded:
+            served_queues.mark_mended(self.client, queue)
+            self.recorded.discard(queue)
+
+    def _read_records(self) -> None:
+        """The queues the store records as broken (another dispatcher may have found them),
+        read at most once a RECORDS_EVERY_S, so a pass that works clears their record."""
+        now = time.monotonic()
+        if now - self.recorded_at >= RECORDS_EVERY_S:
+            self.recorded = set(served_queues.broken(self.client))
+            self.recorded_at = now
 
     def _fill(self, queue: str, room: int) -> int:
         tenants = sorted(str(t) for t in self.client.smembers(keys.fair_active(queue)))
@@ -188,18 +241,23 @@ class Dispatcher:
         sent = 0
         while sent < room and tenants:
             # The round robin's next picks for the room left, taken in one round trip; a
-            # tenant that could not give one (empty, capped) leaves the pass.
+            # tenant that could not give one (empty, capped) leaves the pass. A take the server
+            # refused (the queue is broken) leaves the others' steps to be sent, then says so.
             picks = [rr.pick(tenants, weights) or "" for _ in range(room - sent)]
-            batch = []
+            batch, refused = [], None
             for tenant, entry in zip(picks, self._take_many(picks, queue), strict=True):
-                if entry is not None:
+                if isinstance(entry, dict):
                     batch.append(entry)
-                elif tenant in tenants:
+                    continue
+                refused = entry if isinstance(entry, redis.ResponseError) else refused
+                if tenant in tenants:
                     tenants.remove(tenant)
                     if rr.last == tenant:
                         rr.skip()
             self._send(batch)
             sent += len(batch)
+            if refused is not None:
+                raise refused
         return sent
 
     def _weights(self, tenants: list[str]) -> dict[str, int]:
@@ -225,19 +283,27 @@ class Dispatcher:
                           args=[self.slot_extra_ms, self.aging_ms])  # fmt: skip
         return self._taken(tenant, queue, reply)
 
-    def _take_many(self, tenants: list[str], queue: str) -> list[dict[str, Any] | None]:
+    def _take_many(
+        self, tenants: list[str], queue: str
+    ) -> list[dict[str, Any] | redis.ResponseError | None]:
         """One take per tenant named (a tenant named twice gives two steps), in one round
-        trip (see `with_scripts`: a take that NOSCRIPT refused took nothing)."""
+        trip (see `with_scripts`: a take that NOSCRIPT refused took nothing); a take the
+        server refused is its error, in its place."""
 
         def build(pipe: Any) -> None:
             for tenant in tenants:
                 evalsha(pipe, self.take, self._take_keys(tenant, queue),
                         [self.slot_extra_ms, self.aging_ms])  # fmt: skip
 
-        replies = with_scripts(self.client, (self.take,), build)
+        replies = with_scripts(self.client, (self.take,), build, raise_on_error=False)
         taken: dict[str, dict[str, Any] | None] = {}
-        out: list[dict[str, Any] | None] = []
+        out: list[dict[str, Any] | redis.ResponseError | None] = []
         for tenant, reply in zip(tenants, replies, strict=True):
+            if isinstance(reply, Exception):
+                if not isinstance(reply, redis.ResponseError):
+                    raise reply  # the store, not the queue
+                out.append(reply)
+                continue
             if reply[0] != "ok" and tenant in taken:  # said once per tenant is enough
                 out.append(None)
                 continue
@@ -294,15 +360,22 @@ class Dispatcher:
             )
             for e in entries
         ]  # fmt: skip
+        refused: redis.ResponseError | None = None
         try:
             self._mark_sent(batch)
+        except redis.ResponseError as exc:  # the queue's key: sent all the same, then said
+            refused = exc
         except Exception as exc:  # then a commit may claim past these steps: only less fair
             log.warning("dispatch_mark_failed", error=str(exc), steps=len(batch))
         try:
             self.publish(batch)
+        except redis.ResponseError:
+            raise  # the broker refused the queue's list (or its binding): the queue is broken
         except Exception as exc:  # the runs' pickup leases lapse and the sweeper re-sends them
             log.warning("dispatch_failed", error=str(exc), steps=len(batch),
                         run_ids=[m.run_id for m, _, _ in batch[:5]])  # fmt: skip
+        if refused is not None:
+            raise refused
 
     def _mark_sent(self, batch: list[tuple[StepMessage, float, float]]) -> None:
         """Note each step as sent and not yet loaded (keys.fair_sent; its load removes it), before
@@ -325,11 +398,13 @@ class Dispatcher:
         if not metrics.enabled() or now - self.gauged < GAUGES_EVERY_S:
             return
         self.gauged = now
-        queues = sorted(str(q) for q in self.client.smembers(keys.FAIR_QUEUES))
+        queues = sorted(str(q) for q in self.client.smembers(keys.FAIR_QUEUES)
+                        if str(q) not in self.broken)  # fmt: skip
         shown = self.gauge_tenants | self.sent_tenants
         self.sent_tenants = set()
         for queue in queues:
-            shown |= {str(t) for t in self.client.smembers(keys.fair_active(queue))}
+            with contextlib.suppress(redis.ResponseError):  # broken: its dispatch says so
+                shown |= {str(t) for t in self.client.smembers(keys.fair_active(queue))}
         self.gauge_tenants = set()
         for tenant in sorted(shown):
             v = tenant_view(self.client, tenant, queues)

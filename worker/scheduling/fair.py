@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -31,6 +31,7 @@ from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 from turnstile.worker.store.connect import is_cluster
+from turnstile.worker.store.queues import TENANT_QUEUES
 from turnstile.worker.store.runs import Claim, inflight_tag
 from turnstile.worker.store.scripts import FAIR, evalsha, register, with_scripts
 from turnstile.worker.store.values import is_cluster_client, server_ms
@@ -277,23 +278,39 @@ class TenantView:
     weight: int
     active_runs: int = 0  # runs whose first step went and that have not ended (as last seen)
     runs_cap: int | None = None  # on active runs
+    # The queues whose pending sets of this tenant's the server refused to count (a key of
+    # another type there: the queue is broken, see dispatcher.py); counted as 0 in `waiting`.
+    broken: list[str] = field(default_factory=list)
+    # The only queues the tenant may submit to ([]: the deployment's; worker/store/queues.py).
+    queues: list[str] = field(default_factory=list)
 
 
 def tenant_view(client: redis.Redis, tenant: str, queues: Iterable[str]) -> TenantView:
+    names = list(queues)
     pipe = client.pipeline(transaction=False)
-    for queue in queues:
+    for queue in names:
         pipe.zcard(keys.pending(tenant, queue, "cont"))
         pipe.zcard(keys.pending(tenant, queue, "start"))
     pipe.zcount(keys.slots(tenant), "(" + str(server_ms(client)), "+inf")
-    pipe.hmget(keys.caps(tenant), "turns_in_flight", "weight", "active_runs")
+    pipe.hmget(keys.caps(tenant), "turns_in_flight", "weight", "active_runs", TENANT_QUEUES)
     pipe.zcard(keys.active(tenant))
-    *lengths, in_flight, (cap, weight, runs_cap), active = pipe.execute()
+    *lengths, in_flight, caps, active = pipe.execute(raise_on_error=False)
+    for reply in (in_flight, caps, active):  # the tenant's own keys: no queue's
+        if isinstance(reply, Exception):
+            raise reply
+    cap, weight, runs_cap, own_queues = caps
+    refused = [isinstance(n, redis.ResponseError) for n in lengths]
+    for n in lengths:
+        if isinstance(n, Exception) and not isinstance(n, redis.ResponseError):
+            raise n
     return TenantView(
         tenant,
-        sum(int(n) for n in lengths),
+        sum(int(n) for n, bad in zip(lengths, refused, strict=True) if not bad),
         int(in_flight),
         int(cap) if cap else None,
         int(weight) if weight else 1,
         int(active),
         int(runs_cap) if runs_cap else None,
+        sorted({q for i, q in enumerate(names) if refused[2 * i] or refused[2 * i + 1]}),
+        [q for q in str(own_queues or "").split(",") if q],
     )

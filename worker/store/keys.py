@@ -80,7 +80,12 @@ def queue_control(queue: str) -> str:
     return f"{PREFIX}:queue:{queue}"
 
 
-QUEUES = f"{PREFIX}:queues"  # every queue that has been used or controlled
+QUEUES = f"{PREFIX}:queues"  # every queue that has been used, controlled or served
+# Hash: queue -> when a worker last started on it (ms): the queues the workers serve, which a
+# client may submit to by default (worker/store/queues.py).
+SERVED_QUEUES = f"{PREFIX}:queues:served"
+# Hash: queue -> what the dispatcher last met on it ("<ms>|<error>"), while it is broken.
+BROKEN_QUEUES = f"{PREFIX}:queues:broken"
 
 # On the broker, beside the queues: what workers took off a queue and could not run.
 DEAD_LETTER_QUEUES = f"{PREFIX}:dead"  # set: the queues that have dead letters
