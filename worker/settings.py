@@ -89,9 +89,9 @@ class Settings(BaseSettings):
     # What a submission, a decision and a step's commit must reach before they are
     # acknowledged: none (the server's memory), aof (its fsynced append-only file: WAITAOF, on
     # a server with appendfsync always), replica (that many replicas: WAIT). See
-    # worker/store/durability.py and the README. `none` here because `aof` refuses to start against
-    # a server without AOF (a plain redis-server, the demo's and most tests' embedded one);
-    # the deploy files, whose server runs AOF with appendfsync always, set `aof`.
+    # worker/store/durability.py and docs/durability.md. `none` here because `aof` refuses to
+    # start against a server without AOF (a plain redis-server, the demo's and most tests'
+    # embedded one); the deploy files, whose server runs AOF with appendfsync always, set `aof`.
     durability: Durability = Durability.NONE
     durability_replicas: int = Field(default=1, ge=1)
     # Below redis_timeout_s, so the wait answers before the socket gives up on it.
@@ -101,7 +101,8 @@ class Settings(BaseSettings):
     max_goal_chars: int = 4000
     max_params_bytes: int = 16 * 1024
 
-    # Chaos drills, for proving the README's failure table in a staging system; both off by default.
+    # Chaos drills, for proving the failure table (docs/concepts.md) in a staging system; both
+    # off by default.
     # Every step message is sent this many times (duplicate deliveries), and every n-th send
     # is dropped as if the worker died between its commit and its enqueue.
     chaos_send_copies: int = Field(default=1, ge=1, le=5)
@@ -128,7 +129,8 @@ class Settings(BaseSettings):
     eager_turns: int = Field(default=8, ge=0)
     # Priorities (0-9, higher first) order a tenant's pending steps; a waiting step gains one
     # level per this many seconds it has waited, so a low one is never starved by a steady
-    # stream of higher ones (fair_lib.lua; the README gives the bound). A large value: strict.
+    # stream of higher ones (fair_lib.lua; docs/scheduling.md gives the bound). A large value:
+    # strict.
     priority_aging_s: float = Field(default=30.0, gt=0)
     # The dispatcher also wakes this often without a nudge (a slot that lapsed, a lost nudge).
     dispatch_poll_s: float = Field(default=0.5, gt=0, le=60)

@@ -1,5 +1,5 @@
-"""The chaos drill: every row of the README's failure table at once, on one server of the
-test's own (AOF on, so a restart keeps the data), in under two minutes.
+"""The chaos drill: every row of the failure table (docs/concepts.md) at once, on one server of
+the test's own (AOF on, so a restart keeps the data), in under two minutes.
 
 150 support runs of three tenants on three worker processes (two pool processes each, one
 worker sending every step message twice). Every 1 to 3 s (seeded) a worker is SIGKILLed and

@@ -39,7 +39,7 @@ from turnstile.worker.http.schemas import WORD
 
 pytestmark = pytest.mark.integration
 
-# Fixed, so a failure is the same failure when run again; both are in the README (Developing).
+# Fixed, so a failure is the same failure when run again; both are in docs/developing.md.
 SEED = 17
 EXAMPLES = 20  # per operation and mode, one operation at a time
 STATEFUL_EXAMPLES = 80  # scenarios along the links, each up to STATEFUL_STEPS calls

@@ -169,12 +169,13 @@ def test_readme_client_snippet_runs_as_written(
     redis_url: str, unique: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     budget_hold: bool,
 ) -> None:  # fmt: skip
-    """The README's job, saved as a module and named in TURNSTILE_JOBS (the way to develop a
-    job without building a wheel), runs on a worker; the README's client code, run as
-    written (its server URL and tenant swapped for the test's), waits through the approval
-    the irreversible credit needs and ends with the credit granted. Its loop handles a budget
-    hold too: a tenant whose soft credit_cents ceiling (500) holds its runs has the approved
-    credit held `needs_budget` next, and the loop's approval extends it by the suggestion."""
+    """The job of docs/jobs.md (once the README's), saved as a module and named in
+    TURNSTILE_JOBS (the way to develop a job without building a wheel), runs on a worker; the
+    page's client code, run as written (its server URL and tenant swapped for the test's),
+    waits through the approval the irreversible credit needs and ends with the credit granted.
+    Its loop handles a budget hold too: a tenant whose soft credit_cents ceiling (500) holds its
+    runs has the approved credit held `needs_budget` next, and the loop's approval extends it
+    by the suggestion."""
     job_code, client_code = readme_code()
     (tmp_path / "readme_credits.py").write_text(job_code)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -190,7 +191,7 @@ def test_readme_client_snippet_runs_as_written(
         setup.ledger.set_ceiling(tenant, "credit_cents", 500, hard=False)
     with running_workers(redis_url, ["default"], 1, env=env):
         namespace: dict[str, object] = {"__name__": "readme_client"}
-        exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own README
+        exec(compile(code, "docs/jobs.md", "exec"), namespace)  # noqa: S102 - our own docs
     state = namespace["state"]
     assert getattr(state, "outcome").value == "completed"  # noqa: B009 - an exec'd namespace
     assert getattr(state, "usage").extra == {"credit_cents": 1000}  # noqa: B009

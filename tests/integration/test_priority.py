@@ -254,11 +254,11 @@ def test_aging_bounds_the_wait_of_low_runs_under_a_steady_high_stream(
     """A steady stream of priority 9 runs (one turn of 0.1 s each, kept BACKLOG deep in the
     tenant's pending set, on a tenant capped at 2 turns in flight: the stream is always ahead
     of the workers) and, meanwhile, runs of priority 0, with an aging of 1 s. Each low run
-    waits (its submission to its turn's commit, as its events say) no more than the README's
-    bound, (9 - 0) x 1 s + B / mu: B the tenant's steps ahead of it when it was submitted
-    (pending, on the broker, in flight), mu the rate its steps were served at meanwhile (from
-    the runs' events), with SLACK_S for the turn itself and the dispatcher's wake-ups. And
-    they did wait: the stream held them back until their priority had risen."""
+    waits (its submission to its turn's commit, as its events say) no more than the bound of
+    docs/scheduling.md, (9 - 0) x 1 s + B / mu: B the tenant's steps ahead of it when it was
+    submitted (pending, on the broker, in flight), mu the rate its steps were served at
+    meanwhile (from the runs' events), with SLACK_S for the turn itself and the dispatcher's
+    wake-ups. And they did wait: the stream held them back until their priority had risen."""
     monkeypatch.setenv("TURNSTILE_JOBS", ONE_TURN)
     queue, tenant = f"aging-{unique}", f"g-{unique}"
     aging_s, spread, backlog, slack_s = 1.0, 9, 8, 1.5

@@ -1,5 +1,5 @@
 """The step worker with real Celery worker processes on a real server: the reference scenarios
-through the queue, approval, and the README's failure table, one test per row."""
+through the queue, approval, and the failure table of docs/concepts.md, one test per row."""
 
 from __future__ import annotations
 

@@ -162,14 +162,13 @@ def test_an_mcp_write_is_held_for_approval_unless_the_job_grants_it() -> None:
     assert ran.state.pending is not None and ran.state.pending.call.name == "close"
 
 
-def test_the_readmes_mcp_example_declares_its_servers() -> None:
-    """The README's MCP example is real code: a job with an HTTP server per tenant and a stdio
+def test_the_docs_mcp_example_declares_its_servers() -> None:
+    """The MCP page's example is real code: a job with an HTTP server per tenant and a stdio
     one, nothing connected by declaring them."""
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = text[text.index("## MCP") : text.index("\n## ", text.index("## MCP") + 1)]
-    (block,) = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    text = (Path(__file__).resolve().parents[2] / "docs" / "mcp.md").read_text()
+    (block,) = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
     namespace: dict[str, Any] = {"__name__": "readme_mcp"}
-    exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102 - our README
+    exec(compile(block, "docs/mcp.md", "exec"), namespace)  # noqa: S102 - our docs
     job = namespace["job"]
     assert [(s.name, s.transport, s.per_tenant) for s in job.mcp] == [
         ("crm", "http", True),

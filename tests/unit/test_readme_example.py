@@ -1,7 +1,8 @@
-"""The README's job example is real code: it defines a job that runs, asks for approval of its
-irreversible write, and charges its own dimension; its tools return plain values and raise
-ToolError as the README says. (tests/integration/test_outside_job.py runs it, with the
-README's client code, on a real worker.)"""
+"""The job example of docs/jobs.md ("A complete job", once the README's) is real code: it
+defines a job that runs, asks for approval of its irreversible write, and charges its own
+dimension; its tools return plain values and raise ToolError as the page says.
+(tests/integration/test_outside_job.py runs it, with the page's client code, on a real
+worker.)"""
 
 from __future__ import annotations
 
@@ -19,13 +20,13 @@ from turnstile.jobs.kernel import Finished, Runtime, Suspended, run, turn
 from turnstile.jobs.runs import new_run
 from turnstile.jobs.trace import Trace
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "jobs.md"
 
 
 def readme_code() -> tuple[str, str]:
     """The section's two Python blocks, as written: the job's module, and the client's code."""
-    text = README.read_text()
-    start = text.index("## Writing a job")
+    text = PAGE.read_text()
+    start = text.index("## A complete job")
     section = text[start : text.index("\n## ", start + 1)]
     blocks = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
     assert len(blocks) == 2, "the job's module, then the client's code"
@@ -34,13 +35,13 @@ def readme_code() -> tuple[str, str]:
 
 def readme_job() -> Job:
     namespace: dict[str, Any] = {"__name__": "readme_example"}
-    exec(compile(readme_code()[0], "README.md", "exec"), namespace)  # noqa: S102 - our README
+    exec(compile(readme_code()[0], "docs/jobs.md", "exec"), namespace)  # noqa: S102 - our docs
     job = namespace["credits"]()
     assert isinstance(job, Job)
     return job
 
 
-def test_the_readme_job_runs_asks_approval_and_charges_its_dimension() -> None:
+def test_the_documented_job_runs_asks_approval_and_charges_its_dimension() -> None:
     """The example suspends for its irreversible credit, then completes when approved, with
     the credit charged to credit_cents; an unknown param is refused naming it."""
     job = readme_job()
@@ -60,9 +61,9 @@ def test_the_readme_job_runs_asks_approval_and_charges_its_dimension() -> None:
     assert state.usage.extra == {"credit_cents": 1000}
 
 
-def test_the_readme_tools_return_plain_values_and_raise_tool_error() -> None:
+def test_the_documented_tools_return_plain_values_and_raise_tool_error() -> None:
     """get_balance's plain dict is the model's `ok` result, and its facts; an account it does
-    not know is the ToolError the README raises, shown to the model as not_found."""
+    not know is the ToolError the page raises, shown to the model as not_found."""
     job = readme_job()
     state = new_run(run_id="r1", tenant="t", user_id="u", job=job, goal="g",
                     params={"account": "acct_1"})  # fmt: skip

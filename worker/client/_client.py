@@ -285,7 +285,7 @@ class Client(Reading, Memory):
     ) -> str:
         """Create the run and enqueue its first step; idempotent on `run_id` (or on
         `idempotency_key`, a key of the tenant's own). `priority` (0-9, default 5): within the
-        tenant's fair share, higher is served first (see the README's "Priorities"). With a
+        tenant's fair share, higher is served first (see docs/scheduling.md, "Priorities"). With a
         `conversation` key, see `submit_run`."""
         return self.submit_run(
             tenant, user, job, goal, params, budget=budget, queue=queue, run_id=run_id,
