@@ -117,10 +117,13 @@ def test_a_queue_named_after_the_brokers_keys_is_refused_or_harmless(
                 with pytest.raises(SubmissionNameError, match="reserved by the broker"):
                     client.submit(attacker, USER, "support", GOAL, {}, queue=name, run_id=run_id)
                 said = runner.invoke(app, ["submit", "--tenant", attacker, "--user", USER,
-                                           "--goal", GOAL, "--queue", name], env=env)  # fmt: skip
+                                           "--job", "support", "--goal", GOAL, "--queue", name],
+                                     env=env)  # fmt: skip
                 assert said.exit_code == 1 and said.stderr.count("\n") == 1, said.output
                 assert "reserved by the broker" in said.stderr
-                reply = web.post("/v1/runs", json={"user": USER, "goal": GOAL, "queue": name})
+                reply = web.post(
+                    "/v1/runs", json={"user": USER, "goal": GOAL, "job": "support", "queue": name}
+                )
                 assert (
                     "reserved by the broker"
                     in _one_line_problem(reply, 422, "invalid_submission")["detail"]
@@ -239,11 +242,14 @@ def test_who_may_submit_to_which_queue_is_the_operators_to_say(redis_url: str, u
         run_id = f"run_{who}_{queue}"
         with pytest.raises(QueueNotAllowedError, match=re.escape(said)):
             client.submit(who, USER, "support", GOAL, {}, queue=queue, run_id=run_id)
-        cli = runner.invoke(app, ["submit", "--tenant", who, "--user", USER, "--goal", GOAL,
-                                  "--queue", queue], env=env)  # fmt: skip
+        cli = runner.invoke(app, ["submit", "--tenant", who, "--user", USER, "--job", "support",
+                                  "--goal", GOAL, "--queue", queue], env=env)  # fmt: skip
         assert cli.exit_code == 1 and cli.stderr == f"error: {said}\n", cli.output
         problem = _one_line_problem(
-            web.post("/v1/runs", json={"user": USER, "goal": GOAL, "queue": queue}), 403,
+            web.post(
+                "/v1/runs", json={"user": USER, "goal": GOAL, "job": "support", "queue": queue}
+            ),
+            403,
             "queue_not_allowed",
         )  # fmt: skip
         assert problem["detail"] == said and problem["title"] == "Forbidden"
@@ -262,7 +268,9 @@ def test_who_may_submit_to_which_queue_is_the_operators_to_say(redis_url: str, u
         with running_workers(redis_url, [served], 1) as workers:
             assert client.client.hexists(keys.SERVED_QUEUES, served)  # before its ready line
             _completes(client, tenant, served)
-            made = web.post("/v1/runs", json={"user": USER, "goal": GOAL, "queue": served})
+            made = web.post(
+                "/v1/runs", json={"user": USER, "goal": GOAL, "job": "support", "queue": served}
+            )
             assert made.status_code == 202, made.text
 
             own = runner.invoke(app, ["tenants", "set", tenant, f"queues={idle}"], env=env)
