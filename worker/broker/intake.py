@@ -1,184 +1,29 @@
-"""What a worker's broker connection does with a queue entry it cannot take in: it goes to the
-dead letters (deadletters.py) with the reason, and the worker goes on.
+"""What a worker's consumer does with a message it cannot take in: it goes to the dead letters
+(deadletters.py) with the reason, and the worker goes on.
 
-kombu decodes each entry in the worker's main process, and by default an entry that is not its
-JSON envelope raises out of the event loop: the worker exits ("Unrecoverable error"), and an
-entry that was already recorded as unacked goes back on the queue for the next worker to die
-on. Here every such entry is dead-lettered, in two places:
-
-- `Transport` / `Channel`: kombu's Redis transport, except that an entry which is not JSON or
-  not a well-formed envelope (properties, delivery tag, body that decodes) is dead-lettered
-  where it is read, before kombu builds a message from it (`broker_transport`).
-- `Consumer`: Celery's consumer (`worker_consumer`), on every broker (on RabbitMQ it is the
-  only guard: py-amqp hands over whatever bytes a message carries, and a body that does not
-  decode reaches these handlers; its dead letters are kept in the store), whose handlers
-  for a body it cannot decode, a message of no known format, an unknown task and an invalid
-  task dead-letter and ack instead of logging and dropping; a message whose headers or body
-  would break the strategy or the pool (a time limit that is not two numbers, a body that
-  is not `[args, kwargs, embed]`) is caught before it is handed on.
+`Consumer` is Celery's consumer (`worker_consumer`, worker/broker/app.py), on every broker (on
+RabbitMQ it is the only guard: py-amqp hands over whatever bytes a message carries, and a body
+that does not decode reaches these handlers; its dead letters are kept in the store): its
+handlers for a body it cannot decode, a message of no known format, an unknown task and an
+invalid task dead-letter and ack instead of logging and dropping; a message whose headers or
+body would break the strategy or the pool (a time limit that is not two numbers, a body that
+is not `[args, kwargs, embed]`) is caught before it is handed on. On Redis, an entry that is
+not even kombu's envelope is stopped before, by the guarded transport (transport.py).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from datetime import datetime
-from queue import Empty
 from typing import Any
 
 import redis
 from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu.transport import redis as kombu_redis
-from kombu.utils.encoding import bytes_to_str
-from kombu.utils.json import loads as kombu_loads
 
-from turnstile.worker.broker import amqp
+from turnstile.worker.broker.app import DEAD_LETTER_STORE
 from turnstile.worker.broker.deadletters import Reason, make, record
-
-# The app's setting that names the store's URL, where the consumer keeps the dead letters of a
-# broker that is not Redis (kombu's Redis transport keeps them on the broker's server).
-DEAD_LETTER_STORE = "turnstile_dead_letter_store"
-
-
-def _info_ok(props: Mapping[str, Any]) -> bool:
-    info = props.get("delivery_info")
-    return isinstance(info, Mapping) and all(
-        isinstance(info.get(k), str) for k in ("exchange", "routing_key")
-    )
-
-
-# What kombu's virtual Message and the Redis QoS read from an envelope, in the order they read
-# it: each check with what to say when it fails.
-_ENVELOPE_CHECKS: tuple[tuple[Callable[[Mapping[str, Any], Mapping[str, Any]], bool], str], ...] = (
-    (lambda p, props: isinstance(props.get("delivery_tag"), str) and bool(props["delivery_tag"]),
-     "no delivery tag"),
-    (lambda p, props: _info_ok(props), "delivery_info has no exchange and routing key"),
-    (lambda p, props: isinstance(p.get("headers"), Mapping | None), "headers is not an object"),
-    (lambda p, props: all(isinstance(p.get(k), str | None)
-                          for k in ("content-type", "content-encoding")),
-     "content type or encoding is not a string"),
-    (lambda p, props: props.get("priority") is None or type(props["priority"]) is int,
-     "priority is not an integer"),
-)  # fmt: skip
-
-
-def envelope_problem(payload: Any) -> str | None:
-    """Why kombu's virtual transport could not build a message from this decoded entry, or
-    None. The same reads as `kombu.transport.virtual.Message` and the Redis QoS make."""
-    if not isinstance(payload, Mapping):
-        return f"the entry is a JSON {type(payload).__name__}, not an object"
-    props = payload.get("properties")
-    if not isinstance(props, Mapping):
-        return "no properties object"
-    for ok, problem in _ENVELOPE_CHECKS:
-        if not ok(payload, props):
-            return problem
-    return _body_problem(payload.get("body"), props.get("body_encoding"))
-
-
-def _body_problem(body: Any, encoding: Any) -> str | None:
-    if not body:
-        return None
-    if not isinstance(body, str):
-        return "body is not a string"
-    if encoding == "base64":
-        try:
-            base64.b64decode(body.encode(), validate=True)
-        except (binascii.Error, ValueError) as exc:
-            return f"body is not base64: {exc}"
-    elif encoding is not None:
-        return f"unknown body encoding {encoding!r}"
-    return None
-
-
-class Channel(kombu_redis.Channel):
-    """kombu's Redis channel, except that an entry which is not an envelope is dead-lettered
-    where BRPOP hands it over, instead of raising out of the worker's event loop."""
-
-    # set by kombu's Channel at run time
-    connection_errors: tuple[type[BaseException], ...]
-    _queue_cycle: Any
-    _flush_brpop_reauth: Callable[[], None]
-    _create_client: Callable[[], Any]
-
-    def _brpop_read(self, **options: Any) -> bool:
-        # kombu's own `_brpop_read` (kombu 5.7), with the decode and the hand-over checked.
-        try:
-            try:
-                dest__item = self.client.parse_response(self.client.connection, "BRPOP", **options)
-            except self.connection_errors:
-                self.client.connection.disconnect()
-                raise
-            if not dest__item:
-                raise Empty()
-            dest, item = dest__item
-            dest = bytes_to_str(dest).rsplit(self.sep, 1)[0]
-            self._queue_cycle.rotate(dest)
-            self._hand_over(dest, item)
-            return True
-        finally:
-            self._in_poll = None
-            self._flush_brpop_reauth()
-
-    def _hand_over(self, queue: str, item: bytes) -> None:
-        try:
-            payload = kombu_loads(bytes_to_str(item))  # as kombu decodes it
-        except (TypeError, ValueError) as exc:
-            self._dead_letter(queue, Reason.NOT_JSON, str(exc), item)
-            return
-        problem = envelope_problem(payload)
-        if problem is not None:
-            self._dead_letter(queue, Reason.BAD_ENVELOPE, problem, item)
-            return
-        self.connection._deliver(payload, queue)
-
-    def _dead_letter(self, queue: str, reason: Reason, detail: str, item: bytes) -> None:
-        with self.conn_or_acquire() as client:
-            record(client, make(queue, reason, detail, item))
-
-    @contextmanager
-    def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
-        """The client a publish or an ack runs on: kombu builds a new one (over the same pool)
-        for every publish and every ack, about 70 us each; one per channel and pool serves
-        them all (a client takes a connection from its pool per command, so greenlets and
-        threads can share it)."""
-        if client:
-            yield client
-            return
-        pool = self.pool
-        cached = getattr(self, "_turnstile_client", None)
-        if cached is None or cached.connection_pool is not pool:
-            cached = self._create_client()
-            self._turnstile_client = cached
-        yield cached
-
-
-class Transport(kombu_redis.Transport):
-    """The Redis transport with the dead-lettering channel; `broker_transport` names it.
-
-    It also keeps its connection's settings after the connection is released. kombu clears
-    `transport.client` when a connection closes, but a channel of that connection can still
-    need a new Redis pool afterwards (its unacked messages restored at exit or on a late close,
-    a late ack), and building one reads `transport.client.hostname`: an AttributeError out of
-    the event loop or an exit hook (kombu #582, #970) instead of the restore.
-    """
-
-    Channel = Channel
-
-    @property
-    def client(self) -> Any:
-        return self._client
-
-    @client.setter
-    def client(self, value: Any) -> None:
-        if value is not None or not hasattr(self, "_client"):
-            self._client = value
-
-
-# -- the Celery consumer: messages Celery cannot take in ----------------------------------------
 
 
 def _message_raw(message: Any) -> bytes | str:
@@ -342,22 +187,3 @@ class Consumer(CeleryConsumer):
                 return self.dead_letter(message, Reason.UNHANDLED, f"{type(exc).__name__}: {exc}")
 
         return on_task_received
-
-
-def celery_config(broker_url: str, store_url: str | None = None) -> dict[str, Any]:
-    """The Celery settings that put these in place: the consumer on every broker, the guarded
-    transport on Redis; on RabbitMQ the quorum queues and their settings (amqp.py), and the
-    store the consumer keeps its dead letters in (`store_url`). Transport options are
-    returned apart (`transport_options`), for the app to merge with its own."""
-    config: dict[str, Any] = {"worker_consumer": f"{__name__}:Consumer"}
-    if broker_url.startswith(("redis://", "rediss://")):
-        config["broker_transport"] = f"{__name__}:Transport"
-    elif amqp.is_amqp(broker_url):
-        config |= amqp.celery_config()
-        config[DEAD_LETTER_STORE] = store_url
-    return config
-
-
-def transport_options(broker_url: str) -> dict[str, Any]:
-    """kombu's transport options for this broker, besides the app's own."""
-    return amqp.transport_options() if amqp.is_amqp(broker_url) else {}
