@@ -25,7 +25,7 @@ import structlog
 from turnstile.errors import TurnstileError
 from turnstile.worker.observability import metrics
 from turnstile.worker.store import keys
-from turnstile.worker.store.values import text
+from turnstile.worker.store.values import is_cluster_client, text
 
 log = structlog.get_logger("turnstile.deadletters")
 
@@ -89,7 +89,10 @@ def record(client: redis.Redis | None, letter: DeadLetter) -> None:
     try:
         if client is None:
             raise redis.ConnectionError("not a Redis broker")
-        pipe = client.pipeline(transaction=True)
+        # One transaction on a single server; on a cluster (RabbitMQ's dead letters in a
+        # cluster store) the list and the set of queues are in different slots, so each is
+        # written on its own node.
+        pipe = client.pipeline(transaction=not is_cluster_client(client))
         pipe.lpush(keys.dead_letters(letter.queue), json.dumps(asdict(letter)))
         pipe.ltrim(keys.dead_letters(letter.queue), 0, MAX_KEPT - 1)
         pipe.sadd(keys.DEAD_LETTER_QUEUES, letter.queue)

@@ -19,11 +19,19 @@ from datetime import datetime
 from typing import Any
 
 import redis
+import structlog
 from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu.transport import redis as kombu_redis
 
+from turnstile.errors import TurnstileError
 from turnstile.worker.broker.app import DEAD_LETTER_STORE
 from turnstile.worker.broker.deadletters import Reason, make, record
+from turnstile.worker.store.connect import connect_with_timeout
+
+log = structlog.get_logger("turnstile.deadletters")
+
+# The store's client that keeps RabbitMQ's dead letters: its socket timeouts.
+DEAD_LETTER_TIMEOUT_S = 5.0
 
 
 def _message_raw(message: Any) -> bytes | str:
@@ -146,11 +154,16 @@ class Consumer(CeleryConsumer):
 
     def _dead_letter_store(self) -> redis.Redis | None:
         """The store's server, where a broker that is not Redis has its dead letters kept
-        (DEAD_LETTER_STORE in the app's settings); one client for the consumer's life."""
+        (DEAD_LETTER_STORE in the app's settings), a single server or a cluster; one client for
+        the consumer's life. A store that cannot be reached leaves the log line as the record."""
         client: redis.Redis | None = getattr(self, "_turnstile_dead_letters", None)
         url = self.app.conf.get(DEAD_LETTER_STORE)
         if client is None and url:
-            client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+            try:
+                client = connect_with_timeout(url, DEAD_LETTER_TIMEOUT_S)
+            except (redis.RedisError, TurnstileError) as exc:
+                log.error("dead_letter_store_unavailable", error=str(exc))
+                return None
             self._turnstile_dead_letters = client
         return client
 
