@@ -16,7 +16,7 @@ consumer keeps RabbitMQ's dead letters in (`connect_with_timeout`). The ledger o
 from __future__ import annotations
 
 import random
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
 import redis.asyncio as aioredis
@@ -27,9 +27,11 @@ from redis.retry import Retry
 
 from turnstile.errors import StoreMismatchError
 from turnstile.ledger.client import ClusterClient, cluster_client, cluster_seed
-from turnstile.worker.settings import Settings
 from turnstile.worker.store.runs import StoreUnavailable
 from turnstile.worker.store.values import UNAVAILABLE, is_cluster_client
+
+if TYPE_CHECKING:  # settings.py reads store/durability.py: the store takes a Settings, loads none
+    from turnstile.worker.settings import Settings
 
 __all__ = [
     "UNAVAILABLE", "StoreCluster", "check", "connect", "connect_async", "connect_with_timeout",
