@@ -1,8 +1,8 @@
 """Dead letters: what a worker takes off its queue and cannot run, kept with the reason.
 
 A queue on the Redis broker is a list that anyone with the server can push to, so a worker may
-read an entry that is not a message it can run. The worker's broker connection (intake.py)
-hands every such entry here instead of dying on it. Each dead letter is one log line
+read an entry that is not a message it can run. The worker's broker connection (transport.py,
+intake.py) hands every such entry here instead of dying on it. Each dead letter is one log line
 (`message_dead_lettered`), one count in the worker's metrics
 (`turnstile_dead_letters_total{reason}`) and one entry in `turnstile:dead:<queue>` (newest
 first, the newest `MAX_KEPT` kept); `turnstile dead-letters list|drop` reads and removes them.
