@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated
 
+import redis
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -82,6 +83,16 @@ def hand_on(settings: HandedOn) -> None:
     _handed_on[:] = [settings]
 
 
+_connect: list[Callable[[str], redis.Redis]] = []
+
+
+def use_connect(connect: Callable[[str], redis.Redis]) -> None:
+    """Name how a command opens its client of the store: the turnstile CLI passes its own
+    (worker/store/connect.py), so `turnstile ledger` reaches a single server or a cluster as
+    every other command does. Without one, `Ledger.from_url` (the ledger on its own)."""
+    _connect[:] = [connect]
+
+
 @contextmanager
 def _ledger(url: str | None) -> Iterator[Ledger]:
     if not url:
@@ -91,7 +102,12 @@ def _ledger(url: str | None) -> Iterator[Ledger]:
     if ctx is not None:
         ctx.meta[STORE_URL_META] = url
     try:
-        ledger = Ledger.from_url(url, dimensions=(*DEFAULT_DIMENSIONS, *extra))
+        dimensions = (*DEFAULT_DIMENSIONS, *extra)
+        ledger = (
+            Ledger(_connect[0](url), dimensions=dimensions)
+            if _connect
+            else Ledger.from_url(url, dimensions=dimensions)
+        )
     except ValueError as exc:  # redis-py's word for a malformed URL
         raise _fail(f"bad ledger store URL {url!r}: {exc}", code=2) from None
     try:

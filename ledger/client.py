@@ -10,10 +10,8 @@ from typing import Any, Self, cast
 
 import redis
 import structlog
-from redis._parsers.commands import CommandPolicies, RequestPolicy, ResponsePolicy
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
-from redis.commands.policies import BasePolicyResolver, PolicyResolver, StaticPolicyResolver
 from redis.exceptions import (
     ClusterDownError,
     OutOfMemoryError,
@@ -106,51 +104,13 @@ def _items_at(reply: object, index: int) -> object:
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")  # a URL of one of a cluster's nodes
 
 
-class _ScriptsByTheirKeys(BasePolicyResolver):
-    """EVAL and EVALSHA sent to the node of the keys they name, which redis-py reads from the
-    command itself. Without a policy, a cluster pipeline asks a node for a script call's keys
-    (COMMAND GETKEYS, a round trip more per call) and always the client's default node: once
-    that node is gone (a primary killed), every pipeline fails on it and, as that failure is
-    not one the pipeline re-reads the slot map on, fails forever."""
-
-    KEYED = CommandPolicies(
-        request_policy=RequestPolicy.DEFAULT_KEYED, response_policy=ResponsePolicy.DEFAULT_KEYED
-    )
-
-    def __init__(self, fallback: PolicyResolver | None = None) -> None:
-        super().__init__({"core": {"eval": self.KEYED, "evalsha": self.KEYED}}, fallback)
-
-    def with_fallback(self, fallback: PolicyResolver) -> PolicyResolver:
-        return _ScriptsByTheirKeys(fallback)
-
-
-class StoreCluster(RedisCluster):
-    """redis-py's cluster client, with two repairs a failover needs (redis-py 8.1):
-    - its pipelines route script calls by the keys they name (`_ScriptsByTheirKeys`; redis-py
-      does not hand a client's policies on to its pipelines);
-    - a command whose keys only a node can tell (XREAD) asks another node when the default
-      one does not answer, instead of asking the dead one again on every retry;
-    and its `close` closes the nodes' connections."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("policy_resolver", _ScriptsByTheirKeys(StaticPolicyResolver()))
-        super().__init__(*args, **kwargs)
-
-    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
-        pipe = super().pipeline(transaction, shard_hint)  # type: ignore[no-untyped-call]
-        pipe._policy_resolver = self._policy_resolver
-        return pipe
-
-    def _get_command_keys(self, *args: Any) -> Any:
-        try:
-            return super()._get_command_keys(*args)  # type: ignore[no-untyped-call]
-        except (redis.ConnectionError, redis.TimeoutError):
-            self.replace_default_node()
-            return super()._get_command_keys(*args)  # type: ignore[no-untyped-call]
+class ClusterClient(RedisCluster):
+    """redis-py's cluster client, whose `close` closes the nodes' connections too: redis-py's
+    own leaves them open when the client was made from a URL (each node's client does not own
+    its pool then). The ledger on its own (`connect`, `Ledger.from_url`) uses it as it is; the
+    store's client (worker/store/connect.py `StoreCluster`) adds what a failover needs."""
 
     def close(self) -> None:
-        """Close every node's connections too: redis-py's close leaves them open when the
-        client was made from a URL (each node's client does not own its pool then)."""
         manager = getattr(self, "nodes_manager", None)  # None: __init__ failed before it
         nodes = list(manager.nodes_cache.values()) if manager is not None else []
         super().close()
@@ -174,8 +134,10 @@ def _where(url: str) -> str:
     return url.partition("://")[2].rpartition("@")[2].partition("/")[0].partition("?")[0]
 
 
-def cluster_client(url: str, **options: Any) -> redis.Redis:
-    """redis-py's cluster client for a cluster URL (see `cluster_seed`), which finds every
+def cluster_client(
+    url: str, *, client_class: type[ClusterClient] = ClusterClient, **options: Any
+) -> redis.Redis:
+    """A cluster client (`client_class`) for a cluster URL (see `cluster_seed`), which finds every
     node from the one named and follows MOVED and ASK itself. It reads the cluster's slot map
     at once: a server that is not a cluster node, or a cluster with slots no node serves, is
     refused in one line (StoreMismatchError); a cluster no node of which answers raises
@@ -187,7 +149,7 @@ def cluster_client(url: str, **options: Any) -> redis.Redis:
     if seed is None:
         raise ValueError(f"not a cluster URL: {url!r}")
     try:
-        client = StoreCluster.from_url(seed, **options)
+        client = client_class.from_url(seed, **options)
     except RedisClusterException as exc:
         detail = str(exc).split("\n")[0]
         if "not enabled" in detail:
@@ -210,7 +172,10 @@ def connect(
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
     timeout_s: float = DEFAULT_SOCKET_TIMEOUT_S,
 ) -> redis.Redis:
-    """A client that gives up fast: short timeouts and no retries of its own.
+    """A client for the ledger used on its own (`Ledger.from_url`, a service that embeds
+    it): it gives up fast, with short timeouts and no retries of its own. Turnstile's own
+    processes build their one store client with worker/store/connect.py and hand it to
+    `Ledger(client)`.
 
     redis-py retries a failed command ten times with backoff by default, which turns a dead
     server into seconds of waiting; the ledger's callers retry with the same id instead. On a

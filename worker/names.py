@@ -120,3 +120,11 @@ def check_run_id(run_id: object) -> str:
     if not isinstance(run_id, str) or not RUN_ID.match(run_id):
         raise InvalidNameError(f"bad run id {run_id!r}: {RUN_ID_RULE}")
     return run_id
+
+
+ANY_QUEUE = "*"  # TURNSTILE_SUBMIT_QUEUES=*: a client may submit to any queue name
+
+
+def split_names(raw: str) -> list[str]:
+    """`a, b,c` as names: each stripped, the empty ones dropped."""
+    return [name.strip() for name in raw.split(",") if name.strip()]

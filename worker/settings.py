@@ -11,15 +11,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from turnstile.errors import InvalidNameError, StoreMismatchError
 from turnstile.ledger.client import cluster_seed
-from turnstile.worker.names import check_name
+from turnstile.worker.names import ANY_QUEUE, check_name, split_names
 from turnstile.worker.store.durability import Durability, WaitFor
-
-ANY_QUEUE = "*"  # TURNSTILE_SUBMIT_QUEUES=*: a client may submit to any queue name
-
-
-def split_names(raw: str) -> list[str]:
-    """`a, b,c` as names: each stripped, the empty ones dropped."""
-    return [name.strip() for name in raw.split(",") if name.strip()]
 
 
 class Settings(BaseSettings):

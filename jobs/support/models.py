@@ -1,6 +1,10 @@
 """Deterministic stand-ins for the model: the policy model that handles the request, and the
 provocation models that each force one failure. They read only the rendered view (and the
-turn number), so a run rebuilt turn by turn on different workers replies the same way."""
+turn number), so a run rebuilt turn by turn on different workers replies the same way.
+
+A run's `model` may instead name a real model (`provider:model`): Turnstile builds that one
+(turnstile/providers/runs.py `model_for_run`) and checks its provider when the run is
+submitted (`providers.budget_for`), as for any job, so the job never imports providers."""
 
 from __future__ import annotations
 
@@ -93,12 +97,10 @@ MODELS = ("policy", *PROVOCATIONS)
 
 
 def check_model_params(params: Mapping[str, Any]) -> None:
+    """The stand-in's params. A model string (`provider:model`) is Turnstile's to check: its
+    form with the params (jobs/job.py), its provider at submission."""
     kind = params.get("model", "policy")
-    if is_provider_model(kind):
-        from turnstile.providers import parse  # noqa: PLC0415 - the kernel never loads providers itself
-
-        parse(str(kind))
-    elif kind not in MODELS:
+    if not is_provider_model(kind) and kind not in MODELS:
         raise ParamsError(
             f"unknown model {kind!r}; one of {', '.join(MODELS)}, or provider:model"
             " (openai:gpt-4.1-mini, anthropic:claude-sonnet-4-5)"
@@ -117,13 +119,12 @@ def check_model_params(params: Mapping[str, Any]) -> None:
 
 
 def make_model(params: Mapping[str, Any], *, drills: bool = False) -> Model:
-    """The run's model; `model_sleep_s` (a hang drill) acts only with drills on."""
+    """The run's stand-in model; `model_sleep_s` (a hang drill) acts only with drills on. A
+    run whose `model` names a real one never asks (`Job.own_model`), so this refuses it."""
     check_model_params(params)
     kind = params.get("model", "policy")
     if is_provider_model(kind):
-        from turnstile.providers import make  # noqa: PLC0415 - network adapters load only when asked for
-
-        return make(str(kind))
+        raise ParamsError(f"model {kind!r} is a provider's: Turnstile builds it, not the job")
     latency = float(params.get("model_latency_s", DEFAULT_MODEL_LATENCY_S))
     if kind == "policy":
         return PolicyModel(

@@ -339,8 +339,10 @@ def test_operator_views_read_across_the_shards(
     client: Client, queue: str, cluster_url: str, redis_url: str, unique: str
 ) -> None:
     """Runs of tenants whose keys live on different primaries: the run listing (one tenant's
-    and every tenant's), a run's status, the queues and the tenants views, and a pause and a
-    resume of the queue, all from the tenants' registry and each tenant's own indexes."""
+    and every tenant's), a run's status, the queues and the tenants views, a pause and a
+    resume of the queue, and a tenant's ceiling set and shown by `turnstile ledger` (over the
+    store's own cluster client), all from the tenants' registry and each tenant's own
+    indexes."""
     tenants = [f"v{i}-{unique}" for i in range(6)]
     slots = {key_slot(keys.runs(t).encode()) // 5462 for t in tenants}
     assert len(slots) > 1, "the tenants all landed on one primary: nothing read across"
@@ -367,6 +369,9 @@ def test_operator_views_read_across_the_shards(
     cli("resume", "--queue", queue)
     cli("tenants", "set", tenants[0], "turns_in_flight=3")
     assert fair.tenant_view(client.client, tenants[0], [queue]).cap == 3
+    cli("ledger", "set", tenants[1], "steps=4321")
+    assert "4321" in cli("ledger", "show", tenants[1])
+    assert client.ledger.read(tenants[1])["steps"].ceiling == 4321
 
 
 def test_api_keys_are_made_checked_and_revoked_on_a_cluster(client: Client, unique: str) -> None:

@@ -18,8 +18,8 @@ from tests.integration.test_metrics import free_port, scrape, value
 from tests.integration.workers import client_for, running_workers, settled, wait_until
 from turnstile.jobs.support.scenarios import GOAL, USER
 from turnstile.worker.broker import layout
-from turnstile.worker.broker.intake import Channel, Transport
 from turnstile.worker.broker.message import STEP_TASK
+from turnstile.worker.broker.transport import Channel, Transport
 from turnstile.worker.cli.main import app
 from turnstile.worker.store import keys
 

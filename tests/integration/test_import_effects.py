@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from turnstile.worker.broker.layout import broker_depth
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,8 +40,10 @@ import json, sys
 import turnstile.worker.client
 from turnstile import Budget, Settings, connect_client
 
+WATCHED = ("celery.worker", "kombu.transport", "turnstile.worker.runtime")
+
 def loaded():
-    return sorted(m for m in ("celery.worker", "kombu.transport") if m in sys.modules)
+    return sorted(m for m in WATCHED if m in sys.modules)
 
 after_import = loaded()
 client = connect_client(Settings(redis_url=sys.argv[1], fair_share=False))
@@ -50,20 +54,24 @@ print(json.dumps({"import": after_import, "connect": after_connect, "publish": l
 """
 
 
-def test_importing_the_client_loads_neither_celerys_worker_nor_kombus_transports(
+def test_the_client_loads_celerys_worker_side_neither_on_import_nor_when_it_publishes(
     redis_url: str, unique: str
 ) -> None:
     """In a fresh interpreter, importing the client (`turnstile.worker.client`, `from turnstile
-    import connect_client`) and connecting it loads neither `celery.worker` nor
-    `kombu.transport`: they are loaded only when a step is published."""
+    import connect_client`) and connecting it loads neither `celery.worker`, `kombu.transport`
+    nor `turnstile.worker.runtime`; publishing a step (fair share off: the submission sends it
+    to the broker itself) loads kombu's transport and still neither Celery's worker side nor
+    anything of the worker's runtime (the producer's app is configured in worker/broker/)."""
+    queue = f"nobody-{unique}"
     out = subprocess.run(
-        [sys.executable, "-c", CLIENT_LOADS, redis_url, f"nobody-{unique}"],
+        [sys.executable, "-c", CLIENT_LOADS, redis_url, queue],
         capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     loaded = json.loads(out.stdout.strip().splitlines()[-1])
     assert loaded["import"] == [] and loaded["connect"] == []
-    assert loaded["publish"] == ["celery.worker", "kombu.transport"]  # the producer, at last
+    assert loaded["publish"] == ["kombu.transport"]  # the producer, at last, and only it
+    assert broker_depth(redis_url, queue) == 1  # the step was published
 
 
 CLIENT_RUNTIME = """

@@ -29,6 +29,7 @@ from turnstile.jobs.support.tools import REFUND_DIMENSION
 from turnstile.jobs.trace import Trace
 from turnstile.ledger.client import Ledger
 from turnstile.ledger.inputs import DEFAULT_DIMENSIONS
+from turnstile.providers.runs import model_for_run
 from turnstile.worker.scheduling.limits import ledger_amounts
 
 pytestmark = pytest.mark.integration
@@ -64,7 +65,7 @@ class Run:
         ledger.set_ceiling(self.tenant, "cost_microusd", 10_000_000)
         clock = ActiveClock()
         self.runtime = Runtime(
-            job=self.job, model=self.job.own_model(params), clock=clock, trace=Trace(clock)
+            job=self.job, model=model_for_run(self.job, params), clock=clock, trace=Trace(clock)
         )
 
     def turn(self) -> Move:

@@ -18,6 +18,7 @@ import redis
 from kombu import Connection, Exchange, Producer
 from typer.testing import CliRunner
 
+from tests.cluster import EmbeddedCluster
 from tests.integration.rabbitmq import AMQP_URL, TcpProxy, own_queues, unreachable
 from tests.integration.test_chaos import _raw_bytes
 from tests.integration.test_worker import (
@@ -225,6 +226,39 @@ def test_unreadable_messages_are_dead_lettered_in_the_store_and_acked(
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert result.stdout.count('"reason"') == len(JUNK)
+
+
+def test_unreadable_messages_are_dead_lettered_in_a_cluster_store(unique: str) -> None:
+    """With RabbitMQ as the broker and a Valkey Cluster as the store (`redis+cluster://`), the
+    messages no worker can take in are kept with their reason in the queue's dead letters in
+    the cluster and acked, the worker goes on to run a real run, and `turnstile dead-letters`
+    lists and drops them there."""
+    with own_queues(f"rmq-{unique}") as (queue,), EmbeddedCluster() as cluster:
+        client = client_for(cluster.url, AMQP_URL)
+        with running_workers(cluster.url, [queue], 1, broker_url=AMQP_URL) as (worker,):
+            for body, properties, _ in JUNK:
+                _publish_raw(queue, body, **properties)
+            wait_until(
+                lambda: len(deadletters.listing(client.client, queue)) == len(JUNK),
+                timeout_s=60,
+                what=lambda: f"every junk message dead-lettered; {worker.log()[-2000:]}",
+            )  # fmt: skip
+            run_id = client.submit(f"t-{unique}", USER, "support", GOAL, {}, queue=queue)
+            wait_until(lambda: settled(client, [run_id]), timeout_s=90, what="a real run ends")
+            assert worker.process is not None and worker.process.poll() is None
+        letters = deadletters.listing(client.client, queue)
+        assert {(_raw_bytes(d), d.reason) for d in letters} == {
+            (body, r.value) for body, _, r in JUNK
+        }, [(d.raw, d.reason, d.detail) for d in letters]
+        assert layout.broker_depth(AMQP_URL, queue) == 0  # acked: nothing comes back
+        assert queue_views.queue_view(client, queue).dead_letters == len(JUNK)
+        env = {"TURNSTILE_REDIS_URL": cluster.url, "TURNSTILE_BROKER_URL": AMQP_URL}
+        listed = runner.invoke(app, ["dead-letters", "list", "--queue", queue, "--json"], env=env)
+        assert listed.exit_code == 0, listed.output
+        assert listed.stdout.count('"reason"') == len(JUNK)
+        dropped = runner.invoke(app, ["dead-letters", "drop", "--all", "--queue", queue], env=env)
+        assert dropped.exit_code == 0, dropped.output
+        assert deadletters.listing(client.client, queue) == []
 
 
 def _bad(url: str, **change: str) -> str:

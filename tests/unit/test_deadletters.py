@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from turnstile.worker.broker.deadletters import MAX_RAW_BYTES, Reason, make
-from turnstile.worker.broker.intake import envelope_problem, header_problem
+from turnstile.worker.broker.intake import header_problem
+from turnstile.worker.broker.transport import envelope_problem
 
 
 def good_envelope(**props: Any) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """Dead letters: what a worker takes off its queue and cannot run, kept with the reason.
 
 A queue on the Redis broker is a list that anyone with the server can push to, so a worker may
-read an entry that is not a message it can run. The worker's broker connection (intake.py)
-hands every such entry here instead of dying on it. Each dead letter is one log line
+read an entry that is not a message it can run. The worker's broker connection (transport.py,
+intake.py) hands every such entry here instead of dying on it. Each dead letter is one log line
 (`message_dead_lettered`), one count in the worker's metrics
 (`turnstile_dead_letters_total{reason}`) and one entry in `turnstile:dead:<queue>` (newest
 first, the newest `MAX_KEPT` kept); `turnstile dead-letters list|drop` reads and removes them.
@@ -25,7 +25,7 @@ import structlog
 from turnstile.errors import TurnstileError
 from turnstile.worker.observability import metrics
 from turnstile.worker.store import keys
-from turnstile.worker.store.values import text
+from turnstile.worker.store.values import is_cluster_client, text
 
 log = structlog.get_logger("turnstile.deadletters")
 
@@ -89,7 +89,10 @@ def record(client: redis.Redis | None, letter: DeadLetter) -> None:
     try:
         if client is None:
             raise redis.ConnectionError("not a Redis broker")
-        pipe = client.pipeline(transaction=True)
+        # One transaction on a single server; on a cluster (RabbitMQ's dead letters in a
+        # cluster store) the list and the set of queues are in different slots, so each is
+        # written on its own node.
+        pipe = client.pipeline(transaction=not is_cluster_client(client))
         pipe.lpush(keys.dead_letters(letter.queue), json.dumps(asdict(letter)))
         pipe.ltrim(keys.dead_letters(letter.queue), 0, MAX_KEPT - 1)
         pipe.sadd(keys.DEAD_LETTER_QUEUES, letter.queue)

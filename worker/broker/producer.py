@@ -3,8 +3,9 @@ worker's own app.
 
 A service that imports the client keeps its own `celery.current_app`: the client sends through
 `producer()`, an app of its own that is never made current. Nothing here imports Celery until
-a step is published (`make_app` is imported then), so importing the client loads neither
-Celery's worker nor kombu's transports.
+a step is published (app.py's `make_app` is imported then), so importing the client loads
+neither Celery nor kombu's transports; and publishing loads neither Celery's worker side nor
+anything of worker/runtime/ (tests/integration/test_import_effects.py).
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ def producer(config: Settings) -> Celery:
     """A producer-only app for this configuration's broker (no tasks of its own; it sends by
     task name), one per Settings value: clients built from equal Settings share it and its
     connection pool."""
-    from turnstile.worker.runtime.app import make_app  # noqa: PLC0415 - Celery at first send
+    from turnstile.worker.broker.app import make_app  # noqa: PLC0415 - Celery at first send
 
-    made = make_app(config, main=False)
+    made = make_app(config)
     timeouts = (  # py-amqp's socket timeouts, or the Redis client's
         {"read_timeout": 5.0, "write_timeout": 5.0}
         if amqp.is_amqp(config.broker)

@@ -4,9 +4,10 @@ them."""
 
 from __future__ import annotations
 
+import redis
 import typer
 
-from turnstile.ledger.cli import hand_on, ledger_app, use_dimensions
+from turnstile.ledger.cli import hand_on, ledger_app, use_connect, use_dimensions
 from turnstile.worker.cli.common import OneLineGroup, register
 from turnstile.worker.cli.deadletters import dead_letters_app
 from turnstile.worker.cli.decisions import COMMANDS as DECISIONS
@@ -44,6 +45,13 @@ def _job_dimensions() -> tuple[str, ...]:
     return Registry(None).dimensions()
 
 
+def _store_client(url: str) -> redis.Redis:
+    from turnstile.worker.settings import Settings
+    from turnstile.worker.store.connect import connect
+
+    return connect(url, Settings(redis_url=url))
+
+
 register(app, QUEUES + DECISIONS + RUNS)  # the operator commands, in this order
 for command in (api, *DEV, worker, jobs, submit, mcp):
     app.command()(command)
@@ -53,6 +61,7 @@ for command in (api, *DEV, worker, jobs, submit, mcp):
 def _root() -> None:
     """Turnstile: durable agent runs on Celery with a shared per-tenant budget ledger."""
     use_dimensions(_job_dimensions)  # `ledger set acme refund_cents=...`: jobs' own dimensions
+    use_connect(_store_client)  # `ledger show`: the store's client, as every command's
     hand_on(
         HANDED_ON
     )  # `ledger set acme turns_in_flight=20`: a cap, kept by worker/scheduling/fair.py

@@ -1,5 +1,6 @@
-"""The Celery app: its configuration (`make_app`, shared by the worker and the client's
-private producer), and a worker process's own app, built when the worker starts.
+"""A worker process's Celery app, built when the worker starts: the app's configuration
+(worker/broker/app.py, shared with the client's private producer) with the bound on broker
+connections the worker's pool needs, and the step task, services and hooks.
 
 Nothing is built on import. `build_worker(config)` builds the worker from a Settings value:
 its app, the step task registered on it (worker/runtime/task.py), its services
@@ -21,7 +22,7 @@ from typing import Any
 
 from celery import Celery
 
-from turnstile.worker.broker import amqp, intake, namespace
+from turnstile.worker.broker import app as broker_app
 from turnstile.worker.runtime import hooks, pools, task
 from turnstile.worker.runtime.pools import Pool
 from turnstile.worker.runtime.services import WorkerServices
@@ -29,41 +30,9 @@ from turnstile.worker.settings import Settings
 
 
 def make_app(config: Settings, *, main: bool = True) -> Celery:
-    """A Celery app configured from `config`, with no task of its own: the worker's
-    (`main`: made the current app) or a client's private producer (never made current)."""
-    # Its queue table names every Turnstile queue by its broker name (worker/broker/namespace.py).
-    celery = Celery("turnstile", set_as_current=main, amqp=namespace.AMQP)
-    url = config.broker if (config.broker_url or config.redis_url) else None
-    transport = (
-        intake.transport_options(url or "")
-        if amqp.is_amqp(url)
-        else {"visibility_timeout": config.visibility_timeout_s}
-    )
-    celery.conf.update(
-        broker_url=url,
-        broker_transport_options=transport,
-        broker_connection_retry_on_startup=True,
-        task_serializer="json",
-        accept_content=["json"],
-        result_serializer="json",
-        result_backend=None,
-        task_ignore_result=True,
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        worker_prefetch_multiplier=1,
-        task_create_missing_queues=True,
-        worker_send_task_events=config.task_events,
-        task_send_sent_event=config.task_events,
-        worker_hijack_root_logger=False,
-        worker_redirect_stdouts=False,  # structlog writes its own lines to stderr
-        # A producer per turn in flight on a green worker (each publishes its next step).
-        broker_pool_limit=broker_pool_limit(config),
-        # A queue entry the worker cannot take in goes to the dead letters, not the worker
-        # down; on RabbitMQ, quorum queues and publisher confirms (worker/broker/amqp.py).
-        **intake.celery_config(url or "", config.redis_url),
-        **namespace.celery_config(config.default_queue),
-    )
-    return celery
+    """A worker's Celery app configured from `config` (worker/broker/app.py), its broker
+    connections bounded for its pool; made the current app unless `main` is false."""
+    return broker_app.make_app(config, main=main, pool_limit=broker_pool_limit(config))
 
 
 def broker_pool_limit(config: Settings) -> int:
@@ -71,7 +40,7 @@ def broker_pool_limit(config: Settings) -> int:
     else a few (a prefork process runs one turn at a time)."""
     if config.pool == Pool.GEVENT:
         return config.concurrency + pools.SPARE_CONNECTIONS
-    return 4
+    return broker_app.DEFAULT_POOL_LIMIT
 
 
 @dataclass(frozen=True)

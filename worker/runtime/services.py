@@ -94,10 +94,9 @@ def build_services(
     worker still takes its runs' next steps itself (not once it is told to stop)."""
     if config.redis_url is None:
         raise StoreUnavailable("no store: set TURNSTILE_REDIS_URL")
-    ledger = Ledger.from_url(
-        config.redis_url, grace_s=config.ledger_grace_s,
-        dimensions=(*DEFAULT_DIMENSIONS, *jobs.dimensions()),
-    )  # fmt: skip
+    ledger = Ledger(  # over the store's client: one pool, built by worker/store/connect.py
+        client, grace_s=config.ledger_grace_s, dimensions=(*DEFAULT_DIMENSIONS, *jobs.dimensions())
+    )
     store = RunStore(
         client, ledger, wait_for=config.wait_for, jobs=jobs,
         pickup_lease_ms=int(config.pickup_lease_s * 1000),

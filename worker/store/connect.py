@@ -8,27 +8,36 @@ that serves its keys' slot, follows MOVED and ASK, and re-reads the slot map aft
 `check` refuses, in one line, a URL and a server that disagree; `store_line` is the one line
 for a server's error, naming the store by its URL with the password hidden, and
 `unreachable` the StoreUnavailable a store that does not answer is.
+
+Every client of the store a Turnstile process opens is made here: the worker's (its steps, its
+ledger, its job registry), a client's, the HTTP API's, a command's, and the store a worker's
+consumer keeps RabbitMQ's dead letters in (`connect_with_timeout`). The ledger on its own has its
+`connect` (ledger/client.py); inside Turnstile it is handed a client made here.
 """
 
 from __future__ import annotations
 
 import random
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
 import redis.asyncio as aioredis
+from redis._parsers.commands import CommandPolicies, RequestPolicy, ResponsePolicy
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.commands.policies import BasePolicyResolver, PolicyResolver, StaticPolicyResolver
 from redis.retry import Retry
 
 from turnstile.errors import StoreMismatchError, redact
-from turnstile.ledger.client import cluster_client, cluster_seed
-from turnstile.worker.settings import Settings
+from turnstile.ledger.client import ClusterClient, cluster_client, cluster_seed
 from turnstile.worker.store.runs import StoreUnavailable
 from turnstile.worker.store.values import UNAVAILABLE, is_cluster_client
 
+if TYPE_CHECKING:  # settings.py reads store/durability.py: the store takes a Settings, loads none
+    from turnstile.worker.settings import Settings
+
 __all__ = [
-    "UNAVAILABLE", "check", "connect", "connect_async", "is_cluster", "is_cluster_client",
-    "store_line", "unreachable",
+    "UNAVAILABLE", "StoreCluster", "check", "connect", "connect_async", "connect_with_timeout",
+    "is_cluster", "is_cluster_client", "store_line", "unreachable",
 ]  # fmt: skip
 
 # A cluster client's own retries of a command a node did not answer (it re-reads the slot
@@ -70,16 +79,67 @@ def is_cluster(url: str) -> bool:
     return cluster_seed(url) is not None
 
 
+class _ScriptsByTheirKeys(BasePolicyResolver):
+    """EVAL and EVALSHA sent to the node of the keys they name, which redis-py reads from the
+    command itself. Without a policy, a cluster pipeline asks a node for a script call's keys
+    (COMMAND GETKEYS, a round trip more per call) and always the client's default node: once
+    that node is gone (a primary killed), every pipeline fails on it and, as that failure is
+    not one the pipeline re-reads the slot map on, fails forever."""
+
+    KEYED = CommandPolicies(
+        request_policy=RequestPolicy.DEFAULT_KEYED, response_policy=ResponsePolicy.DEFAULT_KEYED
+    )
+
+    def __init__(self, fallback: PolicyResolver | None = None) -> None:
+        super().__init__({"core": {"eval": self.KEYED, "evalsha": self.KEYED}}, fallback)
+
+    def with_fallback(self, fallback: PolicyResolver) -> PolicyResolver:
+        return _ScriptsByTheirKeys(fallback)
+
+
+class StoreCluster(ClusterClient):
+    """redis-py's cluster client (closing its nodes' connections, ledger/client.py), with two
+    repairs a failover needs (redis-py 8.1):
+    - its pipelines route script calls by the keys they name (`_ScriptsByTheirKeys`; redis-py
+      does not hand a client's policies on to its pipelines);
+    - a command whose keys only a node can tell (XREAD) asks another node when the default
+      one does not answer, instead of asking the dead one again on every retry."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("policy_resolver", _ScriptsByTheirKeys(StaticPolicyResolver()))
+        super().__init__(*args, **kwargs)
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)  # type: ignore[no-untyped-call]
+        pipe._policy_resolver = self._policy_resolver
+        return pipe
+
+    def _get_command_keys(self, *args: Any) -> Any:
+        try:
+            return super()._get_command_keys(*args)  # type: ignore[no-untyped-call]
+        except (redis.ConnectionError, redis.TimeoutError):
+            self.replace_default_node()
+            return super()._get_command_keys(*args)  # type: ignore[no-untyped-call]
+
+
 def connect(url: str, config: Settings, *, max_connections: int | None = None) -> redis.Redis:
     """A client of the store. A worker's step services bound its pool to the turns the process
     holds in flight (`max_connections`): a turn past the bound waits for a connection, up to
     the socket timeout, instead of opening more (on a cluster, each node's pool is bounded so).
     A client of a service is not bounded. A cluster that no node of answers raises
     StoreUnavailable here (its client reads the slot map when it is made)."""
+    return connect_with_timeout(url, config.redis_timeout_s, max_connections=max_connections)
+
+
+def connect_with_timeout(
+    url: str, timeout_s: float, *, max_connections: int | None = None
+) -> redis.Redis:
+    """A client of the store with this socket timeout, for a process that has no Settings (a
+    worker's consumer, which Celery makes: its dead letters' store); see `connect`."""
     options: dict[str, Any] = {
         "decode_responses": True,
-        "socket_timeout": config.redis_timeout_s,
-        "socket_connect_timeout": min(1.0, config.redis_timeout_s),
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": min(1.0, timeout_s),
         "health_check_interval": 30,
     }
     if is_cluster(url):
@@ -91,16 +151,16 @@ def connect(url: str, config: Settings, *, max_connections: int | None = None) -
             options |= {
                 "connection_pool_class": redis.BlockingConnectionPool,
                 "max_connections": max_connections,
-                "timeout": config.redis_timeout_s,
+                "timeout": timeout_s,
             }
         try:
-            return cluster_client(url, **options)
+            return cluster_client(url, client_class=StoreCluster, **options)
         except redis.ConnectionError as exc:
             raise unreachable(url, exc) from exc
     if max_connections is None:
         return redis.Redis.from_url(url, **options)
     pool = redis.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=config.redis_timeout_s, **options
+        url, max_connections=max_connections, timeout=timeout_s, **options
     )
     return redis.Redis(connection_pool=pool)
 

@@ -20,8 +20,7 @@ from collections.abc import Iterable
 
 import redis
 
-from turnstile.worker.names import check_name
-from turnstile.worker.settings import ANY_QUEUE, split_names
+from turnstile.worker.names import ANY_QUEUE, check_name, split_names
 from turnstile.worker.store import keys
 from turnstile.worker.store.values import text
 

@@ -1,0 +1,250 @@
+"""kombu's Redis transport, guarded: an entry on a queue that is not JSON or not a well-formed
+envelope (properties, delivery tag, body that decodes) is dead-lettered (deadletters.py) where
+BRPOP hands it over, before kombu builds a message from it, instead of raising out of the
+worker's event loop. kombu decodes each entry in the worker's main process, and by default such
+an entry makes the worker exit ("Unrecoverable error"), and one already recorded as unacked
+goes back on the queue for the next worker to die on. And a queue whose list the server refuses
+to pop (a key of another type where it should be: WRONGTYPE) is left out of the worker's reads,
+said once in the log (`queue_broken`), and looked at again every BROKEN_RECHECK_S, while the
+worker goes on reading its other queues (kombu would raise out of the event loop, and the
+worker, and every worker restarted on that queue, would exit).
+
+`Transport` is the app's `broker_transport` on Redis (worker/broker/app.py), for a worker and a
+client's producer alike (its channels keep one client per pool for every publish and ack). This
+module loads kombu, never Celery's worker side: the consumer's guards are intake.py's.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from queue import Empty
+from typing import Any, cast
+
+import redis
+import structlog
+from kombu.transport import redis as kombu_redis
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import loads as kombu_loads
+
+from turnstile.worker.broker.deadletters import Reason, make, record
+from turnstile.worker.broker.layout import turnstile_queue
+
+log = structlog.get_logger("turnstile.intake")
+
+# How often a worker looks again at a queue it left out as broken (a few TYPE reads).
+BROKEN_RECHECK_S = 5.0
+
+
+def _info_ok(props: Mapping[str, Any]) -> bool:
+    info = props.get("delivery_info")
+    return isinstance(info, Mapping) and all(
+        isinstance(info.get(k), str) for k in ("exchange", "routing_key")
+    )
+
+
+# What kombu's virtual Message and the Redis QoS read from an envelope, in the order they read
+# it: each check with what to say when it fails.
+_ENVELOPE_CHECKS: tuple[tuple[Callable[[Mapping[str, Any], Mapping[str, Any]], bool], str], ...] = (
+    (lambda p, props: isinstance(props.get("delivery_tag"), str) and bool(props["delivery_tag"]),
+     "no delivery tag"),
+    (lambda p, props: _info_ok(props), "delivery_info has no exchange and routing key"),
+    (lambda p, props: isinstance(p.get("headers"), Mapping | None), "headers is not an object"),
+    (lambda p, props: all(isinstance(p.get(k), str | None)
+                          for k in ("content-type", "content-encoding")),
+     "content type or encoding is not a string"),
+    (lambda p, props: props.get("priority") is None or type(props["priority"]) is int,
+     "priority is not an integer"),
+)  # fmt: skip
+
+
+def envelope_problem(payload: Any) -> str | None:
+    """Why kombu's virtual transport could not build a message from this decoded entry, or
+    None. The same reads as `kombu.transport.virtual.Message` and the Redis QoS make."""
+    if not isinstance(payload, Mapping):
+        return f"the entry is a JSON {type(payload).__name__}, not an object"
+    props = payload.get("properties")
+    if not isinstance(props, Mapping):
+        return "no properties object"
+    for ok, problem in _ENVELOPE_CHECKS:
+        if not ok(payload, props):
+            return problem
+    return _body_problem(payload.get("body"), props.get("body_encoding"))
+
+
+def _body_problem(body: Any, encoding: Any) -> str | None:
+    if not body:
+        return None
+    if not isinstance(body, str):
+        return "body is not a string"
+    if encoding == "base64":
+        try:
+            base64.b64decode(body.encode(), validate=True)
+        except (binascii.Error, ValueError) as exc:
+            return f"body is not base64: {exc}"
+    elif encoding is not None:
+        return f"unknown body encoding {encoding!r}"
+    return None
+
+
+class Channel(kombu_redis.Channel):
+    """kombu's Redis channel, except that an entry which is not an envelope is dead-lettered
+    where BRPOP hands it over, and a queue whose lists the server refuses to pop is left out
+    of the reads, instead of either raising out of the worker's event loop."""
+
+    # set by kombu's Channel at run time
+    connection_errors: tuple[type[BaseException], ...]
+    _queue_cycle: Any
+    _flush_brpop_reauth: Callable[[], None]
+    _create_client: Callable[[], Any]
+    brpop_timeout: int
+    priority_steps: list[int]
+    _q_for_pri: Callable[[str, int], str]
+
+    def _brpop_start(self, timeout: int | None = None) -> None:
+        # kombu's own `_brpop_start` (kombu 5.7), without the queues left out as broken.
+        left_out = self._left_out()
+        if not left_out:
+            cast(Any, super())._brpop_start(timeout)
+            return
+        queues = [q for q in self._queue_cycle.consume(len(self.active_queues))
+                  if q not in left_out]  # fmt: skip
+        if not queues:
+            return  # every queue is broken: the next poll looks again
+        wait = self.brpop_timeout if timeout is None else timeout
+        lists = [self._q_for_pri(queue, pri) for pri in self.priority_steps for queue in queues]
+        self._in_poll = self.client.connection
+        self._brpop_sent_at = time.monotonic()
+        self.client.connection.send_command("BRPOP", *lists, wait or 0)
+
+    def _brpop_read(self, **options: Any) -> bool:
+        # kombu's own `_brpop_read` (kombu 5.7), with the decode and the hand-over checked,
+        # and an error reply (WRONGTYPE) taken as a broken queue.
+        try:
+            try:
+                dest__item = self.client.parse_response(self.client.connection, "BRPOP", **options)
+            except self.connection_errors:
+                self.client.connection.disconnect()
+                raise
+            except redis.ResponseError as exc:
+                if not self._leave_out_broken(str(exc)):
+                    raise
+                raise Empty() from None
+            if not dest__item:
+                raise Empty()
+            dest, item = dest__item
+            dest = bytes_to_str(dest).rsplit(self.sep, 1)[0]
+            self._queue_cycle.rotate(dest)
+            self._hand_over(dest, item)
+            return True
+        finally:
+            self._in_poll = None
+            self._flush_brpop_reauth()
+
+    def _broken_lists(self, queues: list[str]) -> dict[str, str]:
+        """Of these broker queues, the ones a list of which is not a list (or cannot be
+        read), with what it is."""
+        with self.conn_or_acquire() as client:
+            pipe = client.pipeline(transaction=False)
+            lists = [(q, self._q_for_pri(q, pri)) for q in queues for pri in self.priority_steps]
+            for _, name in lists:
+                pipe.type(name)
+            found: dict[str, str] = {}
+            for (queue, name), kind in zip(lists, pipe.execute(raise_on_error=False), strict=True):
+                said = kind if isinstance(kind, Exception) else bytes_to_str(kind)
+                if str(said) not in ("list", "none"):
+                    found.setdefault(queue, f"{name!r} is {said}, not a list")
+            return found
+
+    def _leave_out_broken(self, error: str) -> bool:
+        """After BRPOP's error reply: leave out the queues whose lists are broken, each said
+        once; False when none is (the error is not one queue's)."""
+        found = self._broken_lists(list(self.active_queues))
+        left_out = self._broken_queues()
+        until = time.monotonic() + BROKEN_RECHECK_S
+        for queue, what in found.items():
+            if queue not in left_out:
+                log.error("queue_broken", by="consumer", queue=turnstile_queue(queue),
+                          error=error, found=what)  # fmt: skip
+            left_out[queue] = until
+        return bool(found)
+
+    def _left_out(self) -> set[str]:
+        """The broker queues left out of the reads now: those found broken, looked at again
+        once BROKEN_RECHECK_S has passed (and read again when they are mended)."""
+        left_out = self._broken_queues()
+        now = time.monotonic()
+        due = [q for q, until in left_out.items() if until <= now]
+        if due:
+            still = self._broken_lists(due)
+            for queue in due:
+                if queue in still:
+                    left_out[queue] = now + BROKEN_RECHECK_S
+                else:
+                    del left_out[queue]
+                    log.info("queue_mended", by="consumer", queue=turnstile_queue(queue))
+        return set(left_out)
+
+    def _broken_queues(self) -> dict[str, float]:
+        left_out: dict[str, float] | None = getattr(self, "_turnstile_broken", None)
+        if left_out is None:
+            left_out = {}
+            self._turnstile_broken = left_out
+        return left_out
+
+    def _hand_over(self, queue: str, item: bytes) -> None:
+        try:
+            payload = kombu_loads(bytes_to_str(item))  # as kombu decodes it
+        except (TypeError, ValueError) as exc:
+            self._dead_letter(queue, Reason.NOT_JSON, str(exc), item)
+            return
+        problem = envelope_problem(payload)
+        if problem is not None:
+            self._dead_letter(queue, Reason.BAD_ENVELOPE, problem, item)
+            return
+        self.connection._deliver(payload, queue)
+
+    def _dead_letter(self, queue: str, reason: Reason, detail: str, item: bytes) -> None:
+        with self.conn_or_acquire() as client:
+            record(client, make(turnstile_queue(queue), reason, detail, item))
+
+    @contextmanager
+    def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
+        """The client a publish or an ack runs on: kombu builds a new one (over the same pool)
+        for every publish and every ack, about 70 us each; one per channel and pool serves
+        them all (a client takes a connection from its pool per command, so greenlets and
+        threads can share it)."""
+        if client:
+            yield client
+            return
+        pool = self.pool
+        cached = getattr(self, "_turnstile_client", None)
+        if cached is None or cached.connection_pool is not pool:
+            cached = self._create_client()
+            self._turnstile_client = cached
+        yield cached
+
+
+class Transport(kombu_redis.Transport):
+    """The Redis transport with the dead-lettering channel; `broker_transport` names it.
+
+    It also keeps its connection's settings after the connection is released. kombu clears
+    `transport.client` when a connection closes, but a channel of that connection can still
+    need a new Redis pool afterwards (its unacked messages restored at exit or on a late close,
+    a late ack), and building one reads `transport.client.hostname`: an AttributeError out of
+    the event loop or an exit hook (kombu #582, #970) instead of the restore.
+    """
+
+    Channel = Channel
+
+    @property
+    def client(self) -> Any:
+        return self._client
+
+    @client.setter
+    def client(self, value: Any) -> None:
+        if value is not None or not hasattr(self, "_client"):
+            self._client = value
