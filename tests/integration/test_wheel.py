@@ -63,8 +63,9 @@ def test_the_wheel_leaves_a_services_worker_module_and_celery_app_alone(
     service.mkdir()
     (service / "worker.py").write_text(SERVICE_WORKER)
     shutil.copy(ROOT / "tests" / "service_probe.py", service / "service_probe.py")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TURNSTILE_", "PYTHON"))}
     queue = f"wheel-{unique}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TURNSTILE_", "PYTHON"))}
+    env["TURNSTILE_SUBMIT_QUEUES"] = queue  # its worker starts after the submission
     done = subprocess.run(
         [str(venv / "bin" / "python"), "service_probe.py", redis_url, queue], cwd=service,
         env=env, capture_output=True, text=True, timeout=120, check=False,
