@@ -3,13 +3,13 @@
 A model is named by a string `provider:model`, e.g. `openai:gpt-4.1-mini` (OpenAI or any
 OpenAI-compatible server), `anthropic:claude-sonnet-4-5`, or `local:llama3.1:8b` for a named
 endpoint (see endpoints.py). Importing this package loads no SDK; `make` does, for the wire
-format it is asked for.
+format it is asked for. Every function takes the process's `ProviderConfig` (config.py), built
+once at the edge from its Settings: nothing here reads the environment.
 """
 
 from __future__ import annotations
 
 import difflib
-import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +18,7 @@ import msgspec
 from turnstile.jobs.budget import Budget
 from turnstile.jobs.model import Model, is_provider_model, spec_problem
 from turnstile.providers import endpoints
+from turnstile.providers.config import ProviderConfig
 from turnstile.providers.endpoints import ENDPOINTS_ENV, Route
 from turnstile.providers.errors import ProviderConfigError
 from turnstile.providers.known import near_misses
@@ -29,15 +30,15 @@ if TYPE_CHECKING:
 PROVIDERS = endpoints.BUILT_IN
 
 
-def _route(spec: str) -> tuple[Route, str]:
+def _route(spec: str, config: ProviderConfig) -> tuple[Route, str]:
     problem = spec_problem(spec)
     if problem is not None:
         raise ProviderConfigError(f"model {problem}")
     provider, _, model = spec.partition(":")
-    found = endpoints.route(provider)
+    found = endpoints.route(provider, config)
     if found is None:
-        names = endpoints.names()
-        configured = "" if os.environ.get(ENDPOINTS_ENV) else ", which is not set"
+        names = endpoints.names(config)
+        configured = "" if config.endpoints.strip() else ", which is not set"
         close = difflib.get_close_matches(provider, names, n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]}:{model}?" if close else ""
         raise ProviderConfigError(
@@ -47,23 +48,23 @@ def _route(spec: str) -> tuple[Route, str]:
     return found, model
 
 
-def parse(spec: str) -> tuple[str, str]:
+def parse(spec: str, config: ProviderConfig) -> tuple[str, str]:
     """(provider, model) of a model string, or a clear error: the provider is `openai`,
-    `anthropic` or a named endpoint of this process's configuration."""
-    found, model = _route(spec)
+    `anthropic` or a named endpoint of the configuration."""
+    found, model = _route(spec, config)
     return found.name, model
 
 
-def check(spec: str, *, keys: bool = True) -> str:
+def check(spec: str, config: ProviderConfig, *, keys: bool = True) -> str:
     """A model string a run may be submitted with, or the one-line reason it may not: its
     provider is known here, it is not a typing slip from a known model (`openai:gpt-4.1-mnii`:
     refused naming the closest, see known.py), and (with `keys`) a named endpoint's key
     variable is set. (A built-in provider's key is the workers' concern: a run without it
     ends `error` naming the variable.) A job's default and fallback models are checked when
     it is registered, without `keys`."""
-    found, model = _route(spec)
-    if (found.prices.get(model) or price_of(spec)) is None:
-        misses = near_misses(spec)
+    found, model = _route(spec, config)
+    if (found.prices.get(model) or price_of(spec, config)) is None:
+        misses = near_misses(spec, config)
         if misses:
             raise ProviderConfigError(
                 f"unknown model {spec!r}: did you mean {' or '.join(misses)}? (a model this "
@@ -72,7 +73,7 @@ def check(spec: str, *, keys: bool = True) -> str:
             )
     if not keys:
         return spec
-    if found.base_env is None and found.key_env and not os.environ.get(found.key_env):
+    if found.base_env is None and found.key_env and not found.key:
         raise ProviderConfigError(
             f"model {spec!r}: endpoint {found.name!r} takes its key from {found.key_env}, "
             "which is not set"
@@ -80,17 +81,17 @@ def check(spec: str, *, keys: bool = True) -> str:
     return spec
 
 
-def model_price(spec: str) -> Price | None:
+def model_price(spec: str, config: ProviderConfig) -> Price | None:
     """The model's price: its endpoint's, else the price table's (which may name
     `endpoint:model` too); None when neither has one."""
-    found, model = _route(spec)
-    return found.prices.get(model) or price_of(spec)
+    found, model = _route(spec, config)
+    return found.prices.get(model) or price_of(spec, config)
 
 
-def make(spec: str) -> Model:
-    """The adapter for a model string."""
-    found, model = _route(spec)
-    price = found.prices.get(model) or price_of(spec)
+def make(spec: str, config: ProviderConfig) -> Model:
+    """The adapter for a model string, its URL, key and price from the configuration."""
+    found, model = _route(spec, config)
+    price = found.prices.get(model) or price_of(spec, config)
     if found.format == "openai":
         from turnstile.providers.openai_chat import OpenAIChat  # noqa: PLC0415 - only the SDK asked for
 
@@ -130,21 +131,29 @@ def _dearest(prices: list[Price | None]) -> Price | None:
 
 
 def budget_for(
-    params: Mapping[str, Any], budget: Budget, *, default: bool = False, job: Job | None = None
+    params: Mapping[str, Any],
+    budget: Budget,
+    config: ProviderConfig,
+    *,
+    default: bool = False,
+    job: Job | None = None,
 ) -> Budget:
     """The run's budget at its models' prices, when it runs on a provider model (its `model`
     parameter's, else the job's own): each turn's reservation is then its worst case at those
     prices, the dearer of its model's and its fallback's. `default` says the budget is the
     job's own, not one the caller chose. A model string that cannot be used here, or a named
     endpoint whose key is not set, is a ProviderConfigError."""
-    specs = [check(spec) for spec in _specs(params, job)]
+    specs = [check(spec, config) for spec in _specs(params, job)]
     if not specs:
         return budget
     if default and budget.max_tokens < PROVIDER_DEFAULT_MAX_TOKENS:
         budget = msgspec.structs.replace(budget, max_tokens=PROVIDER_DEFAULT_MAX_TOKENS)
-    return priced_budget(budget, _dearest([model_price(spec) for spec in specs]))
+    return priced_budget(budget, _dearest([model_price(spec, config) for spec in specs]))
 
 
-def unpriced(params: Mapping[str, Any], job: Job | None = None) -> str | None:
+def unpriced(
+    params: Mapping[str, Any], config: ProviderConfig, job: Job | None = None
+) -> str | None:
     """The first provider model the run may call that has no price."""
-    return next((spec for spec in _specs(params, job) if model_price(spec) is None), None)
+    specs = _specs(params, job)
+    return next((spec for spec in specs if model_price(spec, config) is None), None)

@@ -12,20 +12,21 @@ llama.cpp server, a LiteLLM proxy, a second OpenAI account) under a name of its 
 (the default) or `anthropic`; `key_env` names the environment variable holding its key (null:
 the server takes none); `prices` are micro-dollars per million tokens by model, as in the price
 table. The built-ins keep their SDKs' own variables (OPENAI_BASE_URL, OPENAI_API_KEY, ...).
-The submitting process and the workers read the same configuration.
+The submitting process and the workers read the same configuration: a `ProviderConfig` each
+is handed (providers/config.py), never the environment itself.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 import msgspec
 
+from turnstile.providers.config import ProviderConfig
 from turnstile.providers.errors import ProviderConfigError
 from turnstile.providers.prices import Price
 
@@ -50,14 +51,16 @@ class Route:
 
     name: str  # "openai", "anthropic", or the endpoint's name: what the trace and errors say
     format: str  # the wire format: "openai" or "anthropic"
-    base_url: str | None  # None: the SDK's own variable, read when the call is made
-    base_env: str | None  # that variable (built-ins only)
+    base_url: str | None  # None: the SDK's default (a built-in whose variable is not set)
+    base_env: str | None  # the variable a built-in's URL is read from (built-ins only)
     key_env: str | None  # None: the server takes no key
     prices: dict[str, Price]
+    # The key, read from `key_env` in the configuration it was routed with; None: not set.
+    key: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def url(self) -> str | None:
-        return self.base_url or (os.environ.get(self.base_env) if self.base_env else None)
+        return self.base_url
 
 
 BUILT_IN_ROUTES = {
@@ -113,10 +116,10 @@ def _from_file(path: str, mtime_ns: int) -> dict[str, Endpoint]:
     return _decode(data, f"{ENDPOINTS_ENV}={path}")
 
 
-def endpoints() -> dict[str, Endpoint]:
-    """The named endpoints configured in this process (none when the variable is unset); a
-    configuration that cannot be used is one ProviderConfigError naming what is wrong."""
-    raw = os.environ.get(ENDPOINTS_ENV, "").strip()
+def endpoints(config: ProviderConfig) -> dict[str, Endpoint]:
+    """The named endpoints of the configuration (none when it names none); a configuration
+    that cannot be used is one ProviderConfigError naming what is wrong."""
+    raw = config.endpoints.strip()
     if not raw:
         return {}
     if raw.startswith("{"):
@@ -128,19 +131,24 @@ def endpoints() -> dict[str, Endpoint]:
     return _from_file(raw, mtime_ns)
 
 
-def route(provider: str) -> Route | None:
-    """The route of a provider name, built in or configured; None when there is none."""
+def route(provider: str, config: ProviderConfig) -> Route | None:
+    """The route of a provider name, built in or configured, with its URL and key as the
+    configuration gives them; None when there is none."""
     if provider in BUILT_IN_ROUTES:
-        return BUILT_IN_ROUTES[provider]
-    endpoint = endpoints().get(provider)
+        built_in = BUILT_IN_ROUTES[provider]
+        return replace(
+            built_in, base_url=config.variable(built_in.base_env),
+            key=config.variable(built_in.key_env),
+        )  # fmt: skip
+    endpoint = endpoints(config).get(provider)
     if endpoint is None:
         return None
     return Route(
         provider, endpoint.format, endpoint.base_url.rstrip("/"), None, endpoint.key_env,
-        endpoint.prices,
+        endpoint.prices, key=config.variable(endpoint.key_env),
     )  # fmt: skip
 
 
-def names() -> list[str]:
-    """Every provider name a model string may start with here."""
-    return [*BUILT_IN, *sorted(endpoints())]
+def names(config: ProviderConfig) -> list[str]:
+    """Every provider name a model string may start with in this configuration."""
+    return [*BUILT_IN, *sorted(endpoints(config))]

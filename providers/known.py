@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import re
 
+from turnstile.providers.config import ProviderConfig
 from turnstile.providers.endpoints import endpoints as named_endpoints
 from turnstile.providers.prices import priced_models
 
@@ -23,10 +24,12 @@ LONG_NAME_CHARS = 10  # a model name this long may carry two slips; a shorter on
 _DIGITS = re.compile(r"[0-9]")
 
 
-def known_models() -> list[str]:
+def known_models(config: ProviderConfig) -> list[str]:
     """Every model string with a price here: the price table's and each named endpoint's."""
-    named = [f"{name}:{model}" for name, ep in named_endpoints().items() for model in ep.prices]
-    return sorted({*priced_models(), *named})
+    named = [
+        f"{name}:{model}" for name, ep in named_endpoints(config).items() for model in ep.prices
+    ]
+    return sorted({*priced_models(config), *named})
 
 
 def slips(a: str, b: str, limit: int) -> int:
@@ -48,11 +51,11 @@ def slips(a: str, b: str, limit: int) -> int:
     return min(row[-1], limit + 1)
 
 
-def near_misses(spec: str) -> list[str]:
+def near_misses(spec: str, config: ProviderConfig) -> list[str]:
     """The known models of the same provider that `spec`, not one of them, is a slip away
     from, closest first (at most three); [] for a known model or one far from every known."""
     provider, _, model = spec.partition(":")
-    known = [k for k in known_models() if k.partition(":")[0] == provider]
+    known = [k for k in known_models(config) if k.partition(":")[0] == provider]
     if spec in known:
         return []
     limit = 2 if len(model) >= LONG_NAME_CHARS else 1

@@ -9,13 +9,13 @@ submit for a tenant that has a cost ceiling: its spend could not be capped.
 from __future__ import annotations
 
 import functools
-import os
 from importlib import resources
 from pathlib import Path
 
 import msgspec
 
 from turnstile.jobs.budget import MICRO_PER_MILLION, Budget, ceil_div
+from turnstile.providers.config import ProviderConfig
 from turnstile.providers.errors import ProviderConfigError
 
 PRICES_FILE_ENV = "TURNSTILE_PRICES_FILE"
@@ -87,14 +87,15 @@ def _table(path: str | None) -> dict[str, Price]:
     return table
 
 
-def price_of(model: str) -> Price | None:
-    """The model's price, or None when neither the defaults nor the override file name it."""
-    return _table(os.environ.get(PRICES_FILE_ENV) or None).get(model)
+def price_of(model: str, config: ProviderConfig) -> Price | None:
+    """The model's price, or None when neither the defaults nor the configuration's file
+    name it."""
+    return _table(config.prices_file or None).get(model)
 
 
-def priced_models() -> list[str]:
-    """Every model string the price table names (the defaults and the override file)."""
-    return list(_table(os.environ.get(PRICES_FILE_ENV) or None))
+def priced_models(config: ProviderConfig) -> list[str]:
+    """Every model string the price table names (the defaults and the configuration's file)."""
+    return list(_table(config.prices_file or None))
 
 
 def priced_budget(budget: Budget, price: Price | None) -> Budget:

@@ -28,8 +28,9 @@ def _cached(make: Callable[..., Any], base_url: str | None, key: str, pid: int) 
 def sdk_client(make: Callable[..., Sdk], route: Route, *, hint: str = "") -> Sdk:
     """One SDK client per endpoint and key in a process (the pid keeps a forked child from
     sharing its parent's connections), so turns reuse its connections. The deadline governs
-    retries, so the SDK's own are off. No key is a named stop, not a traceback."""
-    key = os.environ.get(route.key_env) if route.key_env else NO_KEY
+    retries, so the SDK's own are off. No key is a named stop, not a traceback. The key and
+    the URL are the route's, as the configuration it was routed with gave them."""
+    key = route.key if route.key_env else NO_KEY
     if not key:
         where = route.name if route.base_env else f"endpoint {route.name}"
         raise ModelStop(

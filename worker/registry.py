@@ -12,17 +12,19 @@ tool schema is not JSON Schema, its default or fallback model string names a pro
 process does not know or is a typing slip from a known model, its name is taken by another
 registration) is recorded as broken with one line saying why; the other jobs are unaffected.
 The same `module:attr` named twice (an entry point and TURNSTILE_JOBS) is one registration.
+
+TURNSTILE_JOBS and the providers' configuration come from the process's Settings
+(`Registry.from_settings`): the registry reads no environment.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import redis
@@ -30,6 +32,10 @@ import structlog
 
 from turnstile.jobs.errors import UnknownJobError
 from turnstile.jobs.job import Job
+from turnstile.providers.config import ProviderConfig
+
+if TYPE_CHECKING:
+    from turnstile.worker.settings import Settings
 
 log = structlog.get_logger("turnstile.registry")
 
@@ -68,14 +74,14 @@ def _target(ref: str) -> str:
     return f"{module.strip()}{sep}{attr.strip()}"
 
 
-def candidates(spec: str | None = None) -> list[Plugin]:
-    """Every registration this process can see, in a stable order; nothing is imported yet.
-    A `module:attr` named by an entry point and again by TURNSTILE_JOBS (or twice there) is
-    one registration, the first."""
+def candidates(spec: str) -> list[Plugin]:
+    """Every registration this process can see, the entry points' and those of `spec` (the
+    value of TURNSTILE_JOBS), in a stable order; nothing is imported yet. A `module:attr` named
+    by an entry point and again by TURNSTILE_JOBS (or twice there) is one registration, the
+    first."""
     points = sorted(entry_points(group=GROUP), key=lambda e: (e.name, e.value))
     found = [Plugin(f"entry point {ep.name} = {ep.value}", ep.name, ep.load) for ep in points]
     seen = {_target(ep.value) for ep in points}
-    spec = os.environ.get(ENV, "") if spec is None else spec
     for ref in (part.strip() for part in spec.split(",")):
         if ref and _target(ref) not in seen:
             seen.add(_target(ref))
@@ -83,7 +89,7 @@ def candidates(spec: str | None = None) -> list[Plugin]:
     return found
 
 
-def check_models(job: Job) -> None:
+def check_models(job: Job, providers: ProviderConfig) -> None:
     """A job's default and fallback model strings, checked when it is registered: a provider
     this process knows, and no typing slip from a known model (providers `check`); a named
     endpoint's key is a run's concern. ProviderConfigError says what is wrong."""
@@ -91,7 +97,7 @@ def check_models(job: Job) -> None:
 
     for spec in (job.model if isinstance(job.model, str) else None, job.fallback_model):
         if spec is not None:
-            check(spec, keys=False)
+            check(spec, providers, keys=False)
 
 
 def _takes_client(factory: Callable[..., Any]) -> bool:
@@ -133,23 +139,39 @@ def _reason(exc: BaseException) -> str:
 
 
 class Registry:
-    """The jobs of this process, built once over one Redis client (None: in-process only)."""
+    """The jobs of this process, built once over one Redis client (None: in-process only):
+    the entry points' and those `spec` names (TURNSTILE_JOBS), their model strings checked
+    against `providers`. A process builds it from its Settings (`from_settings`); the
+    defaults are a process with nothing configured (the entry points alone, the built-in
+    providers)."""
 
     def __init__(
-        self, client: redis.Redis | None = None, *, spec: str | None = None, drills: bool = False
+        self,
+        client: redis.Redis | None = None,
+        *,
+        spec: str = "",
+        providers: ProviderConfig | None = None,
+        drills: bool = False,
     ) -> None:
         self.client, self.drills = client, drills  # drills: TURNSTILE_ALLOW_DRILLS
+        self.providers = providers or ProviderConfig()
         self.plugins = candidates(spec)
         for plugin in self.plugins:
             try:
                 job = build(plugin, client, drills=drills)
                 plugin.name = job.name  # a job with a bad model string is listed by its name
-                check_models(job)
+                check_models(job, self.providers)
                 plugin.job = job
             except Exception as exc:  # any failure of a plugin is that plugin's, not ours
                 plugin.error = _reason(exc)
         self._mark_duplicates()
         self._jobs = {p.name: p.job for p in self.plugins if p.job is not None and p.name}
+
+    @classmethod
+    def from_settings(cls, config: Settings, client: redis.Redis | None = None) -> Registry:
+        """The jobs as `config` configures them: TURNSTILE_JOBS, the providers' configuration
+        and TURNSTILE_ALLOW_DRILLS."""
+        return cls(client, spec=config.jobs, providers=config.providers, drills=config.allow_drills)
 
     def _mark_duplicates(self) -> None:
         by_name: dict[str, list[Plugin]] = {}

@@ -1,16 +1,26 @@
 """Settings, built once at the edge from `TURNSTILE_*` environment variables and the command
 line's flags, typed and frozen, and passed in: the worker, the client and the HTTP API are
-each built from a Settings value; there is no global one to read."""
+each built from a Settings value; there is no global one to read.
+
+This is the one module of the package that reads the environment for its configuration
+(`tests/unit/test_environment_edge.py` holds the rule): every `TURNSTILE_*` variable is a field
+here (the HTTP API's and the console's own are fields of `http/settings.py` and
+`http/console/settings.py`, read the same way), and the providers' own variables (their keys and
+base URLs, named by the SDKs or by a named endpoint) are copied once, when a Settings is built,
+into the `ProviderConfig` it hands the providers (`providers`).
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+import os
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from turnstile.errors import InvalidNameError, StoreMismatchError
 from turnstile.ledger.client import cluster_seed
+from turnstile.providers.config import ProviderConfig
 from turnstile.worker.names import ANY_QUEUE, check_name, split_names
 from turnstile.worker.store.durability import Durability, WaitFor
 
@@ -149,6 +159,33 @@ class Settings(BaseSettings):
     # {"<server>": {"*": {...}, "<tenant>": {...}}}, headers of an HTTP server, environment
     # variables of a stdio one ("*" for every tenant; a tenant's own for a per_tenant server).
     mcp_secrets_file: str | None = None
+
+    # The jobs registered beyond the `turnstile.jobs` entry points: `module:attr[,module:attr]`
+    # (worker/registry.py).
+    jobs: str = ""
+    # Models (providers/): more endpoints, as a JSON object or the path of a JSON file of one
+    # (providers/endpoints.py); a JSON file of prices that replaces or adds to the shipped table.
+    model_endpoints: str = ""
+    prices_file: str | None = None
+    # A collector's base URL: each turn's spans are exported over OTLP/HTTP
+    # (worker/observability/tracing.py); None or empty: off.
+    otlp_endpoint: str | None = None
+
+    # The process's environment as it was when these settings were built: where the providers'
+    # own variables are read (see the module's docstring).
+    _environ: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def model_post_init(self, context: Any) -> None:
+        """Copy the process's environment once, as the fields were read: the providers' keys
+        and base URLs are looked up in this copy, never in the environment again."""
+        self._environ = dict(os.environ)
+
+    @property
+    def providers(self) -> ProviderConfig:
+        """What the providers are configured with: the named endpoints, the prices file, and
+        the providers' keys and base URLs as the environment held them when these settings
+        were built."""
+        return ProviderConfig(self.model_endpoints, self.prices_file, environ=self._environ)
 
     @model_validator(mode="after")
     def _queue_names(self) -> Settings:

@@ -62,7 +62,9 @@ def variant(limit: int | None, runs: int, provider_rpm: int, window: str) -> dic
     with EmbeddedServer() as store, wire_server("openai", script=script) as wire:
         client = client_for(store.url)
         if limit is not None:
-            ratelimits.set_limits(client.client, MODEL, {"rpm": limit})
+            ratelimits.set_limits(
+                client.client, MODEL, {"rpm": limit}, providers=client.config.providers
+            )
         workers = _start(store.url, queue, dict(wire.env), 2)
         try:
             run_ids = [

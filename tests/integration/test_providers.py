@@ -14,7 +14,6 @@ import msgspec
 import pytest
 
 from tests.wire.wire import MODELS, Wire, wire_server
-from turnstile import providers
 from turnstile.jobs.budget import Budget
 from turnstile.jobs.clock import ActiveClock, SimClock
 from turnstile.jobs.kernel import Continue, Finished, Move, Runtime, exposure, turn
@@ -29,6 +28,8 @@ from turnstile.jobs.support.tools import REFUND_DIMENSION
 from turnstile.jobs.trace import Trace
 from turnstile.ledger.client import Ledger
 from turnstile.ledger.inputs import DEFAULT_DIMENSIONS
+from turnstile.providers import budget_for
+from turnstile.providers.config import ProviderConfig
 from turnstile.providers.runs import model_for_run
 from turnstile.worker.scheduling.limits import ledger_amounts
 
@@ -48,14 +49,17 @@ def ledger(redis_url: str) -> Iterator[Ledger]:
 
 class Run:
     """One run of the support job on a provider model, turn by turn as the worker takes them:
-    reserve the turn's exposure, run it, settle what it used."""
+    reserve the turn's exposure, run it, settle what it used. The provider's URL and key are
+    those of `providers`, as a worker's Settings would hand them over."""
 
-    def __init__(self, ledger: Ledger, unique: str, provider: str, **budget: Any) -> None:
+    def __init__(
+        self, ledger: Ledger, unique: str, provider: str, providers: ProviderConfig, **budget: Any
+    ) -> None:
         self.ledger, self.tenant = ledger, f"t-{unique}"
         self.shop = InMemoryShop()
         self.job = support_job(self.shop)
         params = {"model": MODELS[provider]}
-        chosen = providers.budget_for(params, msgspec.structs.replace(BUDGET, **budget))
+        chosen = budget_for(params, msgspec.structs.replace(BUDGET, **budget), providers)
         self.state: RunState = new_run(
             run_id=f"run-{unique}", tenant=self.tenant, user_id=USER, job=self.job, goal=GOAL,
             params=params, budget=chosen,
@@ -65,7 +69,10 @@ class Run:
         ledger.set_ceiling(self.tenant, "cost_microusd", 10_000_000)
         clock = ActiveClock()
         self.runtime = Runtime(
-            job=self.job, model=model_for_run(self.job, params), clock=clock, trace=Trace(clock)
+            job=self.job,
+            model=model_for_run(self.job, params, providers),
+            clock=clock,
+            trace=Trace(clock),
         )
 
     def turn(self) -> Move:
@@ -110,13 +117,12 @@ class Run:
 
 
 @pytest.fixture
-def run_on(ledger: Ledger, unique: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def run_on(ledger: Ledger, unique: str) -> Iterator[Any]:
     made: list[Run] = []
 
     def start(wire: Wire, **budget: Any) -> Run:
-        for name, value in wire.env.items():
-            monkeypatch.setenv(name, value)
-        made.append(Run(ledger, f"{unique}-{len(made)}", wire.provider, **budget))
+        config = ProviderConfig(environ=wire.env)  # the SDK's variables, pointing at the wire
+        made.append(Run(ledger, f"{unique}-{len(made)}", wire.provider, config, **budget))
         return made[-1]
 
     yield start
@@ -282,7 +288,6 @@ def test_a_missing_key_ends_the_run_without_a_call(
     """With no API key the run ends error with the variable to set, and nothing is charged."""
     with wire_server("openai", "support_run") as wire:
         monkeypatch.setattr(Wire, "env", property(lambda w: {"OPENAI_BASE_URL": "http://x/v1"}))
-        monkeypatch.delenv("OPENAI_API_KEY", raising=False)
         run = run_on(wire)
         move = run.turn()
         assert wire.received() == []

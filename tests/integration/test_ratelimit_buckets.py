@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from turnstile.providers.config import ProviderConfig
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.scheduling import ratelimits
 from turnstile.worker.scheduling.ratelimits import Buckets, Promoter, RateLimitError
@@ -19,6 +20,7 @@ from turnstile.worker.store import keys
 pytestmark = pytest.mark.integration
 
 HOUR_MS = 3_600_000
+BUILT_IN = ProviderConfig()  # the endpoints here are the built-in providers' models
 
 
 @pytest.fixture
@@ -39,7 +41,7 @@ def test_a_bucket_lets_its_burst_through_then_defers_each_turn_for_its_own_turn(
     61/58 s: 60 - 3 + 1 in 61 s), the fifth two (the deferred turn drew already), and the
     deferred turn's next step then goes without drawing. `limits show` never says below 0."""
     endpoint = _endpoint(unique)
-    ratelimits.set_limits(client, endpoint, {"rpm": 60, "burst_s": 3})
+    ratelimits.set_limits(client, endpoint, {"rpm": 60, "burst_s": 3}, providers=BUILT_IN)
     b = Buckets(client)
     assert b.limited(endpoint)
     for n in range(3):
@@ -52,7 +54,7 @@ def test_a_bucket_lets_its_burst_through_then_defers_each_turn_for_its_own_turn(
     assert 2 * refill_ms - 100 <= fifth.wait_ms <= 2 * refill_ms + 1
     # r3's next step (version 2) drew when r3 was deferred: it goes, and takes nothing more.
     assert b.draw(endpoint, "t", "r3", 2, tokens=100, longest_ms=HOUR_MS).kind == "go"
-    [view] = ratelimits.show_limits(client, endpoint)
+    [view] = ratelimits.show_limits(client, endpoint, providers=BUILT_IN)
     assert (view.rpm, view.burst_s, view.requests_left) == (60, 3, 0.0)  # in debt: shown as 0
     assert view.deferred == 1  # r4's next step
 
@@ -63,21 +65,21 @@ def test_the_default_burst_is_a_seconds_worth_and_one_request_at_least(
     """rpm=40 with no burst given: one request goes (40/60 of one, at least one), the next
     waits 61/40 s; rpm=600: ten go at once."""
     small, large = _endpoint(f"{unique}-40"), _endpoint(f"{unique}-600")
-    ratelimits.set_limits(client, small, {"rpm": 40})
-    ratelimits.set_limits(client, large, {"rpm": 600})
+    ratelimits.set_limits(client, small, {"rpm": 40}, providers=BUILT_IN)
+    ratelimits.set_limits(client, large, {"rpm": 600}, providers=BUILT_IN)
     b = Buckets(client)
     assert b.draw(small, "t", "a", 1, tokens=1, longest_ms=HOUR_MS).kind == "go"
     second = b.draw(small, "t", "b", 1, tokens=1, longest_ms=HOUR_MS)
     assert second.kind == "wait" and 61_000 / 40 - 100 <= second.wait_ms <= 61_000 / 40 + 1
     kinds = [b.draw(large, "t", f"r{n}", 1, tokens=1, longest_ms=HOUR_MS).kind for n in range(11)]
     assert kinds == ["go"] * 10 + ["wait"]
-    shown = {v.endpoint: v.burst_s for v in ratelimits.show_limits(client)}
+    shown = {v.endpoint: v.burst_s for v in ratelimits.show_limits(client, providers=BUILT_IN)}
     assert shown[small] == shown[large] == ratelimits.DEFAULT_BURST_S == 1
 
 
 def test_a_wait_past_the_deadline_draws_nothing(client: redis.Redis, unique: str) -> None:
     endpoint = _endpoint(unique)
-    ratelimits.set_limits(client, endpoint, {"rpm": 1})
+    ratelimits.set_limits(client, endpoint, {"rpm": 1}, providers=BUILT_IN)
     b = Buckets(client)
     assert b.draw(endpoint, "t", "a", 1, tokens=1, longest_ms=HOUR_MS).kind == "go"
     late = b.draw(endpoint, "t", "b", 1, tokens=1, longest_ms=5_000)
@@ -94,7 +96,7 @@ def test_tokens_per_minute_defer_a_large_turn_and_a_refund_gives_back_the_unused
     goes on a full bucket (a turn larger than the burst waits for a full one) and leaves a
     debt; the next waits for the debt and a full bucket; a refund of the unused gives back."""
     endpoint = _endpoint(unique)
-    ratelimits.set_limits(client, endpoint, {"tpm": 6000, "burst_s": 30})
+    ratelimits.set_limits(client, endpoint, {"tpm": 6000, "burst_s": 30}, providers=BUILT_IN)
     b = Buckets(client)
     assert b.draw(endpoint, "t", "a", 1, tokens=5000, longest_ms=HOUR_MS).kind == "go"
     big = b.draw(endpoint, "t", "b", 1, tokens=5000, longest_ms=HOUR_MS)
@@ -103,7 +105,7 @@ def test_tokens_per_minute_defer_a_large_turn_and_a_refund_gives_back_the_unused
     assert full_ms - 200 <= big.wait_ms <= full_ms + 1
     b.refund(endpoint, "t", 8000)  # both turns used 1000 of their 5000: -7000 + 8000
     assert b.draw(endpoint, "t", "c", 1, tokens=1000, longest_ms=HOUR_MS).kind == "go"
-    [view] = ratelimits.show_limits(client, endpoint)
+    [view] = ratelimits.show_limits(client, endpoint, providers=BUILT_IN)
     assert view.tokens_left is not None and 0 <= view.tokens_left < 3000
 
 
@@ -111,14 +113,17 @@ def test_a_tenants_own_share_defers_its_turns_and_not_the_others(
     client: redis.Redis, unique: str
 ) -> None:
     endpoint = _endpoint(unique)
-    ratelimits.set_limits(client, endpoint, {"rpm": 100, "burst_s": 30})
-    ratelimits.set_limits(client, endpoint, {"rpm": 1}, tenant=f"acme-{unique}")
+    ratelimits.set_limits(client, endpoint, {"rpm": 100, "burst_s": 30}, providers=BUILT_IN)
+    ratelimits.set_limits(client, endpoint, {"rpm": 1}, tenant=f"acme-{unique}", providers=BUILT_IN)
     b = Buckets(client)
     assert b.draw(endpoint, f"acme-{unique}", "a1", 1, tokens=1, longest_ms=HOUR_MS).kind == "go"
     second = b.draw(endpoint, f"acme-{unique}", "a2", 1, tokens=1, longest_ms=HOUR_MS)
     assert (second.kind, second.which) == ("wait", "tenant.rpm")
     assert b.draw(endpoint, f"other-{unique}", "o1", 1, tokens=1, longest_ms=HOUR_MS).kind == "go"
-    shown = {(v.endpoint, v.tenant, v.rpm) for v in ratelimits.show_limits(client, endpoint)}
+    shown = {
+        (v.endpoint, v.tenant, v.rpm)
+        for v in ratelimits.show_limits(client, endpoint, providers=BUILT_IN)
+    }
     assert shown == {(endpoint, "", 100), (endpoint, f"acme-{unique}", 1)}
 
 
@@ -128,7 +133,7 @@ def test_a_429_blocks_every_draw_until_its_wait_is_over_then_the_bucket_refills_
     """The block is in the store: a second process's buckets see it. A paid step that finds
     the block waits it out, still paid."""
     endpoint = _endpoint(unique)
-    ratelimits.set_limits(client, endpoint, {"rpm": 6000})
+    ratelimits.set_limits(client, endpoint, {"rpm": 6000}, providers=BUILT_IN)
     first, second = Buckets(client), Buckets(client)
     assert first.draw(endpoint, "t", "a", 1, tokens=1, longest_ms=HOUR_MS).kind == "go"
     first.block(endpoint, 2.0)
@@ -150,13 +155,13 @@ def test_limits_unset_removes_them_and_a_turn_then_draws_nothing(
     client: redis.Redis, unique: str
 ) -> None:
     endpoint = _endpoint(unique)
-    ratelimits.set_limits(client, endpoint, {"rpm": 1, "tpm": 10})
-    assert ratelimits.unset_limits(client, endpoint, ["tpm"]) == ["tpm"]
+    ratelimits.set_limits(client, endpoint, {"rpm": 1, "tpm": 10}, providers=BUILT_IN)
+    assert ratelimits.unset_limits(client, endpoint, ["tpm"], providers=BUILT_IN) == ["tpm"]
     assert endpoint in client.smembers(keys.RATE_ENDPOINTS)
-    assert ratelimits.unset_limits(client, endpoint) == ["rpm"]
+    assert ratelimits.unset_limits(client, endpoint, providers=BUILT_IN) == ["rpm"]
     assert endpoint not in client.smembers(keys.RATE_ENDPOINTS)
     assert not Buckets(client).limited(endpoint)
-    assert ratelimits.show_limits(client, endpoint) == []
+    assert ratelimits.show_limits(client, endpoint, providers=BUILT_IN) == []
 
 
 @pytest.mark.parametrize(
@@ -183,7 +188,7 @@ def test_a_limit_that_is_not_one_is_refused_with_nothing_written(
 ) -> None:
     before = client.smembers(keys.RATE_ENDPOINTS)
     with pytest.raises(RateLimitError, match=said):
-        ratelimits.set_limits(client, endpoint, ratelimits.parse_limits(pairs))
+        ratelimits.set_limits(client, endpoint, ratelimits.parse_limits(pairs), providers=BUILT_IN)
     assert client.smembers(keys.RATE_ENDPOINTS) == before
     assert not client.exists(keys.rate_bucket(endpoint))
 

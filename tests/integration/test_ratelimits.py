@@ -66,7 +66,9 @@ def test_a_turn_over_the_bucket_is_deferred_shown_and_counted_then_completes(
     wait, each once; every run completes, and nothing is left held."""
     queue, tenant, endpoint = _names()
     client = client_for(redis_url)
-    ratelimits.set_limits(client.client, endpoint, {"rpm": 12, "burst_s": 30})
+    ratelimits.set_limits(
+        client.client, endpoint, {"rpm": 12, "burst_s": 30}, providers=client.config.providers
+    )
     port = free_port()
     with wire_server("openai", script={"always": FINAL}) as wire:
         env = {**wire.env, "TURNSTILE_METRICS_PORT": str(port)}
@@ -118,7 +120,9 @@ def test_a_turn_claimed_by_eager_continuation_draws_from_the_bucket_too(redis_ur
     refills every 61/5 s), holding no worker, and the run completes."""
     queue, tenant, endpoint = _names()
     client = client_for(redis_url)
-    ratelimits.set_limits(client.client, endpoint, {"rpm": 8, "burst_s": 30})
+    ratelimits.set_limits(
+        client.client, endpoint, {"rpm": 8, "burst_s": 30}, providers=client.config.providers
+    )
     with wire_server("openai", "support_run") as wire:
         with running_workers(redis_url, [queue], 1, env=wire.env):
             run_id = client.submit(
@@ -145,7 +149,7 @@ def test_a_limit_at_a_sliding_windows_own_figure_meets_no_429(redis_url: str) ->
     before `burst_s`, the 41st call met a 429 a second and a half in.)"""
     queue, tenant, endpoint = _names()
     client = client_for(redis_url)
-    ratelimits.set_limits(client.client, endpoint, {"rpm": 40})
+    ratelimits.set_limits(client.client, endpoint, {"rpm": 40}, providers=client.config.providers)
     with wire_server("openai", script={"always": FINAL, "rpm": 40, "window": "sliding"}) as wire:
         with running_workers(redis_url, [queue], 1, env=wire.env, concurrency=2):
             run_ids = [
@@ -175,7 +179,7 @@ def test_a_429_on_one_worker_keeps_the_other_from_calling_the_provider_until_its
     queue_a, tenant, endpoint = _names()
     queue_b = f"{queue_a}-b"
     client = client_for(redis_url)
-    ratelimits.set_limits(client.client, endpoint, {"rpm": 1000})
+    ratelimits.set_limits(client.client, endpoint, {"rpm": 1000}, providers=client.config.providers)
 
     def submit(queue: str) -> str:
         return client.submit(
@@ -215,7 +219,7 @@ def test_a_run_whose_deadline_would_pass_while_it_waits_ends_budget_exhausted_na
 ) -> None:
     queue, tenant, endpoint = _names()
     client = client_for(redis_url)
-    ratelimits.set_limits(client.client, endpoint, {"rpm": 1})
+    ratelimits.set_limits(client.client, endpoint, {"rpm": 1}, providers=client.config.providers)
     with wire_server("openai", script={"always": FINAL}) as wire:
         with running_workers(redis_url, [queue], 1, env=wire.env):
             first = client.submit(
@@ -283,7 +287,7 @@ def test_limits_show_never_shows_a_remainder_below_zero(redis_url: str) -> None:
     client = client_for(redis_url)
     # The deferred draws wait about 30 s and 61 s: still deferred when shown, however slowly
     # the commands start on a loaded machine.
-    ratelimits.set_limits(client.client, endpoint, {"rpm": 2})
+    ratelimits.set_limits(client.client, endpoint, {"rpm": 2}, providers=client.config.providers)
     buckets = ratelimits.Buckets(client.client)
     kinds = [buckets.draw(endpoint, tenant, f"r{n}", 1, tokens=1, longest_ms=600_000).kind
              for n in range(3)]  # fmt: skip

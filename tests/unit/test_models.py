@@ -31,6 +31,7 @@ from turnstile.providers import budget_for, unpriced
 from turnstile.providers.anthropic_messages import AnthropicMessages
 from turnstile.providers.openai_chat import OpenAIChat
 from turnstile.worker.registry import Registry
+from turnstile.worker.settings import Settings
 
 TWO = {
     "local": {"base_url": "http://127.0.0.1:9/v1", "key_env": None,
@@ -163,7 +164,7 @@ def test_the_registry_lists_a_jobs_default_models(monkeypatch: pytest.MonkeyPatc
     """`turnstile jobs --json` shows the model string a job runs on by default, and none for
     a job that builds its own."""
     monkeypatch.setenv("TURNSTILE_JOBS", "tests.model_jobs:desk,tests.model_jobs:raising_model")
-    rows = {r["name"]: r for r in Registry(None).describe()}
+    rows = {r["name"]: r for r in Registry.from_settings(Settings()).describe()}
     assert rows["desk"]["model"] == "openai:gpt-4.1-mini" and rows["desk"]["fallback_model"] is None
     assert rows["raising_model"]["model"] is None
 
@@ -239,12 +240,13 @@ def test_a_run_or_a_job_names_a_fallback_and_it_is_priced_dearer(
     built = model_for_run(job, {})
     assert isinstance(built, Fallback) and built.second_spec == "openai:gpt-4.1-mini"
     assert model_for_run(job, {"fallback_model": "local:other"}).second_spec == "local:other"  # type: ignore[attr-defined]
-    chosen = budget_for({}, Budget(), job=job)
+    config = Settings().providers  # TURNSTILE_MODEL_ENDPOINTS, as a worker or a client reads it
+    chosen = budget_for({}, Budget(), config, job=job)
     assert chosen.output_microusd_per_mtok == 1_600_000  # gpt-4.1-mini's, not the free local's
-    assert unpriced({}, job) is None
-    assert unpriced({"fallback_model": "local:other"}, job) == "local:other"
+    assert unpriced({}, config, job) is None
+    assert unpriced({"fallback_model": "local:other"}, config, job) == "local:other"
     with pytest.raises(ProviderConfigError, match="PROXY_KEY"):
-        budget_for({"fallback_model": "proxy:claude-x"}, Budget(), job=job)
+        budget_for({"fallback_model": "proxy:claude-x"}, Budget(), config, job=job)
 
 
 def test_the_agent_plans_calls_each_tool_once_and_answers() -> None:

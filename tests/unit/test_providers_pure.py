@@ -21,9 +21,13 @@ from turnstile.jobs.support.job import support_job
 from turnstile.jobs.support.scenarios import GOAL, USER
 from turnstile.jobs.support.shop import InMemoryShop
 from turnstile.providers import contract
+from turnstile.providers.config import ProviderConfig
 from turnstile.providers.errors import ProviderConfigError
 from turnstile.providers.prices import PRICES_FILE_ENV, Price, Tokens, cost_microusd, price_of
 from turnstile.providers.retry import Failure, retry_after_s, with_retries
+from turnstile.worker.settings import Settings
+
+NOTHING = ProviderConfig()  # a process with nothing configured: the shipped prices
 
 
 def test_cost_counts_cached_and_written_input_at_their_own_rates() -> None:
@@ -38,7 +42,8 @@ def test_cost_counts_cached_and_written_input_at_their_own_rates() -> None:
 def test_the_prices_file_overrides_and_adds_models(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A file named in TURNSTILE_PRICES_FILE replaces a default price and adds a new model."""
+    """A file named in TURNSTILE_PRICES_FILE (read into Settings, handed to the providers)
+    replaces a default price and adds a new model."""
     path = tmp_path / "prices.json"
     path.write_text(
         json.dumps(
@@ -48,11 +53,13 @@ def test_the_prices_file_overrides_and_adds_models(
             }
         )
     )
-    assert price_of("openai:llama3") is None
+    assert price_of("openai:llama3", NOTHING) is None
     monkeypatch.setenv(PRICES_FILE_ENV, str(path))
-    assert price_of("openai:gpt-4.1-mini") == Price(input=1, output=2)
-    assert price_of("openai:llama3") == Price(input=5, output=6)
-    assert price_of("anthropic:claude-haiku-4-5") is not None  # the defaults still apply
+    config = Settings().providers
+    assert config.prices_file == str(path)
+    assert price_of("openai:gpt-4.1-mini", config) == Price(input=1, output=2)
+    assert price_of("openai:llama3", config) == Price(input=5, output=6)
+    assert price_of("anthropic:claude-haiku-4-5", config) is not None  # the defaults still apply
 
 
 @pytest.mark.parametrize(
@@ -63,34 +70,31 @@ def test_the_prices_file_overrides_and_adds_models(
         ('{"openai:x": {"input": 1}}', "output"),
     ],
 )
-def test_a_bad_prices_file_is_a_clear_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str, problem: str
-) -> None:
+def test_a_bad_prices_file_is_a_clear_error(tmp_path: Path, content: str, problem: str) -> None:
     """A prices file that does not parse or holds a negative or missing price is refused."""
     path = tmp_path / "prices.json"
     path.write_text(content)
-    monkeypatch.setenv(PRICES_FILE_ENV, str(path))
     with pytest.raises(ProviderConfigError, match=problem):
-        price_of("openai:x")
+        price_of("openai:x", ProviderConfig(prices_file=str(path)))
 
 
 def test_a_priced_budget_reserves_the_worst_case_at_the_models_rates() -> None:
     """Input is reserved at the dearer of plain and cache-write rates; no price reserves no cost."""
-    priced = providers.budget_for({"model": "anthropic:claude-sonnet-4-6"}, Budget())
+    priced = providers.budget_for({"model": "anthropic:claude-sonnet-4-6"}, Budget(), NOTHING)
     assert (priced.input_microusd_per_mtok, priced.output_microusd_per_mtok) == (
         3_750_000,
         15_000_000,
     )
-    free = providers.budget_for({"model": "openai:unknown-local"}, Budget())
+    free = providers.budget_for({"model": "openai:unknown-local"}, Budget(), NOTHING)
     assert (free.input_microusd_per_mtok, free.output_microusd_per_mtok) == (0, 0)
-    assert providers.budget_for({"model": "policy"}, Budget()) == Budget()
+    assert providers.budget_for({"model": "policy"}, Budget(), NOTHING) == Budget()
 
 
 @pytest.mark.parametrize("spec", ["gemini:pro", "openai:", "openai: "])
 def test_a_bad_model_string_is_refused(spec: str) -> None:
     """An unknown provider prefix or an empty model name is a parameter error."""
     with pytest.raises(ProviderConfigError):
-        providers.parse(spec)
+        providers.parse(spec, NOTHING)
 
 
 def test_retry_after_is_read_in_ms_or_seconds_and_dates_are_ignored() -> None:

@@ -22,9 +22,10 @@ def scenarios(as_json: JsonFlag = False) -> None:
     from turnstile.jobs.errors import UnknownJobError
     from turnstile.jobs.support.scenarios import BY_LETTER, table
     from turnstile.worker.registry import Registry
+    from turnstile.worker.settings import Settings
 
-    try:
-        Registry(None).get("support")  # the scenarios are the support job's, as registered
+    try:  # the scenarios are the support job's, as registered
+        Registry.from_settings(Settings()).get("support")
     except UnknownJobError as exc:
         fail(str(exc))
     rows = table()

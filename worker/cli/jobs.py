@@ -26,8 +26,9 @@ def jobs(
     show the tools they offer, the ones left out and why, or why a server offers none."""
     from turnstile.jobs.errors import UnknownJobError
     from turnstile.worker.registry import Registry
+    from turnstile.worker.settings import Settings
 
-    registry = Registry(None)
+    registry = Registry.from_settings(Settings())
     if name is not None:
         try:
             job = registry.get(name)  # broken or unknown: why, in one line, with the known jobs

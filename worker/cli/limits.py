@@ -60,7 +60,8 @@ def set_(conn: Connection, endpoint: Endpoint, pairs: Pairs, tenant: LimitTenant
     from turnstile.worker.scheduling import ratelimits
 
     limits = ratelimits.parse_limits(pairs)
-    ratelimits.set_limits(conn.client.client, endpoint, limits, tenant)
+    providers = conn.client.config.providers
+    ratelimits.set_limits(conn.client.client, endpoint, limits, tenant, providers=providers)
     shown = " ".join(f"{k}={v}" for k, v in limits.items())
     typer.echo(f"limits of {_whose(endpoint, tenant)}: {shown}")
 
@@ -73,7 +74,10 @@ def unset(
     """Remove an endpoint's limits (or a tenant's share of it): all, or those named."""
     from turnstile.worker.scheduling import ratelimits
 
-    removed = ratelimits.unset_limits(conn.client.client, endpoint, names or (), tenant)
+    providers = conn.client.config.providers
+    removed = ratelimits.unset_limits(
+        conn.client.client, endpoint, names or (), tenant, providers=providers
+    )
     what = " and ".join(removed) if removed else "nothing (no such limit was set)"
     typer.echo(f"limits of {_whose(endpoint, tenant)}: removed {what}")
 
@@ -89,7 +93,9 @@ def show(
     now (0 while turns deferred on it wait), a 429's wait still to run, deferred turns."""
     from turnstile.worker.scheduling import ratelimits
 
-    views = ratelimits.show_limits(conn.client.client, endpoint)
+    views = ratelimits.show_limits(
+        conn.client.client, endpoint, providers=conn.client.config.providers
+    )
     if as_json:
         echo_json([dataclasses.asdict(v) for v in views])
         return

@@ -41,8 +41,9 @@ app.add_typer(memory_app, name="memory")
 
 def _job_dimensions() -> tuple[str, ...]:
     from turnstile.worker.registry import Registry
+    from turnstile.worker.settings import Settings
 
-    return Registry(None).dimensions()
+    return Registry.from_settings(Settings()).dimensions()
 
 
 def _store_client(url: str) -> redis.Redis:

@@ -108,7 +108,7 @@ def worker(
     from turnstile.worker.registry import Registry
     from turnstile.worker.runtime import pools
 
-    problem = pools.check(pool, concurrency, lambda: Registry(None).names())
+    problem = pools.check(pool, concurrency, lambda: Registry.from_settings(Settings()).names())
     if problem is not None:
         fail(problem, code=2)
     if pool == pools.Pool.GEVENT and not pools.green():
@@ -116,16 +116,19 @@ def worker(
     if loglevel.upper() not in LOG_LEVELS:
         fail(f"bad --loglevel {loglevel!r}: one of {', '.join(LOG_LEVELS)}", code=2)
     node = node_name(name)
+    config = worker_settings(redis_url, broker_url, pool, concurrency, start_wait_s)
     if reload:  # the same command, without --reload, as a child this process restarts
         wait = [] if start_wait_s is None else ["--start-wait-s", f"{start_wait_s:g}"]
         child = ["worker", "-Q", ",".join(names), "-c", str(concurrency), "-P", pool,
                  "--loglevel", loglevel, *(["-n", name] if name else []), *wait]  # fmt: skip
-        raise typer.Exit(_supervise(child, redis_url, broker_url))
-    config = worker_settings(redis_url, broker_url, pool, concurrency, start_wait_s)
+        raise typer.Exit(_supervise(child, redis_url, broker_url, config.jobs))
     _check_reachable(config)
     _check_durable(config)
-    from turnstile.worker.runtime.app import build_worker
+    from turnstile.worker.runtime.app import build_worker, worker_environment
 
+    # This process is the worker: what a library configured only by the environment must find
+    # there (prometheus_client's directory) is set here, at the edge, before Celery starts.
+    os.environ.update(worker_environment(config, os.environ))
     worker = build_worker(config)
     events = ["-E"] if config.task_events else []  # Celery's task events: see settings
     code: int | None = worker.app.start(
@@ -135,13 +138,15 @@ def worker(
     raise typer.Exit(code or worker.announced_exitcode())
 
 
-def _supervise(child: list[str], redis_url: str, broker_url: str | None) -> int:
-    """`turnstile worker --reload`: run the worker as a child, restarted on a job's change."""
+def _supervise(child: list[str], redis_url: str, broker_url: str | None, jobs: str) -> int:
+    """`turnstile worker --reload`: run the worker as a child, restarted on a change of a job
+    that `jobs` (TURNSTILE_JOBS) or an entry point registers. The child's environment is this
+    process's, with the flags' store and broker: this command is the edge that starts it."""
     from turnstile.worker.dev.reload import supervise
 
     env = {**os.environ, "TURNSTILE_REDIS_URL": redis_url}
     env |= {"TURNSTILE_BROKER_URL": broker_url} if broker_url else {}
-    return supervise(child, env)
+    return supervise(child, env, jobs)
 
 
 def _check_durable(config: Settings) -> None:

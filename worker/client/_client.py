@@ -45,6 +45,7 @@ from turnstile.ledger.client import Ledger
 from turnstile.ledger.inputs import DEFAULT_DIMENSIONS
 from turnstile.ledger.results import DimensionState
 from turnstile.providers import budget_for, unpriced
+from turnstile.providers.config import ProviderConfig
 from turnstile.providers.prices import PRICES_FILE_ENV
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.broker.producer import sender
@@ -195,11 +196,12 @@ def _check_extension_allowed(
 
 
 def _check_model_priced(
-    tenant: str, params: Mapping[str, Any], job: Job, ledger: Mapping[str, DimensionState]
-) -> None:
+    tenant: str, params: Mapping[str, Any], job: Job, ledger: Mapping[str, DimensionState],
+    providers: ProviderConfig,
+) -> None:  # fmt: skip
     """A tenant with a cost ceiling only runs models whose spend can be priced: the run's
     model and its fallback."""
-    spec = unpriced(params, job)
+    spec = unpriced(params, providers, job)
     cost = ledger.get("cost_microusd")
     if spec and cost is not None and cost.ceiling is not None:
         raise SubmissionError(
@@ -238,8 +240,8 @@ class Client(Reading, Memory):
         check_server(client, config.wait_for)
         # Where a step goes (the broker, or its tenant's pending list): worker/scheduling/fair.py.
         self.client, self.config, self.send = client, config, route(client, config, send)
-        self.jobs = Registry(
-            client, drills=config.allow_drills
+        self.jobs = Registry.from_settings(
+            config, client
         )  # the jobs this process can see: entry points, TURNSTILE_JOBS
         self.ledger = Ledger(
             client, grace_s=config.ledger_grace_s,
@@ -337,7 +339,9 @@ class Client(Reading, Memory):
         # The tenant's ledger, read once: its hard ceilings and whether it has a cost ceiling.
         ceilings = self.ledger.read(tenant)
         _check_tenant_allows(tenant, state.budget, ceilings)
-        _check_model_priced(tenant, state.params, self.jobs.get(job), ceilings)
+        _check_model_priced(
+            tenant, state.params, self.jobs.get(job), ceilings, self.config.providers
+        )
         policy = conversation_policy or self.jobs.get(job).conversation_policy.value
         asked: list[Any] = [tenant, user, job, goal, state.params, state.budget, queue]
         if priority != DEFAULT_PRIORITY:  # a run of the default keeps the fingerprint it had
@@ -538,8 +542,8 @@ class Client(Reading, Memory):
         try:
             definition = self.jobs.get(job)
             chosen = budget_for(
-                params or {}, _budget(budget, definition.budget), default=budget is None,
-                job=definition,
+                params or {}, _budget(budget, definition.budget), self.config.providers,
+                default=budget is None, job=definition,
             )  # fmt: skip
             if chosen.deadline_ms > self.config.max_deadline_s * 1000:
                 raise SubmissionError(

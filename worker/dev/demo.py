@@ -28,6 +28,7 @@ from turnstile.jobs.budget import Budget
 from turnstile.jobs.errors import KernelError
 from turnstile.jobs.support.scenarios import GOAL, SCENARIOS, USER, effects_of
 from turnstile.providers import PROVIDERS, check, parse, unpriced
+from turnstile.providers.config import ProviderConfig
 from turnstile.providers.endpoints import ENDPOINTS_ENV
 from turnstile.providers.prices import PRICES_FILE_ENV
 from turnstile.worker.client._client import Client, connect_client
@@ -130,7 +131,7 @@ def submit_runs(
     capped = f"capped-{suffix}"
     ceiling = max(1, extra_runs * COST_PER_RUN_MICROUSD // 2)
     params: dict[str, Any] = {"model": model} if model else {}
-    if not (model and unpriced(params)):
+    if not (model and unpriced(params, client.config.providers)):
         client.ledger.set_ceiling(capped, "cost_microusd", ceiling)
     runs = []
     if model:
@@ -258,15 +259,16 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)  # unwinds the ExitStack: workers and server are stopped
 
 
-def check_model(model: str) -> None:
-    """A real model the demo can run: a known provider, and its key set for the workers."""
+def check_model(model: str, providers: ProviderConfig) -> None:
+    """A real model the demo can run: a known provider, and its key set for the workers (who
+    are started with this process's environment)."""
     try:
-        provider, _ = parse(model)
-        check(model)  # a named endpoint's key
+        provider, _ = parse(model, providers)
+        check(model, providers)  # a named endpoint's key
     except KernelError as exc:
         raise DemoError(str(exc)) from exc
     key = f"{provider.upper()}_API_KEY"
-    if provider in PROVIDERS and not os.environ.get(key):
+    if provider in PROVIDERS and not providers.variable(key):
         raise DemoError(f"--model {model} needs {key} (any value for a local server)")
 
 
@@ -278,9 +280,10 @@ def run_demo(
     job: str = "support",
     model: str | None = None,
 ) -> dict[str, Any]:
-    Registry(None).get(job)  # an unknown or broken job is refused before anything starts
+    settings = Settings()  # the demo's, as its workers will read them
+    Registry.from_settings(settings).get(job)  # an unknown or broken job is refused at once
     if model:
-        check_model(model)
+        check_model(model, settings.providers)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     console = Console(stderr=as_json)
     suffix = uuid.uuid4().hex[:6]

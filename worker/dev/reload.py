@@ -64,8 +64,9 @@ def _roots(module: str) -> list[Path]:
     return [origin]
 
 
-def watched_roots(spec: str | None = None) -> list[Path]:
-    """Where the registered jobs' code lives, as files and folders to look at."""
+def watched_roots(spec: str) -> list[Path]:
+    """Where the registered jobs' code lives (the entry points' and those `spec`, the value of
+    TURNSTILE_JOBS, names), as files and folders to look at."""
     roots: list[Path] = []
     for plugin in candidates(spec):
         module = _module_of(plugin.source)
@@ -177,8 +178,9 @@ class Supervisor:
         return self._stop()
 
 
-def supervise(args: list[str], env: Mapping[str, str]) -> int:
-    """Run `turnstile <args>` (the worker command without --reload) under a Supervisor."""
+def supervise(args: list[str], env: Mapping[str, str], jobs: str) -> int:
+    """Run `turnstile <args>` (the worker command without --reload) in `env` under a
+    Supervisor, watching the modules of the entry points and of `jobs` (TURNSTILE_JOBS)."""
     child_env = {**env, "TURNSTILE_WORKER_RELOAD": "0"}
     argv = [sys.executable, "-m", "turnstile", *args]
-    return Supervisor(argv, child_env, watched_roots(env.get("TURNSTILE_JOBS", ""))).run()
+    return Supervisor(argv, child_env, watched_roots(jobs)).run()

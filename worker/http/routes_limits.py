@@ -54,7 +54,7 @@ class LimitsBody(Strict):
 
 
 def _views(ctx: Ctx, endpoint: str | None) -> dict[str, Any]:
-    views = ratelimits.show_limits(ctx.redis, endpoint)
+    views = ratelimits.show_limits(ctx.redis, endpoint, providers=ctx.client.config.providers)
     return {"limits": [dataclasses.asdict(v) for v in views]}
 
 
@@ -70,7 +70,9 @@ def set_limits(endpoint: EndpointPath, body: LimitsBody, _: Operator, ctx: Ctx) 
     endpoint's limits as they stand after."""
     given = (("rpm", body.rpm), ("tpm", body.tpm), (ratelimits.BURST, body.burst_s))
     pairs = [f"{name}={value}" for name, value in given if value is not None]
-    ratelimits.set_limits(ctx.redis, endpoint, ratelimits.parse_limits(pairs), body.tenant)
+    limits = ratelimits.parse_limits(pairs)
+    providers = ctx.client.config.providers
+    ratelimits.set_limits(ctx.redis, endpoint, limits, body.tenant, providers=providers)
     return _views(ctx, endpoint)
 
 
@@ -85,5 +87,6 @@ def unset_limits(
     ] = None,
 ) -> dict[str, Any]:
     """Remove an endpoint's limits, or a tenant's share (`turnstile limits unset`)."""
-    removed = ratelimits.unset_limits(ctx.redis, endpoint, limit or (), tenant)
+    providers = ctx.client.config.providers
+    removed = ratelimits.unset_limits(ctx.redis, endpoint, limit or (), tenant, providers=providers)
     return {"removed": removed, **_views(ctx, endpoint)}

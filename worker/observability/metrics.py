@@ -5,13 +5,17 @@ multiprocess mode: every process writes its samples to files in `PROMETHEUS_MULT
 and the worker's main process serves their aggregate on `TURNSTILE_METRICS_PORT`.
 
 prometheus-client chooses how it stores values once, when it is first imported, from whether
-`PROMETHEUS_MULTIPROC_DIR` is set. So `prometheus_client` is imported here only inside
-`enable`, which runs in the main process on `worker_init`, before the pool forks: it sets the
-directory, then imports, then builds the metrics, and the children inherit all three. With
-metrics off nothing is imported, no server runs, and each recording call is one `if`.
+`PROMETHEUS_MULTIPROC_DIR` is set, and each process writes its files in the directory that
+variable names: it takes no other way to be told. So the worker's edge (`turnstile worker`, or
+the app lookup of `celery -A turnstile.worker.runtime.app:app`) asks `prepare_dir` for the
+directory and sets the variable in its own environment before Celery starts; this module
+neither reads nor writes the environment. `prometheus_client` is imported here only inside
+`enable`, which runs in the main process on `worker_init`, before the pool forks: it imports,
+then builds the metrics, and the children inherit both and the variable. With metrics off
+nothing is imported, no server runs, and each recording call is one `if`.
 
-The directory: `PROMETHEUS_MULTIPROC_DIR` if the environment names one (it is emptied of
-metric files at start, as the client's documentation asks, so give each worker its own),
+The directory: `PROMETHEUS_MULTIPROC_DIR` if the worker's environment names one (it is emptied
+of metric files at start, as the client's documentation asks, so give each worker its own),
 otherwise a private temporary directory, removed when the worker exits.
 """
 
@@ -268,12 +272,33 @@ def process_dead(pid: int) -> None:
 # -- setup: in the worker's main process ---------------------------------------------------------
 
 
+def prepare_dir(named: str | None) -> str:
+    """The directory this worker's processes write their samples in, ready: `named` (the
+    worker's PROMETHEUS_MULTIPROC_DIR) emptied of a previous worker's files, else a private
+    temporary directory removed when the worker exits. The caller, the worker's edge, sets
+    PROMETHEUS_MULTIPROC_DIR to it before prometheus_client is imported."""
+    if named:
+        os.makedirs(named, exist_ok=True)
+        for stale in glob.glob(os.path.join(named, "*.db")):
+            os.remove(stale)  # a previous worker's samples would be added to ours
+        _state.path = named
+        return named
+    path = tempfile.mkdtemp(prefix="turnstile-metrics-")
+    # Pool processes leave through os._exit, so only the main process runs this.
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    _state.path = path
+    return path
+
+
 def enable(port: int | None) -> bool:
     """Turn metrics on for this process and the pool it will fork; False if `port` is off
-    (None or 0) or the client was imported before the directory was set."""
+    (None or 0), or the worker's edge prepared no directory, or prometheus_client was
+    imported before the directory was set."""
     if not port or _state.metrics is not None:
         return _state.metrics is not None
-    path = _prepare_dir()
+    if _state.path is None:
+        log.error("metrics_disabled", why="no metrics directory was prepared as the worker started")
+        return False
     from prometheus_client import values  # noqa: PLC0415 - only after the directory is set
 
     if values.ValueClass is values.MutexValue:
@@ -282,22 +307,8 @@ def enable(port: int | None) -> bool:
             why="prometheus_client was imported before PROMETHEUS_MULTIPROC_DIR was set",
         )
         return False
-    _state.path, _state.metrics = path, Metrics()
+    _state.metrics = Metrics()
     return True
-
-
-def _prepare_dir() -> str:
-    path = os.environ.get(MULTIPROC_DIR_ENV)
-    if path:
-        os.makedirs(path, exist_ok=True)
-        for stale in glob.glob(os.path.join(path, "*.db")):
-            os.remove(stale)  # a previous worker's samples would be added to ours
-        return path
-    path = tempfile.mkdtemp(prefix="turnstile-metrics-")
-    os.environ[MULTIPROC_DIR_ENV] = path  # inherited by the pool on fork
-    # Pool processes leave through os._exit, so only the main process runs this.
-    atexit.register(shutil.rmtree, path, ignore_errors=True)
-    return path
 
 
 def serve(port: int | None) -> int | None:

@@ -1,9 +1,12 @@
 """Export a run's spans over OTLP/HTTP, one trace per run across all its turns and workers.
 
 Off unless TURNSTILE_OTLP_ENDPOINT is set (the collector's base URL; spans go to
-`<endpoint>/v1/traces`). Each step message carries the run's W3C `traceparent`; a message
-without one (the first step, a sweeper's re-send) gets the run's own, derived from its id, so
-every turn of a run lands in the same trace whichever worker ran it. A turn's spans are kept
+`<endpoint>/v1/traces`): a worker process's `Exporter` is built once from its Settings
+(`otlp_endpoint`) and held by its services.
+
+Each step message carries the run's W3C `traceparent`; a message without one (the first step, a
+sweeper's re-send) gets the run's own, derived from its id, so every turn of a run lands in the
+same trace whichever worker ran it. A turn's spans are kept
 with the run as before; after the commit they are also sent, each turn span a child of the
 run's span, model and tool spans carrying the GenAI semantic-convention attributes; the run's
 span itself (`invoke_agent <job>`) is sent when the run ends in a turn.
@@ -32,8 +35,6 @@ log = structlog.get_logger("turnstile.tracing")
 ENDPOINT_ENV = "TURNSTILE_OTLP_ENDPOINT"
 EXPORT_TIMEOUT_S = 2.0  # a slow collector delays a step by at most this, then spans are dropped
 
-_lock = threading.Lock()
-_providers: dict[int, Any] = {}  # pid -> TracerProvider: built after any fork
 _forced_ids: ContextVar[tuple[int, int] | None] = ContextVar("turnstile_otel_ids", default=None)
 
 
@@ -43,7 +44,7 @@ def run_traceparent(run_id: str) -> str:
     return f"00-{digest[:32]}-{digest[32:48]}-01"
 
 
-def _provider(endpoint: str) -> Any:
+def _new_provider(endpoint: str) -> Any:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # noqa: PLC0415
         OTLPSpanExporter,
     )
@@ -63,18 +64,56 @@ def _provider(endpoint: str) -> Any:
             forced = _forced_ids.get()
             return forced[0] if forced else super().generate_trace_id()
 
-    pid = os.getpid()
-    with _lock:
-        if pid not in _providers:
-            _providers.clear()
-            resource = Resource.create({"service.name": "turnstile", "process.pid": pid})
-            provider = TracerProvider(resource=resource, id_generator=RunIds())
-            exporter = OTLPSpanExporter(
-                endpoint=f"{endpoint.rstrip('/')}/v1/traces", timeout=EXPORT_TIMEOUT_S
-            )
-            provider.add_span_processor(BatchSpanProcessor(exporter))
-            _providers[pid] = provider
-        return _providers[pid]
+    resource = Resource.create({"service.name": "turnstile", "process.pid": os.getpid()})
+    provider = TracerProvider(resource=resource, id_generator=RunIds())
+    exporter = OTLPSpanExporter(
+        endpoint=f"{endpoint.rstrip('/')}/v1/traces", timeout=EXPORT_TIMEOUT_S
+    )
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
+
+
+class Exporter:
+    """Sends a worker process's spans to the collector at `endpoint` (TURNSTILE_OTLP_ENDPOINT,
+    given once from the Settings); with None or "" it sends nothing and loads nothing. Its
+    tracer provider is built on the first span a process sends (after any fork)."""
+
+    def __init__(self, endpoint: str | None) -> None:
+        self.endpoint = endpoint or None
+        self._lock = threading.Lock()
+        self._providers: dict[int, Any] = {}  # pid -> TracerProvider
+
+    def _provider(self) -> Any:
+        pid = os.getpid()
+        with self._lock:
+            if pid not in self._providers:
+                self._providers.clear()
+                self._providers[pid] = _new_provider(str(self.endpoint))
+            return self._providers[pid]
+
+    def export_turn(
+        self, traceparent: str, spans: Sequence[Span], clock: Clock, *, run_id: str,
+        model: str | None,
+    ) -> None:  # fmt: skip
+        """Send a turn's spans under the run's trace; never raises (tracing must not fail a
+        turn)."""
+        if not self.endpoint or not spans:
+            return
+        try:
+            _export(self._provider(), traceparent, spans, clock, run_id=run_id, model=model)
+        except Exception as exc:
+            log.warning("trace_export_failed", error=str(exc)[:200])
+
+    def export_run_end(self, traceparent: str, state: RunState, model: str | None) -> None:
+        """Send the run's own span, the parent of all its turns, once the run has ended. Its
+        ids are those of the run's traceparent; it starts the run's active time before now (a
+        run waiting for a person is not timed). Never raises."""
+        if not self.endpoint or traceparent != run_traceparent(state.run_id):
+            return  # a trace context from elsewhere: its parent span is not ours to send
+        try:
+            _export_run_end(self._provider(), traceparent, state, model)
+        except Exception as exc:
+            log.warning("trace_export_failed", error=str(exc)[:200])
 
 
 def _value(value: Any) -> Any:
@@ -86,21 +125,8 @@ def _value(value: Any) -> Any:
     return json.dumps(value, sort_keys=True, default=str)[:2000]
 
 
-def export_turn(
-    traceparent: str, spans: Sequence[Span], clock: Clock, *, run_id: str, model: str | None
-) -> None:
-    """Send a turn's spans under the run's trace; never raises (tracing must not fail a turn)."""
-    endpoint = os.environ.get(ENDPOINT_ENV)
-    if not endpoint or not spans:
-        return
-    try:
-        _export(endpoint, traceparent, spans, clock, run_id=run_id, model=model)
-    except Exception as exc:
-        log.warning("trace_export_failed", error=str(exc)[:200])
-
-
 def _export(
-    endpoint: str,
+    provider: Any,
     traceparent: str,
     spans: Sequence[Span],
     clock: Clock,
@@ -113,7 +139,6 @@ def _export(
         TraceContextTextMapPropagator,
     )
 
-    provider = _provider(endpoint)
     tracer = provider.get_tracer("turnstile")
     run_context = TraceContextTextMapPropagator().extract({"traceparent": traceparent})
     # Span times are active time on the turn's clock; place them on the wall clock by how
@@ -155,24 +180,10 @@ def _name(span: Span, model: str | None) -> str:
     return span.name
 
 
-def export_run_end(traceparent: str, state: RunState, model: str | None) -> None:
-    """Send the run's own span, the parent of all its turns, once the run has ended. Its ids
-    are those of the run's traceparent; it starts the run's active time before now (a run
-    waiting for a person is not timed). Never raises."""
-    endpoint = os.environ.get(ENDPOINT_ENV)
-    if not endpoint or traceparent != run_traceparent(state.run_id):
-        return  # a trace context from elsewhere: its parent span is not ours to send
-    try:
-        _export_run_end(endpoint, traceparent, state, model)
-    except Exception as exc:
-        log.warning("trace_export_failed", error=str(exc)[:200])
-
-
-def _export_run_end(endpoint: str, traceparent: str, state: RunState, model: str | None) -> None:
+def _export_run_end(provider: Any, traceparent: str, state: RunState, model: str | None) -> None:
     from opentelemetry import trace  # noqa: PLC0415
 
     _, trace_hex, span_hex, _ = traceparent.split("-")
-    provider = _provider(endpoint)
     now_ns = time.time_ns()
     attrs = {
         "gen_ai.operation.name": "invoke_agent",

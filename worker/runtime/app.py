@@ -8,6 +8,8 @@ its app, the step task registered on it (worker/runtime/task.py), its services
 worker` calls it with the Settings its flags make; `celery -A turnstile.worker.runtime.app:app
 worker` finds the app through this module's attribute lookup, which builds the worker from the
 `TURNSTILE_*` environment variables, read once there: that is a Celery-started worker's edge.
+Each edge also sets what a library configured only by the environment must find there before
+Celery starts (`worker_environment`: prometheus_client's directory); nothing deeper writes it.
 
 Acks are late and a lost worker's message is rejected back to the queue, so a step that dies
 mid-turn is delivered again; the version compare-and-set in the store makes every extra
@@ -16,13 +18,16 @@ delivery harmless. Prefetch is one: a worker holds only the message it is runnin
 
 from __future__ import annotations
 
+import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery
 
 from turnstile.worker.broker import app as broker_app
+from turnstile.worker.observability import metrics
 from turnstile.worker.runtime import hooks, pools, task
 from turnstile.worker.runtime.pools import Pool
 from turnstile.worker.runtime.services import WorkerServices
@@ -75,9 +80,26 @@ def build_worker(config: Settings) -> Worker:
         return _worker[0]
 
 
+def worker_environment(config: Settings, environ: Mapping[str, str]) -> dict[str, str]:
+    """What the worker's own environment (`environ`) must hold before Celery starts, for a
+    library that reads its configuration only there: with metrics on, prometheus_client's
+    PROMETHEUS_MULTIPROC_DIR, the directory every process of the worker writes its samples
+    in (the one `environ` names, emptied, else a private one; worker/observability/metrics.py).
+    The edge that starts the worker sets it, and the pool inherits it."""
+    if not config.metrics_port:
+        return {}
+    named = environ.get(metrics.MULTIPROC_DIR_ENV)
+    return {metrics.MULTIPROC_DIR_ENV: metrics.prepare_dir(named)}
+
+
 def __getattr__(name: str) -> Any:
     """`celery -A turnstile.worker.runtime.app:app` finds the worker's app by this lookup,
-    which builds the worker, its Settings read from the environment."""
+    which builds the worker, its Settings read from the environment: the edge of a worker
+    Celery starts, which sets what its environment must hold (`worker_environment`)."""
     if name == "app":
-        return (_worker[0] if _worker else build_worker(Settings())).app
+        if not _worker:
+            config = Settings()
+            os.environ.update(worker_environment(config, os.environ))
+            build_worker(config)
+        return _worker[0].app
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,6 +27,7 @@ from turnstile.worker.broker import producer
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.broker.producer import Send
 from turnstile.worker.mcp.toolbox import Toolbox
+from turnstile.worker.observability.tracing import Exporter
 from turnstile.worker.registry import Jobs, Registry
 from turnstile.worker.runtime import pools
 from turnstile.worker.runtime.heartbeat import Heartbeat
@@ -68,6 +69,8 @@ class Services:
     buckets: Buckets | None = None
     # The process's MCP connections (worker/mcp/): a job's tools from its MCP servers.
     mcp: Toolbox = field(default_factory=Toolbox)
+    # Where the turns' spans go (TURNSTILE_OTLP_ENDPOINT, from the Settings once); off: nowhere.
+    tracing: Exporter = field(default_factory=lambda: Exporter(None))
 
     def with_mcp(self, job: Job, tenant: str) -> Job:
         """The job as a turn of the tenant's run sees it: with its MCP servers' tools."""
@@ -169,6 +172,7 @@ def build_services(
         pool=ThreadPoolExecutor(READ_POOL_SIZE * turns, "turnstile-tool"),
         buckets=buckets,
         mcp=Toolbox.from_settings(config),
+        tracing=Exporter(config.otlp_endpoint),
     )
 
 
@@ -217,7 +221,7 @@ class WorkerServices:
             if config.redis_url is not None:
                 bound = redis_max_connections(config)
                 client = connect(config.redis_url, config, max_connections=bound)
-            self._process = _Process(pid, client, Registry(client, drills=config.allow_drills))
+            self._process = _Process(pid, client, Registry.from_settings(config, client))
         return self._process
 
     def jobs(self) -> Registry:

@@ -346,7 +346,7 @@ class Step:
             self.park(loaded, state)
             return "parked"
         try:
-            model = model_for_run(job, state.params)
+            model = model_for_run(job, state.params, self.settings.providers)
         except Exception as exc:  # the job's code, or a model string this worker cannot use
             return self._unbuildable(loaded, state, job, exc)
         return self._admit_and_turn(loaded, state, job, model)
@@ -619,9 +619,10 @@ class Step:
         committed = self.finish_now(loaded, state, job, [event], settlements=settlements)
         done = self._next(committed, state, move)
         spec = job.model_spec(state.params) or str(state.params.get("model") or "") or None
-        tracing.export_turn(self._traceparent, trace.spans, clock, run_id=state.run_id, model=spec)
+        exporter = self.services.tracing
+        exporter.export_turn(self._traceparent, trace.spans, clock, run_id=state.run_id, model=spec)
         if isinstance(move, Finished):
-            tracing.export_run_end(self._traceparent, state, spec)
+            exporter.export_run_end(self._traceparent, state, spec)
         return done
 
     @property

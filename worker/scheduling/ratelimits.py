@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 import structlog
@@ -40,6 +40,9 @@ from turnstile.worker.store import keys
 from turnstile.worker.store.runs import StoreUnavailable
 from turnstile.worker.store.scripts import FAIR, RL, evalsha, register, with_scripts
 from turnstile.worker.store.values import server_ms
+
+if TYPE_CHECKING:
+    from turnstile.providers.config import ProviderConfig
 
 log = structlog.get_logger("turnstile.ratelimits")
 
@@ -69,10 +72,10 @@ class RateLimitError(TurnstileError):
 # -- operators: set, unset, show --------------------------------------------------------------
 
 
-def check_endpoint(endpoint: str) -> str:
+def check_endpoint(endpoint: str, providers: ProviderConfig) -> str:
     """A model endpoint a limit may be set on: a name by the one rule for endpoints
-    (worker/names.py: no control characters, braces or '|'), whose provider is known here
-    (`openai`, `anthropic` or a named endpoint of TURNSTILE_MODEL_ENDPOINTS)."""
+    (worker/names.py: no control characters, braces or '|'), whose provider is known in
+    `providers` (`openai`, `anthropic` or a named endpoint of TURNSTILE_MODEL_ENDPOINTS)."""
     from turnstile.providers import parse  # noqa: PLC0415 - the providers' table, on demand
     from turnstile.providers.errors import ProviderConfigError  # noqa: PLC0415
 
@@ -81,7 +84,7 @@ def check_endpoint(endpoint: str) -> str:
     except InvalidNameError as exc:
         raise RateLimitError(str(exc)) from None
     try:
-        parse(endpoint)
+        parse(endpoint, providers)
     except ProviderConfigError as exc:
         raise RateLimitError(f"unknown endpoint {endpoint[:80]!r}: {exc}") from None
     return endpoint
@@ -132,11 +135,13 @@ def _check_tenant(tenant: str | None) -> None:
 
 
 def set_limits(
-    client: redis.Redis, endpoint: str, limits: Mapping[str, int], tenant: str | None = None
-) -> None:
+    client: redis.Redis, endpoint: str, limits: Mapping[str, int], tenant: str | None = None,
+    *, providers: ProviderConfig,
+) -> None:  # fmt: skip
     """Set an endpoint's limits, or a tenant's own share of it, and its burst; checked before
-    anything is written. A bucket starts full; a lower limit or burst caps its level at once."""
-    check_endpoint(endpoint)
+    anything is written (the endpoint against `providers`). A bucket starts full; a lower
+    limit or burst caps its level at once."""
+    check_endpoint(endpoint, providers)
     _check_tenant(tenant)
     key = keys.rate_bucket(endpoint, tenant or "")
     if not set(limits) & set(LIMITS) and client.hmget(key, *LIMITS) == [None, None]:
@@ -157,11 +162,12 @@ def _whose(endpoint: str, tenant: str | None) -> str:
 
 
 def unset_limits(
-    client: redis.Redis, endpoint: str, names: Iterable[str] = (), tenant: str | None = None
-) -> list[str]:
+    client: redis.Redis, endpoint: str, names: Iterable[str] = (), tenant: str | None = None,
+    *, providers: ProviderConfig,
+) -> list[str]:  # fmt: skip
     """Remove limits (all of them by default) from an endpoint or a tenant's share of it;
     the limits removed. Turns of an endpoint left without limits draw nothing."""
-    check_endpoint(endpoint)
+    check_endpoint(endpoint, providers)
     _check_tenant(tenant)
     chosen = parse_names(names)
     key = keys.rate_bucket(endpoint, tenant or "")
@@ -197,10 +203,13 @@ class LimitView:
     deferred: int  # steps deferred that drew already and wait for their turn (endpoint only)
 
 
-def show_limits(client: redis.Redis, endpoint: str | None = None) -> list[LimitView]:
-    """Every limit set (or those of one endpoint), with its buckets' levels now."""
+def show_limits(
+    client: redis.Redis, endpoint: str | None = None, *, providers: ProviderConfig
+) -> list[LimitView]:
+    """Every limit set (or those of one endpoint, checked against `providers`), with its
+    buckets' levels now."""
     if endpoint is not None:
-        check_endpoint(endpoint)
+        check_endpoint(endpoint, providers)
     names = [endpoint] if endpoint else sorted(str(e) for e in client.smembers(keys.RATE_ENDPOINTS))
     now = server_ms(client)
     out = []
