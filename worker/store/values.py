@@ -1,9 +1,13 @@
-"""What every reader of the store does alike: a reply's bytes as text, and the store's clock."""
+"""What every reader and writer of the store does alike: a reply's bytes as text, the store's
+clock, and the values written beside a run (its submission's fingerprint, a time, an excerpt)."""
 
 from __future__ import annotations
 
+import hashlib
+from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
@@ -14,6 +18,24 @@ def text(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode()
     return "" if value is None else str(value)
+
+
+REASON_MAX_CHARS = 500  # a stored reason is an excerpt: a message's arguments can be megabytes
+
+
+def fingerprint(payload: Any) -> str:
+    return hashlib.sha256(msgspec.json.encode(payload, order="sorted")).hexdigest()[:24]
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def excerpt(text: str, limit: int = REASON_MAX_CHARS) -> str:
+    """At most `limit` characters of `text`, saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 40]}... ({len(text) - limit + 40} more characters)"
 
 
 def server_ms(client: redis.Redis) -> int:
