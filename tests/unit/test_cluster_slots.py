@@ -26,12 +26,11 @@ from turnstile.ledger.keys import tenant_keys
 from turnstile.ledger.scripts import OPERATIONS
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.dev.shop import shop_keys
-from turnstile.worker.http import keys as http_keys
 from turnstile.worker.registry import Registry
 from turnstile.worker.scheduling import fair
-from turnstile.worker.scheduling.dispatcher import Dispatcher
 from turnstile.worker.settings import Settings
-from turnstile.worker.store import keys
+from turnstile.worker.store import http_keys, keys, pending
+from turnstile.worker.store.run_calls import expire_call
 from turnstile.worker.store.runs import Change, RunStore
 from turnstile.worker.store.scripts import LUA
 
@@ -57,15 +56,13 @@ def calls(tenant: str, queue: str) -> dict[str, list[str]]:
     run = "run-1"
     first = fair.pending_entry(StepMessage(tenant, run, 1, queue, ""), 60.0, 90.0)
     return {
-        "run_expire": [keys.run(tenant, run), keys.events(tenant, run), keys.runs(tenant),
-                       keys.by_status(tenant, "stopped"), keys.by_outcome(tenant, "none"),
-                       keys.leases(tenant), keys.inflight(tenant)],
-        "fair_push": [*first.keys, first.run_key],
+        "run_expire": expire_call(tenant, run, outcome="", cutoff_ms=0).keys,
+        "fair_push": pending.push_call(first).keys,
         "fair_due": [keys.deferred(tenant)],
         "rl_draw": [keys.rate_bucket(ENDPOINT), keys.rate_bucket(ENDPOINT, tenant),
                     keys.rate_paid(ENDPOINT)],
         "rl_adjust": [keys.rate_bucket(ENDPOINT), keys.rate_bucket(ENDPOINT, tenant)],
-        "fair_take": Dispatcher._take_keys(None, tenant, queue),  # type: ignore[arg-type]
+        "fair_take": pending.take_call(tenant, queue, slot_extra_ms=1, aging_ms=1).keys,
         "rate": [http_keys.rate("key-1", 123)],
         "streams": [http_keys.streams("key-1")],
         "webhook_add": [http_keys.tenant_webhooks(tenant), http_keys.cursor(tenant)],

@@ -20,8 +20,8 @@ import msgspec
 import redis
 
 from turnstile.errors import InvalidNameError, TurnstileError
-from turnstile.worker.http import keys
 from turnstile.worker.names import check_name
+from turnstile.worker.store import http_keys as keys
 from turnstile.worker.store.connect import is_cluster_client
 from turnstile.worker.store.values import text
 

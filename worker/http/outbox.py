@@ -19,9 +19,9 @@ import msgspec
 import redis
 import structlog
 
-from turnstile.worker.http import keys
 from turnstile.worker.http.problems import one_line
 from turnstile.worker.http.routes_webhooks import Endpoint
+from turnstile.worker.store import http_keys as keys
 from turnstile.worker.store.scripts import evalsha, register, with_scripts
 
 log = structlog.get_logger("turnstile.webhooks")

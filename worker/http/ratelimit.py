@@ -7,8 +7,8 @@ import time
 
 import redis
 
-from turnstile.worker.http import keys
 from turnstile.worker.http.problems import Problem
+from turnstile.worker.store import http_keys as keys
 from turnstile.worker.store.scripts import register
 
 

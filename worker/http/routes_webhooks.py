@@ -21,13 +21,14 @@ import structlog
 from fastapi import APIRouter, Path, Query, Response
 from pydantic import BaseModel, Field
 
-from turnstile.worker.http import keys, targets
+from turnstile.worker.http import targets
 from turnstile.worker.http.bodies import JsonRoute
 from turnstile.worker.http.context import NAME, Caller, Ctx, tenant_scope
 from turnstile.worker.http.problems import Problem
 from turnstile.worker.http.routes_runs import PROBLEMS
 from turnstile.worker.http.schemas import Strict
 from turnstile.worker.http.settings import ApiSettings
+from turnstile.worker.store import http_keys as keys
 from turnstile.worker.store.scripts import register
 from turnstile.worker.store.values import server_ms
 

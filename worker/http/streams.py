@@ -17,8 +17,8 @@ import anyio
 import redis
 import redis.asyncio as aioredis
 
-from turnstile.worker.http import keys
 from turnstile.worker.http.problems import Problem
+from turnstile.worker.store import http_keys as keys
 from turnstile.worker.store.scripts import register
 
 RENEW_EVERY_S = 1.0  # a busy stream renews at most this often

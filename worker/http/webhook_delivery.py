@@ -45,7 +45,6 @@ import redis
 import structlog
 
 from turnstile.backoff import backoff_s
-from turnstile.worker.http import keys
 from turnstile.worker.http.breaker import Breaker, Circuit
 from turnstile.worker.http.outbox import Delivery, Outbox, Writes, decode, delivery_id
 from turnstile.worker.http.problems import one_line
@@ -60,6 +59,7 @@ from turnstile.worker.http.routes_webhooks import (
 from turnstile.worker.http.routes_webhooks import endpoints as tenant_endpoints
 from turnstile.worker.http.settings import ApiSettings
 from turnstile.worker.http.targets import TargetError
+from turnstile.worker.store import http_keys as keys
 from turnstile.worker.store import keys as run_keys
 from turnstile.worker.store.values import server_ms
 

@@ -31,6 +31,7 @@ from turnstile.ledger.client import Ledger
 from turnstile.ledger.results import ReserveResult
 from turnstile.worker.registry import Jobs
 from turnstile.worker.store import fields, keys
+from turnstile.worker.store.controls import DRAINING, PAUSED
 from turnstile.worker.store.durability import WaitFor, written
 from turnstile.worker.store.errors import NotDurableError, StoreUnavailable, reached
 from turnstile.worker.store.records import (
@@ -220,7 +221,7 @@ class RunStore:
 
         def build(pipe: Any) -> None:
             evalsha(pipe, self._load, call.keys, call.args)
-            pipe.hmget(keys.queue_control(queue), "paused", "draining")
+            pipe.hmget(keys.queue_control(queue), PAUSED, DRAINING)
             # Loaded: no longer a step waiting on the broker (see keys.fair_sent).
             pipe.zrem(keys.fair_sent(queue), sent_member(tenant, run_id, version))
 

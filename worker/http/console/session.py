@@ -26,9 +26,10 @@ import msgspec
 import redis
 
 from turnstile.errors import TurnstileError
-from turnstile.worker.http import apikeys, keys
+from turnstile.worker.http import apikeys
 from turnstile.worker.http.apikeys import ApiKey
 from turnstile.worker.http.console.settings import ConsoleSettings
+from turnstile.worker.store import http_keys as keys
 
 SESSION_COOKIE = "turnstile_console"
 LOGIN_COOKIE = "turnstile_console_login"  # the login form's token, before there is a session
