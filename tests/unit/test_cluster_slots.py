@@ -29,7 +29,7 @@ from turnstile.worker.dev.shop import shop_keys
 from turnstile.worker.registry import Registry
 from turnstile.worker.scheduling import fair
 from turnstile.worker.settings import Settings
-from turnstile.worker.store import http_keys, keys, pending
+from turnstile.worker.store import http_keys, keys, limits, pending
 from turnstile.worker.store.run_calls import expire_call
 from turnstile.worker.store.runs import Change, RunStore
 from turnstile.worker.store.scripts import LUA
@@ -58,10 +58,10 @@ def calls(tenant: str, queue: str) -> dict[str, list[str]]:
     return {
         "run_expire": expire_call(tenant, run, outcome="", cutoff_ms=0).keys,
         "fair_push": pending.push_call(first).keys,
-        "fair_due": [keys.deferred(tenant)],
-        "rl_draw": [keys.rate_bucket(ENDPOINT), keys.rate_bucket(ENDPOINT, tenant),
-                    keys.rate_paid(ENDPOINT)],
-        "rl_adjust": [keys.rate_bucket(ENDPOINT), keys.rate_bucket(ENDPOINT, tenant)],
+        "fair_due": limits.due_call(tenant, 1).keys,
+        "rl_draw": limits.draw_call(ENDPOINT, tenant, run, 1, tokens=1, longest_ms=1).keys,
+        "rl_adjust": limits.refund_call(ENDPOINT, tenant, 1).keys,
+        "rl_adjust.block": limits.block_call(ENDPOINT, 1).keys,
         "fair_take": pending.take_call(tenant, queue, slot_extra_ms=1, aging_ms=1).keys,
         "rate": [http_keys.rate("key-1", 123)],
         "streams": [http_keys.streams("key-1")],
@@ -103,7 +103,7 @@ def test_every_script_is_audited() -> None:
     """Each script in lua/ is the run store's (checked on what it sends) or listed in calls()."""
     scripts = {p.stem for p in Path(LUA).glob("*.lua")} - LIBRARIES
     sent = set(_script_names(_offline_store()).values())
-    audited = sent | {name for name in calls("t", "q") if not name.startswith("ledger.")}
+    audited = sent | {n.partition(".")[0] for n in calls("t", "q") if not n.startswith("ledger.")}
     assert scripts == audited, f"list the keys of {sorted(scripts - audited)} in calls()"
     ledger_files = {p.stem for p in (Path(LUA).parents[2] / "ledger").glob("*.lua")} - {"lib"}
     assert ledger_files == set(OPERATIONS)
