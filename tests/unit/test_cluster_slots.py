@@ -29,7 +29,7 @@ from turnstile.worker.dev.shop import shop_keys
 from turnstile.worker.registry import Registry
 from turnstile.worker.scheduling import fair
 from turnstile.worker.settings import Settings
-from turnstile.worker.store import http_keys, keys, limits, pending
+from turnstile.worker.store import api_limits, http_keys, keys, limits, pending
 from turnstile.worker.store.run_calls import expire_call
 from turnstile.worker.store.runs import Change, RunStore
 from turnstile.worker.store.scripts import LUA
@@ -63,8 +63,8 @@ def calls(tenant: str, queue: str) -> dict[str, list[str]]:
         "rl_adjust": limits.refund_call(ENDPOINT, tenant, 1).keys,
         "rl_adjust.block": limits.block_call(ENDPOINT, 1).keys,
         "fair_take": pending.take_call(tenant, queue, slot_extra_ms=1, aging_ms=1).keys,
-        "rate": [http_keys.rate("key-1", 123)],
-        "streams": [http_keys.streams("key-1")],
+        "rate": api_limits.rate_call("key-1", 123, "", limit=1, window_s=1).keys,
+        "streams": api_limits.streams_call("key-1", "open", "s-1", lease_ms=1, cap=1).keys,
         "webhook_add": [http_keys.tenant_webhooks(tenant), http_keys.cursor(tenant)],
         "webhook_queue": [http_keys.tenant_webhooks(tenant),
                           *http_keys.endpoint_queue(tenant, "wh_0123456789abcdef")],
