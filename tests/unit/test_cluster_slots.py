@@ -29,7 +29,7 @@ from turnstile.worker.dev.shop import shop_keys
 from turnstile.worker.registry import Registry
 from turnstile.worker.scheduling import fair
 from turnstile.worker.settings import Settings
-from turnstile.worker.store import api_limits, http_keys, keys, limits, pending
+from turnstile.worker.store import api_limits, keys, limits, outbox, pending, webhooks
 from turnstile.worker.store.run_calls import expire_call
 from turnstile.worker.store.runs import Change, RunStore
 from turnstile.worker.store.scripts import LUA
@@ -37,6 +37,8 @@ from turnstile.worker.store.scripts import LUA
 CLUSTER = Settings(redis_url="redis+cluster://127.0.0.1:7000", broker_url="redis://127.0.0.1:1/0")
 ONE_SERVER = Settings(redis_url="redis://127.0.0.1:6379/0")
 ENDPOINT = "openai:gpt-4.1-mini"  # a rate-limited endpoint: its buckets are in its own slot
+WEBHOOK = "wh_0123456789abcdef"
+DELIVERY = outbox.Delivery("dlv_1", WEBHOOK, "run.finished", "{}", 0)
 TENANTS = ["acme", "t-1", "a{b}c", "x" * 64]
 QUEUES = ["turnstile", "q-urgent"]
 LIBRARIES = {
@@ -65,9 +67,8 @@ def calls(tenant: str, queue: str) -> dict[str, list[str]]:
         "fair_take": pending.take_call(tenant, queue, slot_extra_ms=1, aging_ms=1).keys,
         "rate": api_limits.rate_call("key-1", 123, "", limit=1, window_s=1).keys,
         "streams": api_limits.streams_call("key-1", "open", "s-1", lease_ms=1, cap=1).keys,
-        "webhook_add": [http_keys.tenant_webhooks(tenant), http_keys.cursor(tenant)],
-        "webhook_queue": [http_keys.tenant_webhooks(tenant),
-                          *http_keys.endpoint_queue(tenant, "wh_0123456789abcdef")],
+        "webhook_add": webhooks.add_call(tenant, WEBHOOK, 20, 0).keys,
+        "webhook_queue": outbox.queue_call(tenant, DELIVERY, due_ms=0, retry=False).keys,
         "shop_read": list(shop_keys(tenant, "a-{shop}"))[:2],  # the tenant's slot, whatever
         "shop_write": list(shop_keys(tenant, "a-{shop}")),  # braces the shop's name has
         **{f"ledger.{op}": tenant_keys(tenant) for op in OPERATIONS},

@@ -12,8 +12,7 @@ import redis
 import redis.asyncio as aioredis
 
 from turnstile.worker.store import http_keys
-from turnstile.worker.store.run_calls import ScriptCall
-from turnstile.worker.store.scripts import register
+from turnstile.worker.store.scripts import ScriptCall, register
 
 
 def rate_call(key_id: str, window: int, kind: str, *, limit: int, window_s: int) -> ScriptCall:

@@ -14,7 +14,8 @@ from typing import Any
 import redis
 
 from turnstile.worker.store import keys
-from turnstile.worker.store.run_calls import ScriptCall, sent_member
+from turnstile.worker.store.run_calls import sent_member
+from turnstile.worker.store.scripts import ScriptCall
 
 RPM, TPM = "rpm", "tpm"  # a bucket's limits; its levels are "r" and "t"
 LEVELS = {RPM: "r", TPM: "t"}

@@ -18,8 +18,8 @@ from turnstile.jobs.outcomes import Status
 from turnstile.worker.store import fields, keys
 from turnstile.worker.store.controls import DRAINING, PAUSED
 from turnstile.worker.store.queues import TENANT_QUEUES
-from turnstile.worker.store.run_calls import ScriptCall, sent_member
-from turnstile.worker.store.scripts import FAIR, evalsha, register, with_scripts
+from turnstile.worker.store.run_calls import sent_member
+from turnstile.worker.store.scripts import FAIR, ScriptCall, evalsha, register, with_scripts
 from turnstile.worker.store.tenants import WEIGHT
 from turnstile.worker.store.values import is_cluster_client, server_ms, text
 

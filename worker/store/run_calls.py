@@ -9,23 +9,17 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 
 from turnstile.jobs.outcomes import Status
 from turnstile.worker.store import keys
 from turnstile.worker.store.records import Change, Claim, Joining
+from turnstile.worker.store.scripts import ScriptCall
 
 HOST = socket.gethostname()
 EVENTS_MAXLEN = 10_000  # per run; a run of this many events has long hit its step limit
-
-
-class ScriptCall(NamedTuple):
-    """One script call's KEYS and ARGV."""
-
-    keys: list[str]
-    args: list[Any]
 
 
 def inflight_tag(queue: str) -> str:

@@ -52,7 +52,6 @@ from turnstile.worker.store.records import (
 from turnstile.worker.store.run_calls import (
     EVENTS_MAXLEN,
     HOST,
-    ScriptCall,
     commit_call,
     create_call,
     encode_event,
@@ -64,7 +63,15 @@ from turnstile.worker.store.run_calls import (
     renew_call,
     sent_member,
 )
-from turnstile.worker.store.scripts import FAIR, LEDGER, RUN, evalsha, register, with_scripts
+from turnstile.worker.store.scripts import (
+    FAIR,
+    LEDGER,
+    RUN,
+    ScriptCall,
+    evalsha,
+    register,
+    with_scripts,
+)
 from turnstile.worker.store.values import (
     REASON_MAX_CHARS,
     UNAVAILABLE,

@@ -23,6 +23,12 @@ def text(value: Any) -> str:
 REASON_MAX_CHARS = 500  # a stored reason is an excerpt: a message's arguments can be megabytes
 
 
+def one_line(text: str, limit: int = 300) -> str:
+    """`text` on one line, at most `limit` characters (an ellipsis says it was cut)."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
 def fingerprint(payload: Any) -> str:
     return hashlib.sha256(msgspec.json.encode(payload, order="sorted")).hexdigest()[:24]
 
