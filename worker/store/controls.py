@@ -65,6 +65,10 @@ def queue_open(client: redis.Redis, queue: str) -> bool:
     return not paused and not draining
 
 
+def queue_draining(client: redis.Redis, queue: str) -> bool:
+    return bool(client.hget(keys.queue_control(queue), DRAINING))
+
+
 def queue_flags(client: redis.Redis, queue: str) -> tuple[str, str, str, str]:
     """(paused, paused_by, draining, draining_by), "" for a flag not set."""
     paused, paused_by, draining, draining_by = (

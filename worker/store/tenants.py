@@ -38,6 +38,8 @@ def set_settings(
 ) -> None:
     """Write some of a tenant's settings at once (None removes one); a tenant not seen yet is
     allowed: they apply from its first submission."""
+    if not settings:
+        return
     pipe = client.pipeline(transaction=True)  # the tenant's settings: one key, one slot
     for name, value in settings.items():
         if value is None:
