@@ -8,12 +8,12 @@ written here is honoured at the next turn boundary by every worker.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import redis
 
 from turnstile.worker.store import keys
-from turnstile.worker.store.values import text
+from turnstile.worker.store.values import text, writing
 
 Target = Literal["queue", "tenant"]
 PAUSED, DRAINING = "paused", "draining"
@@ -51,8 +51,11 @@ def clear_flags(client: redis.Redis, target: Target, name: str, flags: Sequence[
     return [f for f, v in zip(flags, values, strict=True) if v]
 
 
-def mark_resumed(client: redis.Redis, target: Target, name: str, *, by: str, at: str) -> None:
-    client.hset(_key(target, name), mapping={RESUMED_AT: at, RESUMED_BY: by})
+def mark_resumed(
+    client: redis.Redis, target: Target, name: str, *, by: str, at: str, pipe: Any | None = None
+) -> None:
+    with writing(client, pipe) as out:
+        out.hset(_key(target, name), mapping={RESUMED_AT: at, RESUMED_BY: by})
 
 
 def tenant_paused(client: redis.Redis, tenant: str) -> bool:

@@ -16,6 +16,7 @@ import redis
 from turnstile.worker.store import keys
 from turnstile.worker.store.run_calls import sent_member
 from turnstile.worker.store.scripts import ScriptCall
+from turnstile.worker.store.values import writing
 
 RPM, TPM = "rpm", "tpm"  # a bucket's limits; its levels are "r" and "t"
 LEVELS = {RPM: "r", TPM: "t"}
@@ -114,13 +115,14 @@ def block_call(endpoint: str, wait_ms: int) -> ScriptCall:
 # -- deferred steps ---------------------------------------------------------------------------
 
 
-def defer(client: redis.Redis, tenant: str, entry: str, due_ms: int) -> None:
+def defer(
+    client: redis.Redis, tenant: str, entry: str, due_ms: int, *, pipe: Any | None = None
+) -> None:
     """Keep the step's pending entry in the tenant's deferred set until `due_ms`, the tenant
     in the set of tenants with deferred steps after it."""
-    pipe = client.pipeline(transaction=False)
-    pipe.zadd(keys.deferred(tenant), {entry: due_ms})
-    pipe.sadd(keys.DEFERRED_TENANTS, tenant)
-    pipe.execute()
+    with writing(client, pipe) as out:
+        out.zadd(keys.deferred(tenant), {entry: due_ms})
+        out.sadd(keys.DEFERRED_TENANTS, tenant)
 
 
 def deferring(client: redis.Redis) -> list[str]:

@@ -21,7 +21,7 @@ from turnstile.worker.store.queues import TENANT_QUEUES
 from turnstile.worker.store.run_calls import sent_member
 from turnstile.worker.store.scripts import FAIR, ScriptCall, evalsha, register, with_scripts
 from turnstile.worker.store.tenants import WEIGHT
-from turnstile.worker.store.values import is_cluster_client, server_ms, text
+from turnstile.worker.store.values import is_cluster_client, server_ms, text, writing
 
 CONTINUATIONS, FIRST_STEPS = "cont", "start"  # a tenant's two pending sets on a queue
 SCAN_COUNT = 500  # members asked for per SSCAN call
@@ -167,16 +167,16 @@ def queue_allows_claim(client: redis.Redis, tenant: str, queue: str, window_ms: 
 
 
 def release(
-    client: redis.Redis, tenant: str, run_id: str, version: int, *, ended: bool = False
-) -> None:
+    client: redis.Redis, tenant: str, run_id: str, version: int, *, ended: bool = False,
+    pipe: Any | None = None,
+) -> None:  # fmt: skip
     """The step's delivery is done: its slot back (and, if the run `ended`, its place among
-    the active runs), and the dispatcher nudged."""
-    pipe = client.pipeline(transaction=False)
-    pipe.zrem(keys.slots(tenant), f"{run_id}:{version}")
-    if ended:
-        pipe.zrem(keys.active(tenant), run_id)
-    nudge(pipe)
-    pipe.execute()
+    the active runs), and the dispatcher nudged; in `pipe` when one is given."""
+    with writing(client, pipe) as out:
+        out.zrem(keys.slots(tenant), f"{run_id}:{version}")
+        if ended:
+            out.zrem(keys.active(tenant), run_id)
+        nudge(out)
 
 
 def step_queued(client: redis.Redis, tenant: str, run_id: str, version: str, now_ms: int) -> bool:
@@ -345,16 +345,15 @@ def prune_active(client: redis.Redis, tenant: str) -> int:
 
 def mark_sent(
     client: redis.Redis, steps: Sequence[tuple[str, str, int, str]], *, now_ms: int,
-    window_ms: int,
+    window_ms: int, pipe: Any | None = None,
 ) -> None:  # fmt: skip
     """Note each (tenant, run id, version, queue) as sent to the broker and not yet loaded
     (keys.fair_sent; its load removes it); entries older than the window are dropped."""
-    pipe = client.pipeline(transaction=False)
-    for queue in {queue for *_, queue in steps}:
-        pipe.zremrangebyscore(keys.fair_sent(queue), "-inf", now_ms - window_ms)
-    for tenant, run_id, version, queue in steps:
-        pipe.zadd(keys.fair_sent(queue), {sent_member(tenant, run_id, version): now_ms})
-    pipe.execute()
+    with writing(client, pipe) as out:
+        for queue in {queue for *_, queue in steps}:
+            out.zremrangebyscore(keys.fair_sent(queue), "-inf", now_ms - window_ms)
+        for tenant, run_id, version, queue in steps:
+            out.zadd(keys.fair_sent(queue), {sent_member(tenant, run_id, version): now_ms})
 
 
 def sent_since(client: redis.Redis, queue: str, since_ms: int) -> int:
@@ -363,13 +362,13 @@ def sent_since(client: redis.Redis, queue: str, since_ms: int) -> int:
 
 
 def announce_capacity(
-    client: redis.Redis, worker: str, queues: Iterable[str], slots: int, lapses_ms: int
-) -> None:
+    client: redis.Redis, worker: str, queues: Iterable[str], slots: int, lapses_ms: int, *,
+    pipe: Any | None = None,
+) -> None:  # fmt: skip
     """Say that `worker` can hold `slots` turns in flight on each of `queues`, until then."""
-    pipe = client.pipeline(transaction=False)
-    for queue in queues:
-        pipe.zadd(keys.fair_capacity(queue), {f"{worker}|{slots}": lapses_ms})
-    pipe.execute()
+    with writing(client, pipe) as out:
+        for queue in queues:
+            out.zadd(keys.fair_capacity(queue), {f"{worker}|{slots}": lapses_ms})
 
 
 def live_capacity(client: redis.Redis, queue: str) -> int:
@@ -382,11 +381,10 @@ def live_capacity(client: redis.Redis, queue: str) -> int:
     return sum(int(str(entry).rpartition("|")[2] or 0) for entry in live)
 
 
-def wake(client: redis.Redis) -> None:
+def wake(client: redis.Redis, *, pipe: Any | None = None) -> None:
     """Nudge the dispatcher on its own (a cap removed: steps waiting on it go at once)."""
-    pipe = client.pipeline(transaction=False)
-    nudge(pipe)
-    pipe.execute()
+    with writing(client, pipe) as out:
+        nudge(out)
 
 
 def wait_nudge(client: redis.Redis, timeout_s: float) -> None:

@@ -16,7 +16,7 @@ from redis.commands.core import Script
 from turnstile.worker.store import fields, keys
 from turnstile.worker.store.run_calls import expire_call
 from turnstile.worker.store.scripts import evalsha, register, with_scripts
-from turnstile.worker.store.values import text
+from turnstile.worker.store.values import text, writing
 
 SCAN_COUNT = 500  # members asked for per SSCAN call: indexes are read in slices
 Run = tuple[str, str]  # (tenant, run id)
@@ -56,9 +56,13 @@ def hashes(client: redis.Redis, runs: Sequence[Run]) -> list[dict[str, str]]:
     return [{text(k): text(v) for k, v in raw.items()} for raw in pipe.execute()]
 
 
-def mark_resent(client: redis.Redis, tenant: str, run_id: str, version: str, now_ms: int) -> None:
+def mark_resent(
+    client: redis.Redis, tenant: str, run_id: str, version: str, now_ms: int, *,
+    pipe: Any | None = None,
+) -> None:  # fmt: skip
     """Note that the sweeper sent step `version` again at `now_ms` (fields.RESENT)."""
-    client.hset(keys.run(tenant, run_id), fields.RESENT, f"{version}|{now_ms}")
+    with writing(client, pipe) as out:
+        out.hset(keys.run(tenant, run_id), fields.RESENT, f"{version}|{now_ms}")
 
 
 # -- a tenant's indexes -------------------------------------------------------------------

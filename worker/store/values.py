@@ -3,7 +3,9 @@ clock, and the values written beside a run (its submission's fingerprint, a time
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -60,6 +62,19 @@ UNAVAILABLE: tuple[type[Exception], ...] = (
     TryAgainError,
     SlotNotCoveredError,
 )
+
+
+@contextlib.contextmanager
+def writing(client: redis.Redis, pipe: Any | None = None) -> Iterator[Any]:
+    """Where a writer adds its commands: the caller's pipeline `pipe`, which its owner runs
+    with its own writes (so they go together, as rq's writers take one), or a pipeline of its
+    own, run when the block ends."""
+    if pipe is not None:
+        yield pipe
+        return
+    own = client.pipeline(transaction=False)
+    yield own
+    own.execute()
 
 
 def is_cluster_client(client: Any) -> bool:

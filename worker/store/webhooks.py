@@ -21,7 +21,7 @@ import redis
 from turnstile.worker.store import http_keys, keys
 from turnstile.worker.store.follow import EVENT
 from turnstile.worker.store.scripts import ScriptCall, register
-from turnstile.worker.store.values import server_ms, text
+from turnstile.worker.store.values import server_ms, text, writing
 
 UNREAD = "-"  # a watched run none of whose events the deliverer has read
 WEBHOOKS = http_keys.WEBHOOKS  # hash: endpoint id -> its record
@@ -93,9 +93,12 @@ def statuses(client: redis.Redis, endpoint_ids: Sequence[str]) -> list[dict[str,
     return [msgspec.json.decode(s) if s else None for s in raw]
 
 
-def record_status(client: redis.Redis, endpoint_id: str, status: dict[str, Any]) -> None:
+def record_status(
+    client: redis.Redis, endpoint_id: str, status: dict[str, Any], *, pipe: Any | None = None
+) -> None:
     """The endpoint's last delivery, as the listing shows it."""
-    client.hset(http_keys.WEBHOOK_STATUS, endpoint_id, msgspec.json.encode(status))
+    with writing(client, pipe) as out:
+        out.hset(http_keys.WEBHOOK_STATUS, endpoint_id, msgspec.json.encode(status))
 
 
 def remove(client: redis.Redis, tenant: str, endpoint_id: str) -> bool:
