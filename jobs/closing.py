@@ -9,6 +9,10 @@ is told.
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgspec
+
 from turnstile.jobs.calls import plan_step_key
 from turnstile.jobs.job import Job
 from turnstile.jobs.outcomes import Outcome, Resource
@@ -98,3 +102,27 @@ def closing_message(state: RunState, job: Job, *, recorded: frozenset[str] = fro
 def closing_without_state(outcome: Outcome) -> str:
     """The message for a run whose state cannot be read: the outcome's opening alone."""
     return _OPENINGS.get(outcome, _OPENINGS[Outcome.ERROR])
+
+
+def finished_event(
+    state: RunState | None, job: Job | None, *, reason: str, at: str,
+    recorded: frozenset[str] = frozenset(),
+) -> dict[str, Any]:  # fmt: skip
+    """A stopped run's one `finished` event, with its closing message: from the state and the
+    job (`recorded` as for `closing_message`); the outcome's opening alone for a job this
+    process does not know (`job` None); for a state that cannot be read (`state` None), an
+    `error` with `reason` and nothing else."""
+    if state is None:
+        return {"type": "finished", "outcome": Outcome.ERROR.value, "detail": None,
+                "reason": reason, "answer": None, "usage": None, "at": at,
+                "message": closing_without_state(Outcome.ERROR)}  # fmt: skip
+    outcome = state.outcome or Outcome.ERROR
+    if job is None:
+        message = closing_without_state(outcome)
+    else:
+        message = closing_message(state, job, recorded=recorded)
+    return {
+        "type": "finished", "outcome": outcome.value, "detail": state.detail,
+        "reason": reason, "answer": state.answer, "message": message,
+        "usage": msgspec.to_builtins(state.usage), "at": at,
+    }  # fmt: skip

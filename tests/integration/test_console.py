@@ -38,10 +38,9 @@ from tests.integration.workers import (
 from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
 from turnstile.worker.client._client import Client
 from turnstile.worker.http import apikeys
-from turnstile.worker.http import keys as http_keys
 from turnstile.worker.http.apikeys import Role
 from turnstile.worker.http.console.session import SECRET, SESSION_COOKIE
-from turnstile.worker.store import keys
+from turnstile.worker.store import http_keys, keys
 
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = [

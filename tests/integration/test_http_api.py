@@ -28,9 +28,8 @@ from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
 from turnstile.worker.cli.main import app
 from turnstile.worker.client._client import Client, idempotent_run_id
 from turnstile.worker.dev.shop import RedisShop
-from turnstile.worker.http import keys as http_keys
 from turnstile.worker.http.apikeys import Role
-from turnstile.worker.store import keys
+from turnstile.worker.store import http_keys, keys
 
 pytestmark = pytest.mark.integration
 

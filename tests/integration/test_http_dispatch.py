@@ -16,8 +16,8 @@ from tests.integration.apiserver import http, make_key, running_api
 from tests.integration.receivers import FAST, Receiver, receiving
 from tests.integration.workers import WorkerProcess, client_for, running_workers, wait_until
 from turnstile.jobs.support.scenarios import GOAL, USER
-from turnstile.worker.http import keys as http_keys
-from turnstile.worker.http.outbox import Delivery
+from turnstile.worker.store import http_keys
+from turnstile.worker.store.outbox import Delivery
 from turnstile.worker.store.values import server_ms
 
 pytestmark = pytest.mark.integration

@@ -21,10 +21,9 @@ from tests.integration.apiserver import ApiServer, http, make_key, running_api
 from turnstile.jobs.support.scenarios import GOAL, USER
 from turnstile.worker.dev.embedded import EmbeddedServer
 from turnstile.worker.http import apikeys
-from turnstile.worker.http import keys as http_keys
 from turnstile.worker.http.apikeys import Role
 from turnstile.worker.http.settings import ApiSettings
-from turnstile.worker.store import keys
+from turnstile.worker.store import http_keys, keys
 
 pytestmark = pytest.mark.integration
 

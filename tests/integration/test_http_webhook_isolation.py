@@ -21,8 +21,9 @@ from tests.integration.apiserver import http, make_key, running_api
 from tests.integration.receivers import FAST, Hanging, Receiver, hanging, receiving
 from tests.integration.workers import WorkerProcess, client_for, running_workers, wait_until
 from turnstile.jobs.support.scenarios import GOAL, USER
-from turnstile.worker.http import keys as http_keys
-from turnstile.worker.http.routes_webhooks import MAX_ENDPOINTS, Endpoint
+from turnstile.worker.http.routes_webhooks import MAX_ENDPOINTS
+from turnstile.worker.store import http_keys
+from turnstile.worker.store.webhooks import Endpoint
 
 pytestmark = pytest.mark.integration
 

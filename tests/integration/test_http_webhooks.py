@@ -16,8 +16,8 @@ from tests.integration.receivers import FAST, Receiver, receiving
 from tests.integration.workers import WorkerProcess, client_for, running_workers, wait_until
 from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
 from turnstile.worker.client._client import Client
-from turnstile.worker.http import keys as http_keys
 from turnstile.worker.http.routes_webhooks import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
+from turnstile.worker.store import http_keys
 
 pytestmark = pytest.mark.integration
 

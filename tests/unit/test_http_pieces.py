@@ -23,7 +23,6 @@ from turnstile.jobs.budget import Budget
 from turnstile.worker.client._client import idempotent_run_id
 from turnstile.worker.http import problems
 from turnstile.worker.http.context import RUN_ID
-from turnstile.worker.http.outbox import delivery_id
 from turnstile.worker.http.problems import Problem, one_line
 from turnstile.worker.http.routes_webhooks import sign, verify
 from turnstile.worker.http.schemas import BudgetBody, SubmitBody
@@ -31,6 +30,7 @@ from turnstile.worker.http.sse import _kind, check_event_id, frame
 from turnstile.worker.names import RUN_ID_PATTERN, check_run_id
 from turnstile.worker.ops.errors import ControlError
 from turnstile.worker.ops.listing import decode_cursor, encode_cursor
+from turnstile.worker.store.outbox import delivery_id
 from turnstile.worker.store.runs import encode_event
 
 

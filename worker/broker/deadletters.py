@@ -4,8 +4,9 @@ A queue on the Redis broker is a list that anyone with the server can push to, s
 read an entry that is not a message it can run. The worker's broker connection (transport.py,
 intake.py) hands every such entry here instead of dying on it. Each dead letter is one log line
 (`message_dead_lettered`), one count in the worker's metrics
-(`turnstile_dead_letters_total{reason}`) and one entry in `turnstile:dead:<queue>` (newest
-first, the newest `MAX_KEPT` kept); `turnstile dead-letters list|drop` reads and removes them.
+(`turnstile_dead_letters_total{reason}`) and one entry in the queue's list of dead letters
+(worker/store/deadletters.py: newest first, the newest `MAX_KEPT` kept); `turnstile
+dead-letters list|drop` reads and removes them.
 A step whose envelope is fine but whose arguments are not is the step task's business: it
 ends the named run `error` (`malformed_step_message` in worker/runtime/task.py).
 """
@@ -24,8 +25,7 @@ import structlog
 
 from turnstile.errors import TurnstileError
 from turnstile.worker.observability import metrics
-from turnstile.worker.store import keys
-from turnstile.worker.store.values import is_cluster_client, text
+from turnstile.worker.store import deadletters as kept
 
 log = structlog.get_logger("turnstile.deadletters")
 
@@ -89,14 +89,7 @@ def record(client: redis.Redis | None, letter: DeadLetter) -> None:
     try:
         if client is None:
             raise redis.ConnectionError("not a Redis broker")
-        # One transaction on a single server; on a cluster (RabbitMQ's dead letters in a
-        # cluster store) the list and the set of queues are in different slots, so each is
-        # written on its own node.
-        pipe = client.pipeline(transaction=not is_cluster_client(client))
-        pipe.lpush(keys.dead_letters(letter.queue), json.dumps(asdict(letter)))
-        pipe.ltrim(keys.dead_letters(letter.queue), 0, MAX_KEPT - 1)
-        pipe.sadd(keys.DEAD_LETTER_QUEUES, letter.queue)
-        pipe.execute()
+        kept.keep(client, letter.queue, json.dumps(asdict(letter)), MAX_KEPT)
     except redis.RedisError as exc:  # the broker went away mid-read
         lost = {"not_kept": str(exc), "raw": letter.raw[:2000]}
     log.error(
@@ -110,7 +103,7 @@ def record(client: redis.Redis | None, letter: DeadLetter) -> None:
 
 
 def queues(client: redis.Redis) -> list[str]:
-    return sorted(text(q) for q in client.smembers(keys.DEAD_LETTER_QUEUES))
+    return kept.queues(client)
 
 
 def _parse(entry: bytes | str) -> DeadLetter | None:
@@ -124,8 +117,7 @@ def listing(client: redis.Redis, queue: str | None = None, limit: int = 100) -> 
     """The newest `limit` dead letters of one queue, or of every queue, newest first."""
     out: list[DeadLetter] = []
     for name in [queue] if queue is not None else queues(client):
-        entries = client.lrange(keys.dead_letters(name), 0, limit - 1)
-        out.extend(d for d in map(_parse, entries) if d is not None)
+        out.extend(d for d in map(_parse, kept.newest(client, name, limit)) if d is not None)
     return sorted(out, key=lambda d: d.at, reverse=True)[:limit]
 
 
@@ -138,19 +130,14 @@ def drop(client: redis.Redis, *, queue: str | None = None, ids: list[str] | None
     without ids, every dead letter of `queue` (or of every queue). Returns how many went."""
     names = [queue] if queue is not None else queues(client)
     if ids is None:
-        gone = 0
-        for name in names:
-            gone += int(client.llen(keys.dead_letters(name)))
-            client.delete(keys.dead_letters(name))
-            client.srem(keys.DEAD_LETTER_QUEUES, name)
-        return gone
+        return sum(kept.drop_all(client, name) for name in names)
     found: dict[str, tuple[str, str]] = {}
     for name in names:
-        for entry in client.lrange(keys.dead_letters(name), 0, -1):
+        for entry in kept.newest(client, name):
             parsed = _parse(entry)
             if parsed is not None and parsed.id in ids:
-                found[parsed.id] = (keys.dead_letters(name), text(entry))
+                found[parsed.id] = (name, entry)
     missing = [i for i in ids if i not in found]
     if missing:
         raise DeadLetterNotFoundError(f"no dead letter {', '.join(missing)}; nothing dropped")
-    return sum(int(client.lrem(key, 1, entry)) for key, entry in found.values())
+    return sum(kept.drop(client, name, entry) for name, entry in found.values())

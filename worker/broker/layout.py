@@ -23,7 +23,7 @@ from contextlib import contextmanager
 import redis
 
 from turnstile.worker.broker import amqp
-from turnstile.worker.store import keys
+from turnstile.worker.store import deadletters as kept
 
 # The Redis transport keeps a queue's messages in one list per priority step; step 0 is the
 # bare queue name. kombu's defaults, which Turnstile's Celery app does not change.
@@ -119,4 +119,4 @@ def dead_letter_server(broker_url: str, store: redis.Redis) -> Iterator[redis.Re
 def dead_letter_count(broker_url: str, queue: str, store: redis.Redis) -> int | None:
     """Dead letters of the queue; None for a broker that keeps none."""
     with dead_letter_server(broker_url, store) as server:
-        return None if server is None else int(server.llen(keys.dead_letters(queue)))
+        return None if server is None else kept.count(server, queue)

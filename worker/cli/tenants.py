@@ -24,7 +24,8 @@ from turnstile.worker.cli.common import (
     console_for_tables,
     with_connection,
 )
-from turnstile.worker.store import keys
+from turnstile.worker.store import pending
+from turnstile.worker.store import tenants as stored_tenants
 from turnstile.worker.store.queues import TENANT_QUEUES, parse_tenant_queues
 
 tenants_app = typer.Typer(
@@ -59,9 +60,9 @@ def set_(conn: Connection, tenant: TenantArg, pairs: Pairs) -> None:
     queues = parse_tenant_queues(own_queues[-1].partition("=")[2]) if own_queues else None
     caps = fair.parse_caps(rest) if rest or not (extendable or own_queues) else {}
     written = {EXTENDABLE: names, QUEUES: queues}
-    for field, value in written.items():
-        if value is not None:
-            conn.client.client.hset(keys.caps(tenant), field, ",".join(value))
+    stored_tenants.set_settings(
+        conn.client.client, tenant, {k: ",".join(v) for k, v in written.items() if v is not None}
+    )
     if caps:
         fair.set_caps(conn.client.client, tenant, caps)
     shown: dict[str, int | str | None] = {**caps}
@@ -136,8 +137,8 @@ def show(
     from turnstile.worker.scheduling import fair
 
     c = conn.client
-    names = [tenant] if tenant else sorted(str(t) for t in c.client.smembers(keys.TENANTS))
-    queues = sorted(str(q) for q in c.client.smembers(keys.FAIR_QUEUES))
+    names = [tenant] if tenant else stored_tenants.names(c.client)
+    queues = pending.queues(c.client)
     views = [fair.tenant_view(c.client, name, queues) for name in names]
     if as_json:
         typer.echo(json.dumps([dataclasses.asdict(v) for v in views]))

@@ -14,16 +14,13 @@ import re
 import secrets
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
 
 import msgspec
 import redis
 
 from turnstile.errors import InvalidNameError, TurnstileError
-from turnstile.worker.http import keys
 from turnstile.worker.names import check_name
-from turnstile.worker.store.connect import is_cluster_client
-from turnstile.worker.store.values import text
+from turnstile.worker.store import credentials
 
 KEY_PREFIX = "tsk_"
 NAME = re.compile(r"^[A-Za-z0-9_.@:\-]{1,64}$")
@@ -85,29 +82,12 @@ def create(
         raise ApiKeyError("name must be 1-64 letters, digits, '.', '_', '@', ':' or '-'")
     secret = f"{KEY_PREFIX}{secrets.token_urlsafe(32)}"
     record = ApiKey(key_id, tenant, Role(role), name, _now(), digest(secret))
-    encoded = msgspec.json.encode(record)
-    # The record, then the hash that lets the key in: on a cluster (two slots, no MULTI) a
-    # crash between the two leaves a key that cannot be used, whose secret nobody was shown.
-    in_order(client, [("hset", keys.KEYS, key_id, encoded),
-                       ("hset", keys.KEY_HASHES, record.hash, encoded)])  # fmt: skip
+    credentials.add_key(client, key_id, record.hash, msgspec.json.encode(record))
     return record, secret
 
 
-def in_order(client: redis.Redis, writes: list[tuple[Any, ...]]) -> None:
-    """`writes` at once (MULTI) on a single server; on a cluster, where they are in two slots,
-    one after the other, in the order given."""
-    if is_cluster_client(client):
-        for name, *args in writes:
-            getattr(client, name)(*args)
-        return
-    pipe = client.pipeline(transaction=True)
-    for name, *args in writes:
-        getattr(pipe, name)(*args)
-    pipe.execute()
-
-
 def listed(client: redis.Redis, tenant: str | None = None) -> list[ApiKey]:
-    records = [msgspec.json.decode(raw, type=ApiKey) for raw in client.hvals(keys.KEYS)]
+    records = [msgspec.json.decode(raw, type=ApiKey) for raw in credentials.key_records(client)]
     return sorted(
         (r for r in records if tenant is None or r.tenant == tenant),
         key=lambda r: (r.created_at, r.id),
@@ -117,7 +97,7 @@ def listed(client: redis.Redis, tenant: str | None = None) -> list[ApiKey]:
 def revoke(client: redis.Redis, key_id: str) -> ApiKey:
     """Revoke a key at once, and end the console sessions logged in with it; revoking a
     revoked key changes nothing (but ends any session still recorded for it)."""
-    raw = client.hget(keys.KEYS, key_id)
+    raw = credentials.key_record(client, key_id)
     if raw is None:
         raise ApiKeyError(f"no key {key_id!r}")
     record = msgspec.json.decode(raw, type=ApiKey)
@@ -125,10 +105,7 @@ def revoke(client: redis.Redis, key_id: str) -> ApiKey:
         end_sessions(client, key_id)
         return record
     revoked = msgspec.structs.replace(record, revoked_at=_now())
-    # The hash first: on a cluster a crash between the two leaves a key that no longer lets
-    # anyone in, and revoking it again finishes the record.
-    in_order(client, [("hdel", keys.KEY_HASHES, record.hash),
-                      ("hset", keys.KEYS, key_id, msgspec.json.encode(revoked))])  # fmt: skip
+    credentials.revoke_key(client, key_id, record.hash, msgspec.json.encode(revoked))
     end_sessions(client, key_id)
     return revoked
 
@@ -136,16 +113,12 @@ def revoke(client: redis.Redis, key_id: str) -> ApiKey:
 def end_sessions(client: redis.Redis, key_id: str) -> int:
     """Delete every console session logged in with the key; how many there were. (A session
     also checks its key on every request, so one written after this read ends there.)"""
-    ended = 0
-    for session_hash in client.smembers(keys.key_sessions(key_id)):
-        ended += int(client.delete(keys.console_session(text(session_hash))))
-    client.delete(keys.key_sessions(key_id))
-    return ended
+    return credentials.end_sessions(client, key_id)
 
 
 def verify(client: redis.Redis, secret: str) -> ApiKey | None:
     """The live key with this secret, or None."""
     if not secret.startswith(KEY_PREFIX) or len(secret) > 128:
         return None
-    raw = client.hget(keys.KEY_HASHES, digest(secret))
+    raw = credentials.live_key(client, digest(secret))
     return None if raw is None else msgspec.json.decode(raw, type=ApiKey)

@@ -22,7 +22,7 @@ from turnstile.worker.http.ratelimit import RateLimiter
 from turnstile.worker.http.settings import ApiSettings
 from turnstile.worker.http.streams import StreamSlots
 from turnstile.worker.names import NAME_PATTERN, QUEUE_PATTERN, RUN_ID_PATTERN
-from turnstile.worker.store import keys
+from turnstile.worker.store import run_index
 
 # The one rule for names (worker/names.py), as the client and the CLI apply it.
 RUN_ID = RUN_ID_PATTERN
@@ -109,10 +109,10 @@ def tenant_scope(key: ApiKey, tenant: str | None) -> str:
 def run_tenant(ctx: Api, key: ApiKey, run_id: str) -> str:
     """The run's tenant, if the key may see the run: another tenant's run is not found."""
     if key.operator:
-        tenant = ctx.redis.hget(keys.RUN_TENANTS, run_id)
+        tenant = run_index.tenant_of(ctx.redis, run_id)
         if tenant:
-            return str(tenant)
-    elif ctx.redis.exists(keys.run(key.tenant, run_id)):
+            return tenant
+    elif run_index.exists(ctx.redis, key.tenant, run_id):
         return key.tenant
     raise Problem(404, "run_not_found", f"no run {run_id!r}")
 

@@ -34,8 +34,10 @@ from turnstile.ledger.errors import LedgerError, LedgerInputError
 from turnstile.worker.broker.amqp import BrokerError
 from turnstile.worker.ops.errors import ControlError, QueueBrokenError
 from turnstile.worker.scheduling.ratelimits import RateLimitError
+from turnstile.worker.store import values
 
 log = structlog.get_logger("turnstile.api")
+one_line = values.one_line  # a detail on one line, as the API and the console show it
 
 MEDIA_TYPE = "application/problem+json"
 TYPE_BASE = "https://turnstile.dev/problems/"
@@ -64,11 +66,6 @@ class Problem(TurnstileError):  # noqa: N818 - it is the answer, not a failure o
     ) -> None:
         super().__init__(detail)
         self.status, self.code, self.detail, self.headers = status, code, detail, headers
-
-
-def one_line(text: str, limit: int = 300) -> str:
-    line = " ".join(str(text).split())
-    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def document(status: int, code: str, detail: str) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from turnstile.worker.ops import flags, queues, subjects
 from turnstile.worker.ops.errors import ControlError, QueueBrokenError
 from turnstile.worker.ops.flags import Flagged, Resumed
 from turnstile.worker.ops.subjects import Subject
-from turnstile.worker.store import keys
+from turnstile.worker.store import controls
 
 router = APIRouter(responses=PROBLEMS, route_class=JsonRoute)
 
@@ -73,9 +73,9 @@ def list_tenants(_: Operator, ctx: Ctx) -> dict[str, Any]:
     """Every tenant with runs: its ledger and ceilings, and whether it is paused."""
     out = []
     for tenant in subjects.tenants(ctx.client):
-        paused, by = ctx.redis.hmget(keys.control(tenant), "paused", "paused_by")
+        paused, by = controls.tenant_flags(ctx.redis, tenant)[:2]
         view = _ledger(ctx, tenant).model_dump()
-        out.append({**view, "paused": paused or "", "paused_by": by or ""})
+        out.append({**view, "paused": paused, "paused_by": by})
     return {"tenants": out}
 
 

@@ -33,7 +33,7 @@ from turnstile.worker.http.schemas import (
     Submitted,
 )
 from turnstile.worker.ops import decisions, views
-from turnstile.worker.store.keys import queue_control, run
+from turnstile.worker.store import controls, fields, run_index
 
 PROBLEMS: dict[int | str, dict[str, Any]] = {
     status: {"model": ProblemBody, "content": {"application/problem+json": {}}}
@@ -85,7 +85,7 @@ def submitted_run_id(ctx: Api, tenant: str, run_id: str | None, key: str | None)
     except that it names the tenant's own run of that very id when there is one (a run made
     before, or the id an earlier answer gave), so a retry finds its run either way."""
     if run_id is not None:
-        if ctx.redis.exists(run(tenant, run_id)):
+        if run_index.exists(ctx.redis, tenant, run_id):
             return run_id
         return idempotent_run_id(tenant, run_id)
     return None if key is None else idempotent_run_id(tenant, key)
@@ -120,14 +120,15 @@ def submit_run(
         raise  # a 403 (problems.py), whether the queue drains or not
     except SubmissionError as exc:
         # The client refuses a draining queue too; looked up only then, so it is a 409.
-        if ctx.redis.hget(queue_control(body.queue), "draining"):
+        if controls.queue_draining(ctx.redis, body.queue):
             raise Problem(409, "queue_draining", str(exc)) from None
         raise
     response.headers["Location"] = f"/v1/runs/{made.run_id}"
     # A new run is running (or waiting, in a conversation); a repeated submission, or a merge,
     # names a run that may have moved on since.
     fresh = made.created and made.conversation_action in ("", "started")
-    status = None if fresh else ctx.redis.hget(run(key.tenant, made.run_id), "status")
+    status = None if fresh else run_index.fields_of(ctx.redis, key.tenant, made.run_id,
+                                                    fields.STATUS)[0]  # fmt: skip
     return Submitted(
         run_id=made.run_id, tenant=key.tenant, status=str(status or "running"),
         created=made.created, sent=made.sent, url=f"/v1/runs/{made.run_id}",
@@ -195,8 +196,8 @@ def run_events(
 
 def _decided(ctx: Ctx, tenant: str, run_id: str, result: str, by: str) -> Decided:
     stored = ctx.client.store.hash(tenant, run_id)
-    return Decided(run_id=run_id, status=stored.get("status", ""),
-                   outcome=stored.get("outcome", ""), result=result, by=by)  # fmt: skip
+    return Decided(run_id=run_id, status=stored.get(fields.STATUS, ""),
+                   outcome=stored.get(fields.OUTCOME, ""), result=result, by=by)  # fmt: skip
 
 
 @router.post("/v1/runs/{run_id}/approve", response_model=Decided, tags=["decisions"])

@@ -15,21 +15,19 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-import msgspec
-import redis
 import structlog
 from fastapi import APIRouter, Path, Query, Response
 from pydantic import BaseModel, Field
 
-from turnstile.worker.http import keys, targets
+from turnstile.worker.http import targets
 from turnstile.worker.http.bodies import JsonRoute
 from turnstile.worker.http.context import NAME, Caller, Ctx, tenant_scope
 from turnstile.worker.http.problems import Problem
 from turnstile.worker.http.routes_runs import PROBLEMS
 from turnstile.worker.http.schemas import Strict
 from turnstile.worker.http.settings import ApiSettings
-from turnstile.worker.store.scripts import register
-from turnstile.worker.store.values import server_ms
+from turnstile.worker.store import webhooks as stored
+from turnstile.worker.store.webhooks import Endpoint, endpoints
 
 log = structlog.get_logger("turnstile.webhooks")
 
@@ -48,21 +46,6 @@ class WebhookEvent(StrEnum):
 FROM_STREAM = {"suspended": WebhookEvent.NEEDS_APPROVAL, "finished": WebhookEvent.FINISHED}
 
 
-class Endpoint(msgspec.Struct, frozen=True):
-    id: str
-    tenant: str
-    url: str
-    events: list[str]
-    secret: str
-    created_at: str
-    description: str = ""
-
-    def public(self, status: dict[str, Any] | None = None) -> dict[str, Any]:
-        return {"id": self.id, "url": self.url, "events": self.events,
-                "description": self.description, "created_at": self.created_at,
-                "last_delivery": status}  # fmt: skip
-
-
 def sign(secret: str, timestamp: str, body: bytes) -> str:
     """HMAC-SHA256 of `timestamp.body` with the endpoint's secret, as the header carries it."""
     mac = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
@@ -72,12 +55,6 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
 def verify(secret: str, timestamp: str, body: bytes, signature: str) -> bool:
     """What a receiver does: recompute and compare in constant time."""
     return hmac.compare_digest(sign(secret, timestamp, body), signature)
-
-
-def endpoints(r: redis.Redis, tenant: str) -> list[Endpoint]:
-    ids = sorted(str(i) for i in r.smembers(keys.tenant_webhooks(tenant)))
-    raw = r.hmget(keys.WEBHOOKS, ids) if ids else []
-    return [msgspec.json.decode(x, type=Endpoint) for x in raw if x]
 
 
 def target_checker(settings: ApiSettings) -> targets.Checker:
@@ -122,7 +99,6 @@ EndpointId = Annotated[str, Path(pattern=r"^wh_[0-9a-f]{16}$")]
 def create_webhook(body: WebhookBody, key: Caller, ctx: Ctx) -> WebhookCreated:
     """Register an endpoint for the key's tenant's run events."""
     _check_url(body.url, ctx.settings, key.tenant)
-    r = ctx.redis
     made = Endpoint(
         id=f"wh_{secrets.token_hex(8)}", tenant=key.tenant, url=body.url,
         events=sorted({e.value for e in body.events}),
@@ -130,17 +106,8 @@ def create_webhook(body: WebhookBody, key: Caller, ctx: Ctx) -> WebhookCreated:
         created_at=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         description=body.description,
     )  # fmt: skip
-    # The record first: until the script adds its id to the tenant's set it is neither listed
-    # nor delivered to, and an id in the set always has its record.
-    r.hset(keys.WEBHOOKS, made.id, msgspec.json.encode(made))
-    added, _ = register(r, "webhook_add")(
-        keys=[keys.tenant_webhooks(key.tenant), keys.cursor(key.tenant)],
-        args=[made.id, MAX_ENDPOINTS, server_ms(r)],
-    )
-    if not int(added):
-        r.hdel(keys.WEBHOOKS, made.id)
+    if not stored.add(ctx.redis, made, MAX_ENDPOINTS):
         raise Problem(409, "too_many_webhooks", f"a tenant has at most {MAX_ENDPOINTS} endpoints")
-    r.sadd(keys.WEBHOOK_TENANTS, key.tenant)
     return WebhookCreated(**{k: v for k, v in made.public().items() if k != "last_delivery"},
                           secret=made.secret)  # fmt: skip
 
@@ -154,29 +121,13 @@ def list_webhooks(
     """The tenant's endpoints, each with its last delivery (never the secrets); an operator
     key may name another tenant with `?tenant=`."""
     found = endpoints(ctx.redis, tenant_scope(key, tenant))
-    raw = ctx.redis.hmget(keys.WEBHOOK_STATUS, [e.id for e in found]) if found else []
-    status = [msgspec.json.decode(s) if s else None for s in raw]
+    status = stored.statuses(ctx.redis, [e.id for e in found])
     return {"webhooks": [e.public(s) for e, s in zip(found, status, strict=True)]}
 
 
 @router.delete("/v1/webhooks/{endpoint_id}", status_code=204, response_class=Response)
 def delete_webhook(endpoint_id: EndpointId, key: Caller, ctx: Ctx) -> Response:
     """Remove an endpoint; deliveries still pending for it are dropped."""
-    r = ctx.redis
-    if not r.srem(keys.tenant_webhooks(key.tenant), endpoint_id):
+    if not stored.remove(ctx.redis, key.tenant, endpoint_id):
         raise Problem(404, "webhook_not_found", f"no webhook {endpoint_id!r}")
-    pipe = r.pipeline(transaction=False)
-    pipe.hdel(keys.WEBHOOKS, endpoint_id)
-    pipe.hdel(keys.WEBHOOK_STATUS, endpoint_id)
-    for gone in keys.endpoint_queue(key.tenant, endpoint_id):
-        pipe.delete(gone)
-    pipe.execute()
-    if not r.scard(keys.tenant_webhooks(key.tenant)):
-        # No endpoint left: the deliverer forgets the tenant, and a later endpoint starts
-        # from its own registration instead of announcing every run made in between.
-        pipe = r.pipeline(transaction=False)
-        pipe.srem(keys.WEBHOOK_TENANTS, key.tenant)
-        for gone in (keys.cursor(key.tenant), keys.watch(key.tenant), keys.done(key.tenant)):
-            pipe.delete(gone)  # one key a DEL: a cluster's pipeline takes no more
-        pipe.execute()
     return Response(status_code=204)

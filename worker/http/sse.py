@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import Protocol
 
 import msgspec
 import redis
@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 
 from turnstile.jobs.outcomes import Status
 from turnstile.worker.http.problems import Problem
-from turnstile.worker.store import keys
+from turnstile.worker.store import follow
 
 # ASCII digits only (`\d` takes any script's digits), each part at most a uint64, as a
 # stream id is: anything else would be refused by the store after the stream had begun.
@@ -89,15 +89,12 @@ async def stream(
 async def _frames(
     r: aioredis.Redis, tenant: str, run_id: str, *, after: str, block_ms: int, slot: Renewal
 ) -> AsyncIterator[str]:
-    key = keys.events(tenant, run_id)
     last = after
     while True:
-        reply: Any = await r.xread({key: last}, count=BATCH, block=block_ms)
+        entries = await follow.after(r, tenant, run_id, last, count=BATCH, block_ms=block_ms)
         await slot.renew()
-        entries = reply[0][1] if reply else []
-        for entry_id, fields in entries:
-            last = str(entry_id)
-            data = str(fields.get("event", "{}"))
+        for entry_id, data in entries:
+            last = entry_id
             kind = _kind(data)
             yield frame(last, kind, data)
             if kind == "finished":
@@ -107,11 +104,8 @@ async def _frames(
         # Quiet for a whole block. The commit writes a run's status and its events in one
         # script, so a run seen stopped now has its `finished` event in the stream already:
         # one more read either sends it or finds it was before `after`.
-        status = await r.hget(keys.run(tenant, run_id), "status")
-        if status in (None, Status.STOPPED.value):
-            tail: Any = await r.xread({key: last}, count=BATCH)
-            for entry_id, fields in tail[0][1] if tail else []:
-                data = str(fields.get("event", "{}"))
-                yield frame(str(entry_id), _kind(data), data)
+        if await follow.status(r, tenant, run_id) in (None, Status.STOPPED.value):
+            for entry_id, data in await follow.after(r, tenant, run_id, last, count=BATCH):
+                yield frame(entry_id, _kind(data), data)
             return
         yield ": still running\n\n"

@@ -17,9 +17,8 @@ import anyio
 import redis
 import redis.asyncio as aioredis
 
-from turnstile.worker.http import keys
 from turnstile.worker.http.problems import Problem
-from turnstile.worker.store.scripts import register
+from turnstile.worker.store.api_limits import OpenStreams
 
 RENEW_EVERY_S = 1.0  # a busy stream renews at most this often
 
@@ -57,25 +56,20 @@ class StreamSlots:
         self.block_ms = block_ms
         # A stream is renewed at least once a block; three blocks without it and it lapses.
         self.lease_ms = 3 * block_ms + 2000
-        self._script = register(client, "streams")
-        self._async_script = register(streams, "streams")
+        self._open = OpenStreams(client, streams, lease_ms=self.lease_ms, cap=cap)
 
     def open(self, key_id: str) -> StreamSlot:
         """A place for one more stream of the key; 429 with Retry-After at the cap."""
         stream_id = secrets.token_hex(8)
-        admitted, count = self._script(
-            keys=[keys.streams(key_id)], args=["open", stream_id, self.lease_ms, self.cap]
-        )
-        if not int(admitted):
+        admitted, count = self._open.open(key_id, stream_id)
+        if not admitted:
             raise Problem(
                 429, "too_many_streams",
-                f"{int(count)} event streams open for this key; the limit is {self.cap}",
+                f"{count} event streams open for this key; the limit is {self.cap}",
                 # A closed stream is noticed within a block, when the server next writes.
                 {"Retry-After": str(max(1, math.ceil(self.block_ms / 1000)))},
             )  # fmt: skip
         return StreamSlot(self, key_id, stream_id)
 
     async def call_async(self, action: str, key_id: str, stream_id: str) -> None:
-        await self._async_script(
-            keys=[keys.streams(key_id)], args=[action, stream_id, self.lease_ms, self.cap]
-        )
+        await self._open.call(action, key_id, stream_id)

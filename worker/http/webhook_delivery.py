@@ -8,7 +8,7 @@ How it learns (per tenant with endpoints, each tick):
      ends the watch. The work per tick follows the runs in progress, not every run ever made.
 
 How it delivers: each delivery (one per endpoint and event, with a deterministic id) waits in
-its endpoint's outbox (`worker.http.outbox`) sorted by when it is due. Due deliveries go out
+its endpoint's outbox (`worker.store.outbox`) sorted by when it is due. Due deliveries go out
 on a pool of threads, so a slow endpoint holds one thread for at most its timeout; a failure
 is retried with exponential backoff until `webhook_retry_for_s` has passed since the event,
 then dropped, and the endpoint's last status records each attempt.
@@ -45,23 +45,21 @@ import redis
 import structlog
 
 from turnstile.backoff import backoff_s
-from turnstile.worker.http import keys
 from turnstile.worker.http.breaker import Breaker, Circuit
-from turnstile.worker.http.outbox import Delivery, Outbox, Writes, decode, delivery_id
-from turnstile.worker.http.problems import one_line
 from turnstile.worker.http.routes_webhooks import (
     FROM_STREAM,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
-    Endpoint,
     sign,
     target_checker,
 )
-from turnstile.worker.http.routes_webhooks import endpoints as tenant_endpoints
 from turnstile.worker.http.settings import ApiSettings
 from turnstile.worker.http.targets import TargetError
-from turnstile.worker.store import keys as run_keys
-from turnstile.worker.store.values import server_ms
+from turnstile.worker.store import locks
+from turnstile.worker.store import webhooks as stored
+from turnstile.worker.store.outbox import Delivery, Outbox, Writes, decode, delivery_id
+from turnstile.worker.store.values import one_line, server_ms
+from turnstile.worker.store.webhooks import Endpoint
 
 log = structlog.get_logger("turnstile.webhooks")
 
@@ -100,75 +98,48 @@ class Scanner:
 
     def tick(self) -> int:
         made = 0
-        for tenant in sorted(str(t) for t in self.r.smembers(keys.WEBHOOK_TENANTS)):
-            found = tenant_endpoints(self.r, tenant)
+        for tenant in stored.tenants(self.r):
+            found = stored.endpoints(self.r, tenant)
             if found:
-                self._watch_new_runs(tenant)
+                stored.watch_new_runs(self.r, tenant, NEW_RUNS_PER_TICK)
                 made += self._read_streams(tenant, found)
         return made
 
-    def _watch_new_runs(self, tenant: str) -> None:
-        cursor = int(self.r.get(keys.cursor(tenant)) or server_ms(self.r))
-        new: list[Any] = self.r.zrangebyscore(
-            run_keys.runs(tenant), cursor, "+inf", start=0, num=NEW_RUNS_PER_TICK,
-            withscores=True,
-        )  # fmt: skip
-        if not new:
-            return
-        pipe = self.r.pipeline(transaction=False)
-        for run_id, _ in new:
-            pipe.zscore(keys.done(tenant), run_id)
-        finished_before = pipe.execute()
-        top = max(int(score) for _, score in new)
-        pipe = self.r.pipeline(transaction=False)
-        for (run_id, _), done in zip(new, finished_before, strict=True):
-            if done is None:
-                pipe.hsetnx(keys.watch(tenant), run_id, "-")
-        pipe.set(keys.cursor(tenant), top)
-        pipe.zremrangebyscore(keys.done(tenant), "-inf", f"({top}")
-        pipe.execute()
-
     def _read_streams(self, tenant: str, found: list[Endpoint]) -> int:
-        watched = {str(k): str(v) for k, v in self.r.hgetall(keys.watch(tenant)).items()}
+        watched = stored.watched(self.r, tenant)
         if not watched:
             return 0
         ids = sorted(watched)
-        pipe = self.r.pipeline(transaction=False)
-        for run_id in ids:
-            last = watched[run_id]
-            start = "-" if last == "-" else f"({last}"
-            pipe.xrange(run_keys.events(tenant, run_id), min=start, count=EVENTS_PER_READ)
+        unread = stored.unread(self.r, tenant, {r: watched[r] for r in ids}, EVENTS_PER_READ)
         now = server_ms(self.r)
         write = Writes()
         made = 0
-        for run_id, entries in zip(ids, pipe.execute(), strict=True):
+        for run_id, entries in zip(ids, unread, strict=True):
             made += self._run_entries(write, tenant, run_id, entries=entries, found=found, now=now)
         if write.calls:
             self.outbox.write(write.build)
         return made
 
     def _run_entries(
-        self, write: Writes, tenant: str, run_id: str, *, entries: list[Any],
+        self, write: Writes, tenant: str, run_id: str, *, entries: list[tuple[str, str]],
         found: list[Endpoint], now: int,
     ) -> int:  # fmt: skip
         made = 0
-        for entry_id, fields in entries:
-            event: dict[str, Any] = msgspec.json.decode(str(fields.get("event", "{}")))
+        for entry_id, data in entries:
+            event: dict[str, Any] = msgspec.json.decode(data)
             kind = FROM_STREAM.get(str(event.get("type")))
             if kind is not None:
-                body = payload(kind.value, tenant, run_id, str(entry_id), event)
+                body = payload(kind.value, tenant, run_id, entry_id, event)
                 for endpoint in found:
                     if kind.value in endpoint.events:
                         made += 1
                         self._enqueue(write, endpoint, kind.value, body=body, run_id=run_id,
-                                      entry_id=str(entry_id), now=now)  # fmt: skip
+                                      entry_id=entry_id, now=now)  # fmt: skip
             if kind is FROM_STREAM["finished"]:
-                write.hdel(keys.watch(tenant), run_id)
-                score = self.r.zscore(run_keys.runs(tenant), run_id) or 0
-                write.zadd(keys.done(tenant), {run_id: score})
+                stored.finished(write, tenant, run_id, stored.created_ms(self.r, tenant, run_id))
                 return made
         if entries:
-            write.hset(keys.watch(tenant), run_id, str(entries[-1][0]))
+            stored.read_to(write, tenant, run_id, entries[-1][0])
         return made
 
     def _enqueue(
@@ -207,14 +178,11 @@ class Sender:
 
     def _endpoints(self) -> dict[str, list[str]]:
         """Each tenant's endpoint ids, tenants and endpoints in this tick's turn."""
-        tenants = _turned(sorted(str(t) for t in self.r.smembers(keys.WEBHOOK_TENANTS)),
-                          self.turn)  # fmt: skip
+        tenants = _turned(stored.tenants(self.r), self.turn)
         self.turn += 1
-        pipe = self.r.pipeline(transaction=False)
-        for tenant in tenants:
-            pipe.smembers(keys.tenant_webhooks(tenant))
-        owned = {t: _turned(sorted(str(i) for i in ids), self.turn)
-                 for t, ids in zip(tenants, pipe.execute(), strict=True)}  # fmt: skip
+        ids_of = stored.endpoint_ids(self.r, tenants)
+        owned = {t: _turned(sorted(ids), self.turn)
+                 for t, ids in zip(tenants, ids_of, strict=True)}  # fmt: skip
         registered = {i for ids in owned.values() for i in ids}
         with self.lock:  # the breakers of removed endpoints go with them
             for gone in set(self.breakers) - registered:
@@ -299,7 +267,7 @@ class Sender:
                      f"{failures})", "attempts": delivery.attempts, "at_ms": now,
             "result": "gave_up", "circuit": Circuit.OPEN.value, "consecutive_failures": failures,
         }  # fmt: skip
-        self.r.hset(keys.WEBHOOK_STATUS, endpoint_id, msgspec.json.encode(status))
+        stored.record_status(self.r, endpoint_id, status)
         log.info("webhook_attempt", endpoint=endpoint_id, tenant=tenant, **status)
 
     def _client(self) -> httpx.Client:
@@ -332,7 +300,7 @@ class Sender:
         """The delivery and its endpoint; None (and the delivery dropped) when either is gone
         or unreadable."""
         delivery = decode(self.outbox.read(tenant, endpoint_id, did), did)
-        endpoint_raw = self.r.hget(keys.WEBHOOKS, endpoint_id) if delivery else None
+        endpoint_raw = stored.endpoint(self.r, endpoint_id) if delivery else None
         try:
             if delivery is not None and endpoint_raw is not None:
                 return delivery, msgspec.json.decode(endpoint_raw, type=Endpoint)
@@ -415,7 +383,7 @@ class Sender:
             "error": error, "attempts": delivery.attempts, "at_ms": now, "result": result,
             "circuit": circuit.value, "consecutive_failures": failures,
         }  # fmt: skip
-        self.r.hset(keys.WEBHOOK_STATUS, endpoint.id, msgspec.json.encode(status))
+        stored.record_status(self.r, endpoint.id, status)
         log.info("webhook_attempt", endpoint=endpoint.id, tenant=endpoint.tenant, **status)
 
     def close(self) -> None:
@@ -435,12 +403,7 @@ class WebhookDeliverer(threading.Thread):
 
     def _lead(self) -> bool:
         lease_ms = int(max(self.settings.webhook_tick_s * 6, 3) * 1000)
-        if self.r.set(keys.DELIVERY_LOCK, self.owner, nx=True, px=lease_ms):
-            return True
-        if self.r.get(keys.DELIVERY_LOCK) == self.owner:
-            self.r.pexpire(keys.DELIVERY_LOCK, lease_ms)
-            return True
-        return False
+        return locks.lead(self.r, locks.DELIVERER, self.owner, lease_ms)
 
     def run(self) -> None:
         failing = False
@@ -462,8 +425,7 @@ class WebhookDeliverer(threading.Thread):
         self.stopping.set()
         self.join(timeout=self.settings.webhook_tick_s + 5)
         self.sender.close()
-        if self.r.get(keys.DELIVERY_LOCK) == self.owner:
-            self.r.delete(keys.DELIVERY_LOCK)
+        locks.resign(self.r, locks.DELIVERER, self.owner)
 
 
 @contextmanager

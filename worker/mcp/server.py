@@ -33,7 +33,7 @@ from turnstile.worker.http import apikeys
 from turnstile.worker.http.settings import ApiSettings
 from turnstile.worker.names import RUN_ID
 from turnstile.worker.ops import decisions, views
-from turnstile.worker.store import keys
+from turnstile.worker.store import run_index
 
 T = TypeVar("T")
 KEY_STATE = "turnstile_api_key"  # where the HTTP gate leaves the request's key (ASGI state)
@@ -80,10 +80,10 @@ class Tools:
         if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
             raise ToolError(f"no run {run_id!r:.140}")
         if who.operator:
-            tenant = self.client.client.hget(keys.RUN_TENANTS, run_id)
+            tenant = run_index.tenant_of(self.client.client, run_id)
             if tenant:
-                return str(tenant)
-        elif self.client.client.exists(keys.run(who.tenant, run_id)):
+                return tenant
+        elif run_index.exists(self.client.client, who.tenant, run_id):
             return who.tenant
         raise ToolError(f"no run {run_id!r}")
 

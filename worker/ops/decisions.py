@@ -11,19 +11,20 @@ from turnstile.errors import DecisionRefusedError, RunNotFoundError
 from turnstile.jobs.outcomes import Outcome, Status
 from turnstile.jobs.state import RunState
 from turnstile.worker.client._client import Client
+from turnstile.worker.store import fields
 
 
 def _decidable(run_id: str, stored: dict[str, str], verb: str) -> None:
-    status = stored.get("status", "")
+    status = stored.get(fields.STATUS, "")
     if status == Status.STOPPED.value:
         raise DecisionRefusedError(
-            f"run {run_id} already ended {stored.get('outcome') or 'stopped'}: "
+            f"run {run_id} already ended {stored.get(fields.OUTCOME) or 'stopped'}: "
             f"there is nothing to {verb}"
         )
     if verb == "extend" and (
-        status != Status.SUSPENDED.value or stored.get("outcome") != Outcome.NEEDS_BUDGET.value
+        status != Status.SUSPENDED.value or stored.get(fields.OUTCOME) != Outcome.NEEDS_BUDGET.value
     ):
-        why = stored.get("outcome") if status == Status.SUSPENDED.value else status
+        why = stored.get(fields.OUTCOME) if status == Status.SUSPENDED.value else status
         raise DecisionRefusedError(
             f"run {run_id} is {why or status}: it is not waiting for a budget extension"
         )
@@ -54,7 +55,7 @@ def approve(
         )
     tenant, stored = resolve(c, run_id, tenant)
     _decidable(run_id, stored, "approve" if extend is None else "extend")
-    state = RunState.from_json(stored["state"])
+    state = RunState.from_json(stored[fields.STATE])
     held = state.held_budget or state.pending
     if digest is None and held is not None:
         digest = held.digest

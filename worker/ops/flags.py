@@ -7,9 +7,8 @@ clears the flag and re-enqueues each parked run exactly once: the run moves park
 through the store's version compare-and-set, and only the caller whose commit won sends the
 step, so two resumes racing each other cannot both send it.
 
-Flag hashes: a tenant's `control` hash and a queue's `turnstile:queue:<Q>` hash hold `paused`
-(and, for a queue, `draining`) as the ISO time the flag was set, `paused_by` / `draining_by`
-as who set it, and `resumed_at` / `resumed_by` for the last resume.
+The flags are kept by worker/store/controls.py: `paused` (and, for a queue, `draining`) as
+the ISO time the flag was set, with who set it, and who last resumed, when.
 """
 
 from __future__ import annotations
@@ -25,9 +24,9 @@ from turnstile.worker.client._client import Client
 from turnstile.worker.ops.subjects import Subject, check_known, live_inflight, parked_runs
 from turnstile.worker.scheduling.limits import next_hold, time_limits
 from turnstile.worker.scheduling.sweeper import time_limits_default
-from turnstile.worker.store import keys
-from turnstile.worker.store.runs import Change, now_iso
-from turnstile.worker.store.values import text
+from turnstile.worker.store import controls, fields
+from turnstile.worker.store.records import Change
+from turnstile.worker.store.values import now_iso
 
 # A step that read a flag just before it was cleared still parks its run, a few milliseconds
 # later; resume looks at the parked set again once such steps are done, waiting at most this.
@@ -48,27 +47,21 @@ class Flagged:
 
 def _set_flag(c: Client, subject: Subject, flag: str, by: str) -> Flagged:
     check_known(c, subject)
-    at = now_iso()
-    key = subject.flag_key
-    if c.client.hsetnx(key, flag, at):
-        c.client.hset(key, f"{flag}_by", by)
-        already = False
-    else:
-        at, by = (text(v) for v in c.client.hmget(key, flag, f"{flag}_by"))
-        already = True
-    return Flagged(subject.kind, subject.name, flag, by, at, already)
+    made, at, by = controls.set_flag(c.client, subject.kind, subject.name, flag, by=by,
+                                     at=now_iso())  # fmt: skip
+    return Flagged(subject.kind, subject.name, flag, by, at, not made)
 
 
 def pause(c: Client, subject: Subject, *, by: str) -> Flagged:
     """Pause a queue or a tenant: from the next turn boundary on, every step of it parks its
     run instead of reserving anything. Pausing what is paused changes nothing."""
-    return _set_flag(c, subject, "paused", by)
+    return _set_flag(c, subject, controls.PAUSED, by)
 
 
 def drain(c: Client, queue: str, *, by: str) -> Flagged:
     """Drain a queue: new submissions to it are refused, turns in flight finish, and their
     runs park at the next boundary. Draining what is draining changes nothing."""
-    return _set_flag(c, Subject(queue=queue), "draining", by)
+    return _set_flag(c, Subject(queue=queue), controls.DRAINING, by)
 
 
 @dataclass
@@ -84,22 +77,17 @@ class Resumed:
 
 
 def _clear_flags(c: Client, subject: Subject) -> list[str]:
-    flags = ["paused"] if subject.queue is None else ["paused", "draining"]
-    pipe = c.client.pipeline(transaction=True)
-    pipe.hmget(subject.flag_key, *flags)
-    pipe.hdel(subject.flag_key, *flags, *(f"{f}_by" for f in flags))
-    values, _ = pipe.execute()
-    return [f for f, v in zip(flags, values, strict=True) if v]
+    flags = [controls.PAUSED] if subject.queue is None else [controls.PAUSED, controls.DRAINING]
+    return controls.clear_flags(c.client, subject.kind, subject.name, flags)
 
 
 def _gates_clear(c: Client, tenant: str, queue: str, cache: dict[tuple[str, str], bool]) -> bool:
     """Would a step of this tenant on this queue run its turn now? `cache` keeps each gate's
     answer by (kind, name), so no tenant's name can stand for a queue's."""
     if ("tenant", tenant) not in cache:
-        cache["tenant", tenant] = not c.client.hget(keys.control(tenant), "paused")
+        cache["tenant", tenant] = not controls.tenant_paused(c.client, tenant)
     if ("queue", queue) not in cache:
-        paused, draining = c.client.hmget(keys.queue_control(queue), "paused", "draining")
-        cache["queue", queue] = not paused and not draining
+        cache["queue", queue] = controls.queue_open(c.client, queue)
     return cache["tenant", tenant] and cache["queue", queue]
 
 
@@ -116,10 +104,11 @@ def requeue(c: Client, tenant: str, run_id: str, *, by: str, at: str) -> str:
     Returns "sent", "deferred" (committed, but the broker did not take the step: the pickup
     lease the commit set has the sweeper send it) or "skipped"."""
     stored = c.store.hash(tenant, run_id)
-    if stored.get("status") != Status.PARKED.value:
+    if stored.get(fields.STATUS) != Status.PARKED.value:
         return "skipped"
+    version = int(stored[fields.VERSION])
     try:
-        state: RunState | None = RunState.from_json(stored["state"])
+        state: RunState | None = RunState.from_json(stored[fields.STATE])
     except StateFormatError:
         state = None  # the step will end the run `error`, saying why
     if state is not None:
@@ -127,12 +116,12 @@ def requeue(c: Client, tenant: str, run_id: str, *, by: str, at: str) -> str:
     steps = state.usage.steps if state is not None else None
     committed = c.store.commit(
         Change(
-            tenant=tenant, run_id=run_id, version=int(stored["version"]),
+            tenant=tenant, run_id=run_id, version=version,
             old_status=Status.PARKED.value, status=Status.RUNNING.value,
             state_json=state.to_json().decode() if state is not None else "",
             lease_ms=int(c.config.pickup_lease_s * 1000),
             events=[{"type": "resumed", "by": by, "at": at, "step": steps}],
-            hold=_resumed_hold(c, state, int(stored["version"]) + 1),
+            hold=_resumed_hold(c, state, version + 1),
         )
     )  # fmt: skip
     if committed.kind != "ok":
@@ -141,7 +130,8 @@ def requeue(c: Client, tenant: str, run_id: str, *, by: str, at: str) -> str:
         time_limits(state, c.config) if state is not None else time_limits_default(c.config)
     )
     try:
-        c.send(StepMessage(tenant, run_id, committed.version, stored["queue"]), soft_s, hard_s)
+        msg = StepMessage(tenant, run_id, committed.version, stored[fields.QUEUE])
+        c.send(msg, soft_s, hard_s)
     except Exception:  # any failure of the broker client: the sweeper covers it
         return "deferred"
     return "sent"
@@ -172,7 +162,7 @@ def resume(c: Client, subject: Subject, *, by: str, settle_s: float = PARK_SETTL
     done = Resumed(subject.kind, subject.name, by, at, cleared)
     if not cleared:
         return done
-    c.client.hset(subject.flag_key, mapping={"resumed_at": at, "resumed_by": by})
+    controls.mark_resumed(c.client, subject.kind, subject.name, by=by, at=at)
     # A step that loaded its run before the flag was cleared is in flight until it parks;
     # wait for those (never longer than settle_s: a real turn does not park) and look again.
     pending = {run_id for _, run_id, _ in live_inflight(c, subject)}

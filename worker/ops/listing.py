@@ -22,11 +22,10 @@ from turnstile.jobs.outcomes import Outcome, Status
 from turnstile.jobs.state import RunState
 from turnstile.worker.client._client import Client
 from turnstile.worker.ops.errors import ControlError
-from turnstile.worker.ops.subjects import Subject, check_known, scan, tenants
+from turnstile.worker.ops.subjects import Subject, check_known, tenants
 from turnstile.worker.scheduling.priority import DEFAULT as DEFAULT_PRIORITY
 from turnstile.worker.scheduling.priority import stored_priority
-from turnstile.worker.store import keys
-from turnstile.worker.store.values import text
+from turnstile.worker.store import fields, run_index
 
 
 @dataclass(frozen=True)
@@ -53,14 +52,14 @@ class RunRow:
 def _row(tenant: str, run_id: str, stored: dict[str, str]) -> RunRow:
     usage: dict[str, Any] = {}
     with contextlib.suppress(StateFormatError, KeyError):
-        usage = msgspec.to_builtins(RunState.from_json(stored["state"]).usage)
+        usage = msgspec.to_builtins(RunState.from_json(stored[fields.STATE]).usage)
     return RunRow(
-        run_id, tenant, stored.get("status", ""), stored.get("outcome", ""),
-        stored.get("detail", ""), stored.get("queue", ""), stored.get("job", ""),
-        stored.get("user", ""), int(stored.get("created_ms") or 0),
-        int(stored.get("updated_ms") or 0), usage.get("steps"), usage.get("tokens"),
-        usage.get("cost_microusd"), stored.get("reason", ""),
-        stored_priority(stored.get("priority")),
+        run_id, tenant, stored.get(fields.STATUS, ""), stored.get(fields.OUTCOME, ""),
+        stored.get(fields.DETAIL, ""), stored.get(fields.QUEUE, ""), stored.get(fields.JOB, ""),
+        stored.get(fields.USER, ""), int(stored.get(fields.CREATED_MS) or 0),
+        int(stored.get(fields.UPDATED_MS) or 0), usage.get("steps"), usage.get("tokens"),
+        usage.get("cost_microusd"), stored.get(fields.REASON, ""),
+        stored_priority(stored.get(fields.PRIORITY)),
     )  # fmt: skip
 
 
@@ -78,7 +77,7 @@ def check_filter(status: str | None, outcome: str | None) -> None:
 Key = tuple[int, str, str]
 """A run's place in a listing: (created ms, tenant, run id). Listings are newest first, that
 is in descending key order, across tenants."""
-Bound = tuple[int, str]  # (created ms, run id) within one tenant: entries below it come next
+Bound = run_index.Bound  # (created ms, run id) within one tenant: entries below it come next
 
 PAGE_MAX = 10_000  # rows one page may ask for
 SMALL_INDEX = 10_000
@@ -136,86 +135,19 @@ def _bound(after: Key | None, tenant: str) -> Bound | None:
     return (ms, TOP_ID) if tenant < cursor_tenant else (ms, "")
 
 
-def _chunk(c: Client, tenant: str, bound: Bound | None, n: int) -> list[Bound]:
-    """Up to n of the tenant's runs below `bound`, newest first, from its runs index."""
-    key = keys.runs(tenant)
-    if bound is None:
-        raw: list[Any] = c.client.zrevrangebyscore(
-            key, "+inf", "-inf", start=0, num=n, withscores=True
-        )
-        return [(int(score), text(m)) for m, score in raw]
-    ms, run_id = bound
-    ties = sorted((text(m) for m in c.client.zrangebyscore(key, ms, ms)), reverse=True)
-    older: list[Any] = c.client.zrevrangebyscore(
-        key, f"({ms}", "-inf", start=0, num=n, withscores=True
-    )
-    out = [(ms, m) for m in ties if m < run_id] + [(int(sc), text(m)) for m, sc in older]
-    return out[:n]
-
-
-def _members(c: Client, sets: list[str], ids: list[str]) -> list[bool]:
-    """Whether each id is in every one of `sets`."""
-    keep = [True] * len(ids)
-    for key in sets:
-        flags = c.client.smismember(key, ids) if ids else []
-        keep = [k and bool(f) for k, f in zip(keep, flags, strict=True)]
-    return keep
-
-
-@dataclass
-class _Found:
-    entries: list[Key]  # matching runs of the tenant, newest first, at most the page's size
-    stopped_at: Key | None = None  # a walk that ran out of budget: nothing below is known
-
-
-def _walk(c: Client, tenant: str, sets: list[str], bound: Bound | None, want: int) -> _Found:
-    found = _Found([])
-    examined = 0
-    while examined < WALK_BUDGET:
-        chunk = _chunk(c, tenant, bound, WALK_CHUNK)
-        if not chunk:
-            return found
-        keep = _members(c, sets, [r for _, r in chunk])
-        for entry, matches in zip(chunk, keep, strict=True):
-            bound = entry
-            if matches:
-                found.entries.append((entry[0], tenant, entry[1]))
-                if len(found.entries) == want:
-                    return found
-        examined += len(chunk)
-    if bound is not None:
-        found.stopped_at = (bound[0], tenant, bound[1])
-    return found
-
-
-def _small(c: Client, tenant: str, sets: list[str], bound: Bound | None, want: int) -> _Found:
-    """Read the smallest filter index whole (in slices) and order it by creation."""
-    smallest, *others = sorted(sets, key=lambda k: int(c.client.scard(k)))
-    ids = sorted({run_id for part in scan(c, smallest) for run_id in part})
-    ids = [r for r, k in zip(ids, _members(c, others, ids), strict=True) if k]
-    scores = c.client.zmscore(keys.runs(tenant), ids) if ids else []
-    entries = sorted(
-        (
-            (int(score), run_id)
-            for run_id, score in zip(ids, scores, strict=True)
-            if score is not None
-        ),
-        reverse=True,
-    )
-    below = [e for e in entries if bound is None or e < bound]
-    return _Found([(ms, tenant, run_id) for ms, run_id in below[:want]])
-
-
-def _filter_sets(tenant: str, status: str | None, outcome: str | None) -> list[str]:
-    sets = [keys.by_status(tenant, status)] if status else []
-    return sets + ([keys.by_outcome(tenant, outcome)] if outcome else [])
-
-
-def _candidates(c: Client, tenant: str, sets: list[str], after: Key | None, want: int) -> _Found:
-    bound = _bound(after, tenant)
-    if sets and min(int(c.client.scard(k)) for k in sets) <= SMALL_INDEX:
-        return _small(c, tenant, sets, bound, want)
-    return _walk(c, tenant, sets, bound, want)
+def _candidates(
+    c: Client, tenant: str, *, status: str | None, outcome: str | None, after: Key | None,
+    want: int,
+) -> tuple[list[Key], Key | None]:  # fmt: skip
+    """Up to `want` of the tenant's runs after `after` that match, newest first, and where a
+    walk that ran out of budget stopped (None: it did not)."""
+    found = run_index.matching(
+        c.client, tenant, status=status, outcome=outcome, below=_bound(after, tenant),
+        want=want, small_index=SMALL_INDEX, chunk=WALK_CHUNK, budget=WALK_BUDGET,
+    )  # fmt: skip
+    stop = found.stopped_at
+    return ([(ms, tenant, run_id) for ms, run_id in found.entries],
+            (stop[0], tenant, stop[1]) if stop else None)  # fmt: skip
 
 
 def page_runs(
@@ -257,9 +189,11 @@ def page_keys(
     entries: list[Key] = []
     stops: list[Key] = []
     for t in [tenant] if tenant is not None else tenants(c):
-        found = _candidates(c, t, _filter_sets(t, status, outcome), after, limit + 1)
-        entries += found.entries
-        stops += [found.stopped_at] if found.stopped_at else []
+        found, stopped_at = _candidates(
+            c, t, status=status, outcome=outcome, after=after, want=limit + 1
+        )
+        entries += found
+        stops += [stopped_at] if stopped_at else []
     entries.sort(reverse=True)
     # Below the newest place a walk stopped, that tenant's runs are not known yet.
     stop = max(stops, default=None)
@@ -273,12 +207,9 @@ def page_keys(
 def rows(c: Client, page: list[Key], status: str | None = None) -> list[RunRow]:
     """The page's runs, loaded in one round trip. A run gone since its index was read, or moved
     out of the `status` the page was asked for, is left out."""
-    pipe = c.client.pipeline(transaction=False)
-    for _, t, run_id in page:
-        pipe.hgetall(keys.run(t, run_id))
+    found = run_index.hashes(c.client, [(t, run_id) for _, t, run_id in page])
     out = []
-    for (_, t, run_id), raw in zip(page, pipe.execute(), strict=True):
-        stored = {text(k): text(v) for k, v in raw.items()}
-        if stored.get("status") and status in (None, stored["status"]):
+    for (_, t, run_id), stored in zip(page, found, strict=True):
+        if stored.get(fields.STATUS) and status in (None, stored[fields.STATUS]):
             out.append(_row(t, run_id, stored))
     return out

@@ -26,12 +26,12 @@ from turnstile.worker.ops.subjects import (
     live_inflight,
     parked_runs,
     runs_in,
-    scan,
 )
 from turnstile.worker.scheduling import fair
-from turnstile.worker.store import keys
+from turnstile.worker.store import controls
+from turnstile.worker.store import pending as pending_sets
 from turnstile.worker.store import queues as served_queues
-from turnstile.worker.store.values import server_ms, text
+from turnstile.worker.store.values import server_ms
 
 DRAIN_POLL_S = 0.2
 T = TypeVar("T")
@@ -87,9 +87,7 @@ def _view(c: Client, subject: Subject, recorded: str) -> QueueView:
     """The queue's view, each figure read on its own: a broken one is left unknown (None or
     0) and the queue shown broken, with what was refused or what the dispatcher recorded."""
     queue, reads = subject.name, _Reads()
-    flags = reads(lambda: [text(v) for v in c.client.hmget(
-        keys.queue_control(queue), "paused", "paused_by", "draining", "draining_by")],
-        ["", "", "", ""])  # fmt: skip
+    flags = reads(lambda: controls.queue_flags(c.client, queue), ("", "", "", ""))
     paused, paused_by, draining, draining_by = flags
     view = QueueView(
         queue,
@@ -106,7 +104,7 @@ def _view(c: Client, subject: Subject, recorded: str) -> QueueView:
 
 def _fair_tenants(c: Client, queue: str, reads: _Reads) -> list[dict[str, Any]]:
     out = []
-    for tenant in sorted(text(t) for t in c.client.smembers(keys.fair_active(queue))):
+    for tenant in pending_sets.active_tenants(c.client, queue):
         view = fair.tenant_view(c.client, tenant, [queue])
         if view.broken:  # read again, for the error the server gives
             none: dict[str, int] = {}
@@ -143,7 +141,8 @@ def backlog(c: Client, queue: str) -> Backlog:
 
 
 def _backlog(c: Client, queue: str) -> Backlog:
-    active = sorted({t for some in scan(c, keys.fair_active(queue)) for t in some})  # SSCAN repeats
+    # A tenant may be seen twice in the scan of the queue's active set.
+    active = sorted({t for some in pending_sets.scan_active(c.client, queue) for t in some})
     pending = 0
     for start in range(0, len(active), SCAN_COUNT):
         some = active[start : start + SCAN_COUNT]
@@ -151,7 +150,7 @@ def _backlog(c: Client, queue: str) -> Backlog:
     on_broker = broker_depth(c.config.broker, queue)
     if on_broker is None:
         since = server_ms(c.client) - fair.sent_window_ms(c.config)
-        on_broker = int(c.client.zcount(keys.fair_sent(queue), since, "+inf"))
+        on_broker = pending_sets.sent_since(c.client, queue, since)
     in_flight = len(live_inflight(c, Subject(queue=queue)))
     waiting = pending + on_broker
     return Backlog(queue, pending, on_broker, waiting, in_flight, waiting + in_flight)
@@ -160,7 +159,7 @@ def _backlog(c: Client, queue: str) -> Backlog:
 def queues(c: Client) -> list[QueueView]:
     """Every queue the store holds (used, controlled or served), broken ones included."""
     recorded = served_queues.broken(c.client)
-    names = sorted(text(q) for q in c.client.smembers(keys.QUEUES))
+    names = served_queues.names(c.client)
     return [_view(c, StoredQueue(queue=name), recorded.get(name, "")) for name in names]
 
 

@@ -39,6 +39,7 @@ from turnstile.jobs.trace import Span, Trace
 from turnstile.worker.client._client import Client
 from turnstile.worker.ops.decisions import resolve
 from turnstile.worker.registry import Registry
+from turnstile.worker.store import fields
 
 CUT_OFF = "the turn outlived its time limit"  # the step's reason when its soft limit fired
 
@@ -272,7 +273,7 @@ def replay_events(
 def replay_run(c: Client, run_id: str, tenant: str | None = None) -> ReplayResult:
     """Replay the stored run and compare the state it reaches with the stored state."""
     tenant, stored_hash = resolve(c, run_id, tenant)
-    stored_json = stored_hash.get("state", "")
+    stored_json = stored_hash.get(fields.STATE, "")
     try:
         stored: RunState | None = RunState.from_json(stored_json)
     except StateFormatError:
@@ -287,7 +288,7 @@ def replay_run(c: Client, run_id: str, tenant: str | None = None) -> ReplayResul
         tenant=tenant,
         matches=difference is None,
         turns=turns,
-        stored_status=stored_hash.get("status", ""),
+        stored_status=stored_hash.get(fields.STATUS, ""),
         replayed_status=replayed.status.value,
         stored_outcome=stored.outcome.value if stored is not None and stored.outcome else None,
         replayed_outcome=replayed.outcome.value if replayed.outcome else None,

@@ -5,13 +5,16 @@ and the listing read the store's indexes through here, a slice at a time.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
+from turnstile.jobs.outcomes import Status
 from turnstile.worker.client._client import Client
 from turnstile.worker.names import check_name
 from turnstile.worker.ops.errors import ControlError
-from turnstile.worker.store import keys
+from turnstile.worker.store import fields, leases, run_index
+from turnstile.worker.store import queues as stored_queues
+from turnstile.worker.store import tenants as stored_tenants
+from turnstile.worker.store.controls import Target
 from turnstile.worker.store.values import server_ms, text
 
 
@@ -28,7 +31,7 @@ class Subject:
         check_name("queue" if self.queue is not None else "tenant", self.queue or self.tenant)
 
     @property
-    def kind(self) -> str:  # "queue" | "tenant", as Flagged and Resumed name it
+    def kind(self) -> Target:  # "queue" | "tenant", as Flagged and Resumed name it
         return "queue" if self.queue is not None else "tenant"
 
     @property
@@ -36,13 +39,6 @@ class Subject:
         name = self.queue if self.queue is not None else self.tenant
         assert name is not None
         return name
-
-    @property
-    def flag_key(self) -> str:
-        if self.queue is not None:
-            return keys.queue_control(self.queue)
-        assert self.tenant is not None
-        return keys.control(self.tenant)
 
 
 @dataclass(frozen=True)
@@ -56,31 +52,19 @@ class StoredQueue(Subject):
             raise ControlError("a stored queue is a queue")
 
 
-SCAN_COUNT = 500  # members asked for per SSCAN call: indexes are read in slices
+SCAN_COUNT = 500  # tenants whose turns in flight are read per round trip
 
 
 def tenants(c: Client) -> list[str]:
     """Every tenant with runs, by name, read in slices (a tenant is far fewer keys than its
     runs; the runs themselves are only ever read a page at a time)."""
-    return sorted({text(t) for t in c.client.sscan_iter(keys.TENANTS, count=SCAN_COUNT)})
-
-
-def scan(c: Client, key: str) -> Iterator[list[str]]:
-    """A set's members in slices of about SCAN_COUNT (SSCAN: a member present throughout is
-    seen, maybe twice)."""
-    cursor = 0
-    while True:
-        cursor, members = c.client.sscan(key, cursor, count=SCAN_COUNT)
-        if members:
-            yield [text(m) for m in members]
-        if int(cursor) == 0:
-            return
+    return stored_tenants.names(c.client)
 
 
 def check_known(c: Client, subject: Subject) -> None:
-    if subject.queue is not None and not c.client.sismember(keys.QUEUES, subject.queue):
+    if subject.queue is not None and not stored_queues.known(c.client, subject.queue):
         raise ControlError(f"unknown queue {subject.queue!r}")
-    if subject.tenant is not None and not c.client.sismember(keys.TENANTS, subject.tenant):
+    if subject.tenant is not None and not stored_tenants.known(c.client, subject.tenant):
         raise ControlError(f"unknown tenant {subject.tenant!r}")
 
 
@@ -94,11 +78,9 @@ def runs_in(c: Client, subject: Subject, status: str) -> list[tuple[str, str, st
     tenants."""
     out = set()
     for tenant in _tenants_of(c, subject):
-        for ids in scan(c, keys.by_status(tenant, status)):
-            pipe = c.client.pipeline(transaction=False)
-            for run_id in ids:
-                pipe.hget(keys.run(tenant, run_id), "queue")
-            for run_id, queue in zip(ids, pipe.execute(), strict=True):
+        for ids in run_index.in_status(c.client, tenant, status):
+            found = run_index.fields_of_runs(c.client, [(tenant, r) for r in ids], fields.QUEUE)
+            for run_id, (queue,) in zip(ids, found, strict=True):
                 if subject.queue is None or text(queue) == subject.queue:
                     out.add((tenant, run_id, text(queue)))
     return sorted(out)
@@ -106,7 +88,7 @@ def runs_in(c: Client, subject: Subject, status: str) -> list[tuple[str, str, st
 
 def parked_runs(c: Client, subject: Subject) -> list[tuple[str, str, str]]:
     """(tenant, run id, queue) of every parked run of the subject."""
-    return runs_in(c, subject, "parked")
+    return runs_in(c, subject, Status.PARKED.value)
 
 
 def live_inflight(c: Client, subject: Subject) -> list[tuple[str, str, str]]:
@@ -116,15 +98,8 @@ def live_inflight(c: Client, subject: Subject) -> list[tuple[str, str, str]]:
     out = []
     names = _tenants_of(c, subject)
     for start in range(0, len(names), SCAN_COUNT):  # one round trip per slice of tenants
-        some = names[start : start + SCAN_COUNT]
-        pipe = c.client.pipeline(transaction=False)
-        for tenant in some:
-            pipe.hgetall(keys.inflight(tenant))
-        for tenant, raw in zip(some, pipe.execute(), strict=True):
-            entries = {text(k): text(v) for k, v in raw.items()}
-            for run_id in sorted(entries):
-                fields = entries[run_id].split("|")
-                queue, lease = fields[0], fields[-1]
-                if lease.isdigit() and int(lease) > now and subject.queue in (None, queue):
-                    out.append((tenant, run_id, queue))
+        for turn in leases.in_flight(c.client, names[start : start + SCAN_COUNT]):
+            live = turn.lease_ms is not None and turn.lease_ms > now
+            if live and subject.queue in (None, turn.queue):
+                out.append((turn.tenant, turn.run_id, turn.queue))
     return out

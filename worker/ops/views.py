@@ -16,6 +16,7 @@ from turnstile.worker.client._client import Client
 from turnstile.worker.client._room import call_charges, no_room
 from turnstile.worker.ops.decisions import resolve
 from turnstile.worker.scheduling.priority import stored_priority
+from turnstile.worker.store import fields
 
 
 def events(c: Client, tenant: str, run_id: str) -> list[tuple[str, dict[str, Any]]]:
@@ -25,11 +26,11 @@ def events(c: Client, tenant: str, run_id: str) -> list[tuple[str, dict[str, Any
 def run_view(c: Client, run_id: str, tenant: str | None = None) -> dict[str, Any]:
     """Everything `turnstile status` shows about one run."""
     tenant, stored = resolve(c, run_id, tenant)
-    state = RunState.from_json(stored["state"])
+    state = RunState.from_json(stored[fields.STATE])
     stream = events(c, tenant, run_id)
     finished = next((e for _, e in reversed(stream) if e["type"] == "finished"), None)
     pending: dict[str, Any] | None = None
-    suspended = stored.get("status") == Status.SUSPENDED.value
+    suspended = stored.get(fields.STATUS) == Status.SUSPENDED.value
     if state.held_budget is not None and suspended:  # a budget hold, its fields as stored
         pending = msgspec.to_builtins(state.held_budget)
     elif state.pending is not None and suspended:
@@ -37,22 +38,22 @@ def run_view(c: Client, run_id: str, tenant: str | None = None) -> dict[str, Any
         pending = {"kind": "call", "tool": held.call.name, "args": held.call.args,
                    "digest": held.digest, "reason": held.reason, **_room(c, state)}  # fmt: skip
     return {
-        "run_id": run_id, "tenant": tenant, "status": stored.get("status", ""),
-        "outcome": stored.get("outcome", ""), "detail": stored.get("detail", ""),
-        "reason": stored.get("reason", ""), "queue": stored.get("queue", ""),
-        "priority": stored_priority(stored.get("priority")),
-        "job": stored.get("job", ""), "user": stored.get("user", ""),
-        "version": int(stored.get("version") or 0),
-        "created_ms": int(stored.get("created_ms") or 0),
-        "updated_ms": int(stored.get("updated_ms") or 0),
-        "cancel_requested_by": stored.get("cancel_by", ""),
+        "run_id": run_id, "tenant": tenant, "status": stored.get(fields.STATUS, ""),
+        "outcome": stored.get(fields.OUTCOME, ""), "detail": stored.get(fields.DETAIL, ""),
+        "reason": stored.get(fields.REASON, ""), "queue": stored.get(fields.QUEUE, ""),
+        "priority": stored_priority(stored.get(fields.PRIORITY)),
+        "job": stored.get(fields.JOB, ""), "user": stored.get(fields.USER, ""),
+        "version": int(stored.get(fields.VERSION) or 0),
+        "created_ms": int(stored.get(fields.CREATED_MS) or 0),
+        "updated_ms": int(stored.get(fields.UPDATED_MS) or 0),
+        "cancel_requested_by": stored.get(fields.CANCEL_BY, ""),
         "usage": msgspec.to_builtins(state.usage), "budget": msgspec.to_builtins(state.budget),
         "plan": [{"id": s.id, "tool": s.tool, "status": s.status} for s in state.plan],
         "pending": pending, "decisions": msgspec.to_builtins(state.decisions),
         "answer": state.answer, "message": finished.get("message") if finished else None,
         "last_result": state.last_result,
         "events": len(stream), "last_event": stream[-1][1]["type"] if stream else None,
-        "waiting": waiting(stored.get("status", ""), stream),
+        "waiting": waiting(stored.get(fields.STATUS, ""), stream),
     }  # fmt: skip
 
 

@@ -36,10 +36,10 @@ from turnstile.worker.observability import metrics
 from turnstile.worker.scheduling.fair import aging_ms, sent_window_ms, slot_extra_ms, tenant_view
 from turnstile.worker.scheduling.ratelimits import Promoter
 from turnstile.worker.settings import Settings
-from turnstile.worker.store import keys
+from turnstile.worker.store import locks, pending
 from turnstile.worker.store import queues as served_queues
 from turnstile.worker.store.durability import Durability
-from turnstile.worker.store.scripts import FAIR, evalsha, register, with_scripts
+from turnstile.worker.store.tenants import weights as read_weights
 from turnstile.worker.store.values import server_ms
 
 log = structlog.get_logger("turnstile.fair")
@@ -65,7 +65,6 @@ WEIGHTS_EVERY_S = 1.0  # a weight changed by hand applies within this long
 GAUGES_EVERY_S = 1.0  # how often the dispatcher publishes each tenant's share as metrics
 BROKEN_RECHECK_S = 5.0  # a broken queue is tried again this long after it failed
 RECORDS_EVERY_S = 1.0  # how often the store's record of broken queues is read again
-LIVE = ("running", "suspended", "parked")  # a run in one of these is active
 
 
 class RoundRobin:
@@ -104,7 +103,6 @@ class Dispatcher:
     ) -> None:
         self.client, self.broker_depth, self.config = client, broker_depth, config
         self.publish = publish
-        self.take = register(client, "fair_take", FAIR)
         self.rr: dict[str, RoundRobin] = {}
         self.token = secrets.token_hex(8)
         self.renewed = 0.0
@@ -123,6 +121,8 @@ class Dispatcher:
         self.slot_extra_ms = slot_extra_ms(config)
         self.sent_window_ms = sent_window_ms(config)
         self.aging_ms = aging_ms(config)
+        self.taker = pending.Taker(client, slot_extra_ms=self.slot_extra_ms,
+                                   aging_ms=self.aging_ms)  # fmt: skip
         # Steps deferred by a provider rate limit (ratelimits.py), queued here when due.
         self.promoter = Promoter(client)
         self.next_due_s: float | None = None
@@ -143,11 +143,9 @@ class Dispatcher:
         now = time.monotonic()
         if now - self.renewed < LOCK_MS / 3000:
             return True
-        held = self.client.set(keys.FAIR_LOCK, self.token, nx=True, px=LOCK_MS)
-        if not held and self.client.get(keys.FAIR_LOCK) == self.token:
-            held = bool(self.client.pexpire(keys.FAIR_LOCK, LOCK_MS))
+        held = locks.lead(self.client, locks.DISPATCHER, self.token, LOCK_MS)
         self.renewed = now if held else 0.0
-        return bool(held)
+        return held
 
     def announce(self) -> None:
         """Say how many turns this worker can hold in flight on each of its queues, every
@@ -157,10 +155,7 @@ class Dispatcher:
             return
         name, queues, slots = self.capacity
         lapses = server_ms(self.client) + CAPACITY_TTL_MS
-        pipe = self.client.pipeline(transaction=False)
-        for queue in queues:
-            pipe.zadd(keys.fair_capacity(queue), {f"{name}|{slots}": lapses})
-        pipe.execute()
+        pending.announce_capacity(self.client, name, queues, slots, lapses)
         self.announced = now
 
     def wanted_depth(self, queue: str) -> int:
@@ -171,12 +166,7 @@ class Dispatcher:
         read_at, depth = self.depths.get(queue, (0.0, 0))
         if now - read_at < 1.0:
             return depth
-        key = keys.fair_capacity(queue)
-        pipe = self.client.pipeline(transaction=False)
-        pipe.zremrangebyscore(key, "-inf", server_ms(self.client))
-        pipe.zrange(key, 0, -1)
-        _, live = pipe.execute()
-        slots = sum(int(str(entry).rpartition("|")[2] or 0) for entry in live)
+        slots = pending.live_capacity(self.client, queue)
         depth = max(self.config.dispatch_depth, slots // DEPTH_SHARE)
         self.depths[queue] = (now, depth)
         return depth
@@ -188,7 +178,7 @@ class Dispatcher:
         self.next_due_s = self.promoter.promote()
         self._read_records()
         now = time.monotonic()
-        for queue in sorted(str(q) for q in self.client.smembers(keys.FAIR_QUEUES)):
+        for queue in pending.queues(self.client):
             if queue in self.broken and now < self.broken[queue][1]:
                 continue
             try:
@@ -229,12 +219,9 @@ class Dispatcher:
             self.recorded_at = now
 
     def _fill(self, queue: str, room: int) -> int:
-        tenants = sorted(str(t) for t in self.client.smembers(keys.fair_active(queue)))
+        tenants = pending.active_tenants(self.client, queue)
         if not tenants:
-            # As for a tenant (see _drop): a push adds its queue after its tenant.
-            self.client.srem(keys.FAIR_QUEUES, queue)
-            if self.client.scard(keys.fair_active(queue)):
-                self.client.sadd(keys.FAIR_QUEUES, queue)
+            pending.drop_queue(self.client, queue)  # as for a tenant (see pending.drop_tenant)
             return 0
         weights = self._weights(tenants)
         rr = self.rr.setdefault(queue, RoundRobin())
@@ -264,38 +251,19 @@ class Dispatcher:
         """The tenants' weights, read at most once a second (they change by hand)."""
         now = time.monotonic()
         if now - self.weights_at > WEIGHTS_EVERY_S or any(t not in self.weights for t in tenants):
-            pipe = self.client.pipeline(transaction=False)
-            for name in tenants:
-                pipe.hget(keys.caps(name), "weight")
-            self.weights = {t: int(w or 1) for t, w in zip(tenants, pipe.execute(), strict=True)}
+            self.weights = read_weights(self.client, tenants)
             self.weights_at = now
         return self.weights
 
-    def _take_keys(self, tenant: str, queue: str) -> list[str]:
-        return [
-            keys.pending(tenant, queue, "cont"), keys.pending(tenant, queue, "start"),
-            keys.pending_index(tenant), keys.slots(tenant), keys.caps(tenant),
-            keys.active(tenant),
-        ]  # fmt: skip
-
     def _take(self, tenant: str, queue: str) -> dict[str, Any] | None:
-        reply = self.take(keys=self._take_keys(tenant, queue),
-                          args=[self.slot_extra_ms, self.aging_ms])  # fmt: skip
-        return self._taken(tenant, queue, reply)
+        return self._taken(tenant, queue, self.taker.take(tenant, queue))
 
     def _take_many(
         self, tenants: list[str], queue: str
     ) -> list[dict[str, Any] | redis.ResponseError | None]:
         """One take per tenant named (a tenant named twice gives two steps), in one round
-        trip (see `with_scripts`: a take that NOSCRIPT refused took nothing); a take the
-        server refused is its error, in its place."""
-
-        def build(pipe: Any) -> None:
-            for tenant in tenants:
-                evalsha(pipe, self.take, self._take_keys(tenant, queue),
-                        [self.slot_extra_ms, self.aging_ms])  # fmt: skip
-
-        replies = with_scripts(self.client, (self.take,), build, raise_on_error=False)
+        trip (pending.Taker.take_many); a take the server refused is its error, in its place."""
+        replies = self.taker.take_many(tenants, queue)
         taken: dict[str, dict[str, Any] | None] = {}
         out: list[dict[str, Any] | redis.ResponseError | None] = []
         for tenant, reply in zip(tenants, replies, strict=True):
@@ -327,24 +295,12 @@ class Dispatcher:
         """Drop the runs that ended from the tenant's active set; how many were dropped. Run
         when the set is at its cap, so it reads at most the cap's worth of runs (a run that
         ended by a path that did not drop it is found here, so no cap fills up for good)."""
-        run_ids = [str(r) for r in self.client.zrange(keys.active(tenant), 0, -1)]
-        pipe = self.client.pipeline(transaction=False)
-        for run_id in run_ids:
-            pipe.hget(keys.run(tenant, run_id), "status")
-        ended = [r for r, status in zip(run_ids, pipe.execute(), strict=True) if status not in LIVE]
-        if ended:
-            self.client.zrem(keys.active(tenant), *ended)
-        return len(ended)
+        return pending.prune_active(self.client, tenant)
 
     def _drop(self, tenant: str, queue: str) -> None:
-        """Drop a tenant with nothing pending from the queue's set, then look again: a step
-        pushed meanwhile re-adds it (its push adds after its entry, and we look after)."""
-        self.client.srem(keys.fair_active(queue), tenant)
-        pipe = self.client.pipeline(transaction=False)
-        pipe.zcard(keys.pending(tenant, queue, "cont"))
-        pipe.zcard(keys.pending(tenant, queue, "start"))
-        if sum(int(n) for n in pipe.execute()):
-            self.client.sadd(keys.fair_active(queue), tenant)
+        """Drop a tenant with nothing pending from the queue's set (pending.drop_tenant: a
+        step pushed meanwhile re-adds it)."""
+        pending.drop_tenant(self.client, tenant, queue)
 
     def _send(self, entries: list[dict[str, Any]]) -> None:
         if not entries:
@@ -382,13 +338,9 @@ class Dispatcher:
         it is published: while another tenant's step waits on the broker, no commit claims its
         own run's next step. Entries older than the window are dropped (lost on the way)."""
         now = server_ms(self.client)
-        pipe = self.client.pipeline(transaction=False)
-        for queue in {msg.queue for msg, _, _ in batch}:
-            pipe.zremrangebyscore(keys.fair_sent(queue), "-inf", now - self.sent_window_ms)
-        for msg, _, _ in batch:
-            pipe.zadd(keys.fair_sent(msg.queue), {f"{msg.tenant}|{msg.run_id}:{msg.version}": now})
-            self.sent_tenants.add(msg.tenant)
-        pipe.execute()
+        steps = [(msg.tenant, msg.run_id, msg.version, msg.queue) for msg, _, _ in batch]
+        self.sent_tenants |= {msg.tenant for msg, _, _ in batch}
+        pending.mark_sent(self.client, steps, now_ms=now, window_ms=self.sent_window_ms)
 
     def _gauges(self) -> None:
         """Each tenant's share as metrics, once a second: the tenants with steps waiting or
@@ -398,13 +350,12 @@ class Dispatcher:
         if not metrics.enabled() or now - self.gauged < GAUGES_EVERY_S:
             return
         self.gauged = now
-        queues = sorted(str(q) for q in self.client.smembers(keys.FAIR_QUEUES)
-                        if str(q) not in self.broken)  # fmt: skip
+        queues = [q for q in pending.queues(self.client) if q not in self.broken]
         shown = self.gauge_tenants | self.sent_tenants
         self.sent_tenants = set()
         for queue in queues:
             with contextlib.suppress(redis.ResponseError):  # broken: its dispatch says so
-                shown |= {str(t) for t in self.client.smembers(keys.fair_active(queue))}
+                shown |= set(pending.active_tenants(self.client, queue))
         self.gauge_tenants = set()
         for tenant in sorted(shown):
             v = tenant_view(self.client, tenant, queues)
@@ -426,7 +377,7 @@ class Dispatcher:
                 poll_s = self.config.dispatch_poll_s
                 if self.next_due_s is not None:  # wake when the next deferred step is due
                     poll_s = min(poll_s, max(0.01, self.next_due_s))
-                self.client.blpop([keys.FAIR_WAKE], timeout=poll_s)
+                pending.wait_nudge(self.client, poll_s)
             except Exception as exc:  # the store may be down: try again shortly
                 log.warning("dispatch_pass_failed", error=str(exc))
                 stop.wait(self.config.dispatch_poll_s)

@@ -1,8 +1,8 @@
 """Provider rate limits, shared by every worker: requests and tokens per minute per model
 endpoint (a model string, `openai:gpt-4.1-mini`), and optionally a tenant's own share of one.
 
-Each limited endpoint has token buckets in the store (keys.rate_bucket, in the endpoint's hash
-slot): the endpoint's, and a tenant's where it has a limit of its own. A bucket lets `burst_s`
+Each limited endpoint has token buckets in the store (worker/store/limits.py, in the endpoint's
+hash slot): the endpoint's, and a tenant's where it has a limit of its own. A bucket lets `burst_s`
 seconds' worth of its limit go at once (DEFAULT_BURST_S: a second's, at least one request) and
 refills so that no 60 s passes more than the limit (`shape`, rl_lib.lua), whatever window the
 provider counts in. Before a turn calls a
@@ -36,9 +36,10 @@ from turnstile.errors import InvalidNameError, TurnstileError
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.names import check_name
 from turnstile.worker.scheduling.fair import pending_entry
-from turnstile.worker.store import keys
-from turnstile.worker.store.runs import StoreUnavailable
-from turnstile.worker.store.scripts import FAIR, RL, evalsha, register, with_scripts
+from turnstile.worker.store import limits as stored
+from turnstile.worker.store import pending
+from turnstile.worker.store.errors import StoreUnavailable
+from turnstile.worker.store.scripts import RL, evalsha, register, with_scripts
 from turnstile.worker.store.values import server_ms
 
 if TYPE_CHECKING:
@@ -46,7 +47,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("turnstile.ratelimits")
 
-LIMITS = ("rpm", "tpm")  # what `turnstile limits set` accepts: requests and tokens per minute
+# What `turnstile limits set` accepts: requests and tokens per minute.
+LIMITS = (stored.RPM, stored.TPM)
 MAX_LIMIT = 10**12
 BURST = "burst_s"  # seconds' worth of a bucket's limits that may go at once
 # A second's worth: OpenAI and Anthropic both say a per-minute limit may be enforced over
@@ -143,18 +145,12 @@ def set_limits(
     limit or burst caps its level at once."""
     check_endpoint(endpoint, providers)
     _check_tenant(tenant)
-    key = keys.rate_bucket(endpoint, tenant or "")
-    if not set(limits) & set(LIMITS) and client.hmget(key, *LIMITS) == [None, None]:
+    if not set(limits) & set(LIMITS) and not stored.has_limit(client, endpoint, tenant or ""):
         raise RateLimitError(
             f"{BURST} alone limits nothing: {_whose(endpoint, tenant)} has no limit; "
             "give rpm=N or tpm=N with it"
         )
-    pipe = client.pipeline(transaction=True)
-    pipe.hset(key, mapping={k: v for k, v in limits.items()})
-    if tenant:
-        pipe.sadd(keys.rate_tenants(endpoint), tenant)
-    pipe.sadd(keys.RATE_ENDPOINTS, endpoint)
-    pipe.execute()
+    stored.write(client, endpoint, limits, tenant or "")
 
 
 def _whose(endpoint: str, tenant: str | None) -> str:
@@ -169,25 +165,7 @@ def unset_limits(
     the limits removed. Turns of an endpoint left without limits draw nothing."""
     check_endpoint(endpoint, providers)
     _check_tenant(tenant)
-    chosen = parse_names(names)
-    key = keys.rate_bucket(endpoint, tenant or "")
-    levels = {"rpm": "r", "tpm": "t"}
-    had = client.hmget(key, *chosen)
-    pipe = client.pipeline(transaction=True)
-    pipe.hdel(key, *chosen, *(levels[n] for n in chosen))
-    pipe.execute()
-    if client.hget(key, "rpm") is None and client.hget(key, "tpm") is None:
-        client.delete(key)
-        if tenant:
-            client.srem(keys.rate_tenants(endpoint), tenant)
-    if not _has_limits(client, endpoint):
-        client.srem(keys.RATE_ENDPOINTS, endpoint)
-    return [n for n, v in zip(chosen, had, strict=True) if v is not None]
-
-
-def _has_limits(client: redis.Redis, endpoint: str) -> bool:
-    rpm, tpm = client.hmget(keys.rate_bucket(endpoint), "rpm", "tpm")
-    return rpm is not None or tpm is not None or bool(client.scard(keys.rate_tenants(endpoint)))
+    return stored.remove(client, endpoint, parse_names(names), tenant or "")
 
 
 @dataclass(frozen=True)
@@ -210,12 +188,12 @@ def show_limits(
     buckets' levels now."""
     if endpoint is not None:
         check_endpoint(endpoint, providers)
-    names = [endpoint] if endpoint else sorted(str(e) for e in client.smembers(keys.RATE_ENDPOINTS))
+    names = [endpoint] if endpoint else stored.endpoints(client)
     now = server_ms(client)
     out = []
     for name in names:
-        tenants = sorted(str(t) for t in client.smembers(keys.rate_tenants(name)))
-        paid = int(client.zcount(keys.rate_paid(name), now, "+inf"))
+        tenants = stored.tenants(client, name)
+        paid = stored.paid_waiting(client, name, now)
         for tenant in ["", *tenants]:
             view = _view(client, name, tenant, now, paid if not tenant else 0)
             if view is not None:
@@ -224,9 +202,7 @@ def show_limits(
 
 
 def _view(client: redis.Redis, endpoint: str, tenant: str, now: int, paid: int) -> LimitView | None:
-    rpm, tpm, r, t, at, blocked, burst = client.hmget(
-        keys.rate_bucket(endpoint, tenant), "rpm", "tpm", "r", "t", "at", "blocked", BURST
-    )
+    rpm, tpm, r, t, at, blocked, burst = stored.bucket(client, endpoint, tenant)
     if rpm is None and tpm is None:
         return None
     elapsed = max(0, now - int(at or now))
@@ -263,10 +239,6 @@ class Draw:
 GO = Draw("go")
 
 
-def paid_member(tenant: str, run_id: str, version: int) -> str:
-    return f"{tenant}|{run_id}:{version}"
-
-
 class Buckets:
     """A worker process's side of the shared buckets."""
 
@@ -287,11 +259,10 @@ class Buckets:
             with self._lock:
                 if now - self._read_at >= CACHE_S:
                     try:
-                        found = self.client.smembers(keys.RATE_ENDPOINTS)
+                        self._limited = stored.limited(self.client)
                     except redis.RedisError as exc:  # the load before said the store is up
                         log.warning("rate_limits_unread", error=str(exc))
                         return endpoint in self._limited
-                    self._limited = frozenset(str(e) for e in found)
                     self._read_at = now
         return endpoint in self._limited
 
@@ -302,13 +273,10 @@ class Buckets:
         """Draw one request and `tokens` for the turn of step `version`; see rl_draw.lua. A
         store that does not answer is StoreUnavailable: the step is retried, as when its load
         finds the store down."""
+        call = stored.draw_call(endpoint, tenant, run_id, version, tokens=tokens,
+                                longest_ms=longest_ms)  # fmt: skip
         try:
-            reply = self._draw(
-                keys=[keys.rate_bucket(endpoint), keys.rate_bucket(endpoint, tenant),
-                      keys.rate_paid(endpoint)],
-                args=[paid_member(tenant, run_id, version), max(0, tokens), max(0, longest_ms),
-                      paid_member(tenant, run_id, version + 1)],
-            )  # fmt: skip
+            reply = self._draw(keys=call.keys, args=call.args)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailable(f"store unavailable: {exc}") from exc
         kind = str(reply[0])
@@ -320,11 +288,9 @@ class Buckets:
         """Give back tokens a turn drew and did not use (negative: it used more)."""
         if tokens == 0:
             return
+        call = stored.refund_call(endpoint, tenant, tokens)
         try:
-            self._adjust(
-                keys=[keys.rate_bucket(endpoint), keys.rate_bucket(endpoint, tenant)],
-                args=["refund", tokens],
-            )
+            self._adjust(keys=call.keys, args=call.args)
         except redis.RedisError as exc:  # the bucket only refills a little later
             log.warning("rate_refund_failed", endpoint=endpoint, error=str(exc))
 
@@ -334,9 +300,9 @@ class Buckets:
         if not self.limited(endpoint):
             return
         wait_ms = int(1000 * (wait_s if wait_s is not None and wait_s > 0 else 1.0))
+        call = stored.block_call(endpoint, wait_ms)
         try:
-            self._adjust(keys=[keys.rate_bucket(endpoint), keys.rate_bucket(endpoint)],
-                         args=["block", wait_ms])  # fmt: skip
+            self._adjust(keys=call.keys, args=call.args)
         except redis.RedisError as exc:
             log.warning("rate_block_failed", endpoint=endpoint, error=str(exc))
             return
@@ -355,11 +321,7 @@ def defer(
     """Keep the step `msg` until `wait_ms` from now, then the dispatcher queues it (the run's
     lease, set by the commit that deferred it, covers the wait: the sweeper leaves it be)."""
     entry = pending_entry(msg, soft_s, hard_s).entry
-    due = server_ms(client) + wait_ms
-    pipe = client.pipeline(transaction=False)
-    pipe.zadd(keys.deferred(msg.tenant), {entry: due})
-    pipe.sadd(keys.DEFERRED_TENANTS, msg.tenant)
-    pipe.execute()
+    stored.defer(client, msg.tenant, entry, server_ms(client) + wait_ms)
 
 
 class Promoter:
@@ -368,7 +330,7 @@ class Promoter:
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
         self.due = register(client, "fair_due")
-        self.push = register(client, "fair_push", FAIR)
+        self.pusher = pending.Pusher(client)
         self.idle_at = -IDLE_LOOK_S  # when a look last found nothing deferred (monotonic)
 
     def promote(self) -> float | None:
@@ -376,14 +338,15 @@ class Promoter:
         now = time.monotonic()
         if now - self.idle_at < IDLE_LOOK_S:
             return None
-        tenants = sorted(str(t) for t in self.client.smembers(keys.DEFERRED_TENANTS))
+        tenants = stored.deferring(self.client)
         if not tenants:
             self.idle_at = now
             return None
 
         def take(pipe: Any) -> None:
             for tenant in tenants:
-                evalsha(pipe, self.due, [keys.deferred(tenant)], [DUE_BATCH])
+                call = stored.due_call(tenant, DUE_BATCH)
+                evalsha(pipe, self.due, call.keys, call.args)
 
         replies = with_scripts(self.client, (self.due,), take)
         entries: list[str] = []
@@ -409,20 +372,11 @@ class Promoter:
                 str(step["tenant"]), str(step["run_id"]), int(step["version"]),
                 str(step["queue"]), str(step.get("traceparent") or ""),
             )  # fmt: skip
-            pending = pending_entry(msg, float(step["soft_s"]), float(step["hard_s"]))
-            pendings.append(pending)
-
-        def build(pipe: Any) -> None:
-            for p in pendings:
-                # Nothing to give back: the deferring step's slot went when it was done.
-                evalsha(pipe, self.push, [*p.keys, p.run_key], [*p.args[:3], ""])
-                p.announce(pipe)
-
-        with_scripts(self.client, (self.push,), build)
+            pendings.append(pending_entry(msg, float(step["soft_s"]), float(step["hard_s"])))
+        # Nothing to give back: the deferring step's slot went when it was done.
+        self.pusher.push_many(pendings)
 
     def _drop(self, tenant: str) -> None:
         """A tenant with nothing deferred leaves the set; a step deferred meanwhile re-adds it
         (its deferral adds the tenant after its entry, and we look after the removal)."""
-        self.client.srem(keys.DEFERRED_TENANTS, tenant)
-        if self.client.zcard(keys.deferred(tenant)):
-            self.client.sadd(keys.DEFERRED_TENANTS, tenant)
+        stored.drop_deferring(self.client, tenant)

@@ -17,15 +17,15 @@ tenant, so it stays short; the next pass goes on where this one stopped.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import redis
 import structlog
+from redis.commands.core import Script
 
+from turnstile.jobs.outcomes import Status
 from turnstile.ledger.client import Ledger
 from turnstile.worker.settings import Settings
-from turnstile.worker.store import keys
-from turnstile.worker.store.scripts import evalsha, register, with_scripts
+from turnstile.worker.store import fields, locks, run_index, tenants
 from turnstile.worker.store.values import server_ms, text
 
 log = structlog.get_logger("turnstile.retention")
@@ -45,7 +45,7 @@ class Retained:
 def run_due(client: redis.Redis, config: Settings, ledger: Ledger) -> Retained | None:
     """A retention pass, unless another worker did one less than an interval ago."""
     interval_ms = max(100, int(config.retention_interval_s * 1000))
-    if not client.set(keys.RETENTION_LOCK, "1", nx=True, px=interval_ms):
+    if not locks.once_per(client, locks.RETENTION, interval_ms):
         return None
     done = retain(client, config, ledger)
     if done.runs or done.buckets:
@@ -57,29 +57,24 @@ def retain(client: redis.Redis, config: Settings, ledger: Ledger) -> Retained:
     """One pass over every tenant: remove the runs that ended before the cutoff, prune the
     ledger's old period buckets."""
     cutoff_ms = server_ms(client) - int(config.retain_finished_s * 1000)
-    expire = register(client, "run_expire")
+    expire = run_index.expirer(client)
     runs = buckets = 0
-    for raw in client.sscan_iter(keys.TENANTS, count=BATCH):
-        tenant = text(raw)
+    for tenant in tenants.scan(client, BATCH):
         runs += expire_runs(client, expire, tenant, cutoff_ms)
         buckets += len(ledger.prune_periods(tenant))
     return Retained(runs, buckets)
 
 
-def expire_runs(client: redis.Redis, expire: Any, tenant: str, cutoff_ms: int) -> int:
+def expire_runs(client: redis.Redis, expire: Script, tenant: str, cutoff_ms: int) -> int:
     """Remove the tenant's runs that ended at or before `cutoff_ms`; returns how many."""
     removed, skipped = 0, 0
     while removed < MAX_PER_TENANT:
         # Runs created before the cutoff, oldest first, past the ones kept on this pass.
-        ids = [
-            text(r)
-            for r in client.zrangebyscore(
-                keys.runs(tenant), "-inf", cutoff_ms, start=skipped, num=BATCH
-            )
-        ]
+        ids = run_index.created_before(client, tenant, cutoff_ms, skip=skipped, most=BATCH)
         if not ids:
             break
-        gone = _remove(client, expire, tenant, _due(client, tenant, ids, cutoff_ms), cutoff_ms)
+        due = _due(client, tenant, ids, cutoff_ms)
+        gone = run_index.expire(client, expire, tenant, due, cutoff_ms)
         skipped += len(ids) - gone
         removed += gone
     return removed
@@ -88,46 +83,13 @@ def expire_runs(client: redis.Redis, expire: Any, tenant: str, cutoff_ms: int) -
 def _due(client: redis.Redis, tenant: str, ids: list[str], cutoff_ms: int) -> list[tuple[str, str]]:
     """(run id, outcome) of the runs among `ids` that are stopped and ended by the cutoff, and
     of entries with no run behind them."""
-    pipe = client.pipeline(transaction=False)
-    for run_id in ids:
-        pipe.hmget(keys.run(tenant, run_id), "status", "updated_ms", "outcome")
+    found = run_index.fields_of_runs(
+        client, [(tenant, run_id) for run_id in ids], fields.STATUS, fields.UPDATED_MS,
+        fields.OUTCOME,
+    )  # fmt: skip
     due = []
-    for run_id, (status, updated, outcome) in zip(ids, pipe.execute(), strict=True):
-        ended = text(status) == "stopped" and int(text(updated) or 0) <= cutoff_ms
+    for run_id, (status, updated, outcome) in zip(ids, found, strict=True):
+        ended = text(status) == Status.STOPPED.value and int(text(updated) or 0) <= cutoff_ms
         if status is None or ended:
             due.append((run_id, text(outcome)))
     return due
-
-
-def _remove(
-    client: redis.Redis, expire: Any, tenant: str, due: list[tuple[str, str]], cutoff_ms: int
-) -> int:
-    if not due:
-        return 0
-
-    def build(pipe: Any) -> None:
-        for run_id, outcome in due:
-            script_keys = [
-                keys.run(tenant, run_id),
-                keys.events(tenant, run_id),
-                keys.runs(tenant),
-                keys.by_status(tenant, "stopped"),
-                keys.by_outcome(tenant, outcome or "none"),
-                keys.leases(tenant),
-                keys.inflight(tenant),
-            ]
-            evalsha(pipe, expire, script_keys, [run_id, cutoff_ms, outcome])
-
-    replies = with_scripts(client, (expire,), build)
-    gone = [run_id for (run_id, _), ok in zip(due, replies, strict=True) if ok]
-    # The run-tenants map last: a crash before it leaves an entry that finds no run (a
-    # lookup says "no run"), never a run that cannot be found. Only this tenant's entries.
-    if gone:
-        pipe = client.pipeline(transaction=False)
-        for run_id in gone:
-            pipe.hget(keys.RUN_TENANTS, run_id)
-        owners = pipe.execute()
-        mine = [r for r, owner in zip(gone, owners, strict=True) if text(owner) == tenant]
-        if mine:
-            client.hdel(keys.RUN_TENANTS, *mine)
-    return len(gone)

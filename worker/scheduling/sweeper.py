@@ -27,13 +27,14 @@ import redis
 import structlog
 
 from turnstile.jobs.errors import StateFormatError
+from turnstile.jobs.outcomes import Status
 from turnstile.jobs.state import RunState
 from turnstile.ledger.client import Ledger
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.scheduling import retention
 from turnstile.worker.scheduling.limits import time_limits
 from turnstile.worker.settings import Settings
-from turnstile.worker.store import keys
+from turnstile.worker.store import fields, leases, locks, pending, run_index, tenants
 from turnstile.worker.store.values import server_ms
 
 log = structlog.get_logger("turnstile.sweeper")
@@ -56,29 +57,27 @@ class Sweeper:
         """One pass over every tenant; returns how many steps were re-sent. One worker sweeps
         at a time: the others find the lock taken and skip the pass."""
         interval_ms = int(self.config.sweep_interval_s * 1000)
-        if not self.client.set(keys.SWEEP_LOCK, "1", nx=True, px=max(100, interval_ms - 50)):
+        if not locks.once_per(self.client, locks.SWEEPER, max(100, interval_ms - 50)):
             return 0
         self.ledger.reap_all()
         now = server_ms(self.client)
         sent = 0
-        tenants = sorted(str(t) for t in self.client.smembers(keys.TENANTS))
-        for tenant in tenants:
-            due = self.client.zrangebyscore(keys.leases(tenant), 0, now, start=0, num=BATCH)
-            for run_id in due:
-                sent += self._resend(tenant, str(run_id), now)
+        for tenant in tenants.names(self.client):
+            for run_id in leases.lapsed(self.client, tenant, now, BATCH):
+                sent += self._resend(tenant, run_id, now)
         return sent
 
     def _resend(self, tenant: str, run_id: str, now: int) -> int:
-        version, status, queue, state_json, resent, loaded_ms = self.client.hmget(
-            keys.run(tenant, run_id), "version", "status", "queue", "state", "resent", "loaded_ms"
-        )
-        if status != "running" or version is None:
-            self.client.zrem(keys.leases(tenant), run_id)  # a lease of a run that is not live
+        version, status, queue, state_json, resent, loaded_ms = run_index.fields_of(
+            self.client, tenant, run_id, fields.VERSION, fields.STATUS, fields.QUEUE,
+            fields.STATE, fields.RESENT, fields.LOADED_MS,
+        )  # fmt: skip
+        if status != Status.RUNNING.value or version is None:
+            leases.drop(self.client, tenant, run_id)  # a lease of a run that is not live
             return 0
         # The next lapse is a whole pickup lease away, so one sweep sends one step, not many.
-        self.client.zadd(
-            keys.leases(tenant), {run_id: now + int(self.config.pickup_lease_s * 1000)}, xx=True
-        )
+        leases.push_back(self.client, tenant, run_id,
+                         now + int(self.config.pickup_lease_s * 1000))  # fmt: skip
         if self._waiting(
             tenant, run_id, version=str(version), resent=str(resent or ""),
             loaded_ms=int(str(loaded_ms or 0)), now=now,
@@ -90,7 +89,7 @@ class Sweeper:
         except StateFormatError:
             soft_s, hard_s = time_limits_default(self.config)
         self.send(StepMessage(tenant, run_id, int(str(version)), str(queue)), soft_s, hard_s)
-        self.client.hset(keys.run(tenant, run_id), "resent", f"{version!s}|{now}")
+        run_index.mark_resent(self.client, tenant, run_id, str(version), now)
         log.info("step_resent", tenant=tenant, run_id=run_id, version=int(str(version)))
         return 1
 
@@ -99,11 +98,7 @@ class Sweeper:
     ) -> bool:
         queued = None
         if self.config.fair_share and resent.startswith(f"{version}|"):
-            pipe = self.client.pipeline(transaction=False)
-            pipe.hget(keys.pending_index(tenant), run_id)
-            pipe.zscore(keys.slots(tenant), f"{run_id}:{version}")
-            pending, lapses = pipe.execute()
-            queued = str(pending or "") == version or (lapses is not None and lapses > now)
+            queued = pending.step_queued(self.client, tenant, run_id, version, now)
         return still_waiting(
             version=version, resent=resent, loaded_ms=loaded_ms, now_ms=now,
             patience_ms=self.config.visibility_timeout_s * 1000, queued=queued,

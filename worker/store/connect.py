@@ -29,7 +29,7 @@ from redis.retry import Retry
 
 from turnstile.errors import StoreMismatchError, redact
 from turnstile.ledger.client import ClusterClient, cluster_client, cluster_seed
-from turnstile.worker.store.runs import StoreUnavailable
+from turnstile.worker.store.errors import StoreUnavailable
 from turnstile.worker.store.values import UNAVAILABLE, is_cluster_client
 
 if TYPE_CHECKING:  # settings.py reads store/durability.py: the store takes a Settings, loads none

@@ -31,14 +31,17 @@ is idempotent or refused the second time).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 import redis
+from redis.commands.core import Script
 
 from turnstile.errors import TurnstileError
+from turnstile.worker.store.errors import NotDurableError, reached
+from turnstile.worker.store.scripts import with_scripts
 from turnstile.worker.store.values import text
 
 # The one fsync policy under which a WAITAOF's answer means the write is on the disk.
@@ -111,6 +114,37 @@ class WaitFor:
                 "if the server fails now"
             )
         return None
+
+
+def written(
+    client: redis.Redis, wait_for: WaitFor, build: Callable[[Any], None], what: str,
+    scripts: Sequence[Script],
+) -> list[Any]:  # fmt: skip
+    """The pipeline `build` makes (calling `scripts` by their sha), then `wait_for`'s wait, on
+    the same connection and in the same round trip: WAITAOF and WAIT wait for this
+    connection's own writes. The pipeline's replies; raises NotDurableError when the wait
+    times out, the server cannot wait, or (`aof`) its fsync policy cannot back the wait's
+    answer, and the first error among the writes' replies as it is."""
+    waits = wait_for.commands()
+
+    def build_and_wait(pipe: Any) -> None:
+        build(pipe)
+        for command in waits:
+            pipe.execute_command(*command)
+
+    with reached():
+        replies = with_scripts(client, scripts, build_and_wait, raise_on_error=False)
+    done, waited = replies[: -len(waits)], replies[-len(waits) :]
+    for reply in done:
+        if isinstance(reply, Exception):
+            raise reply
+    for reply in waited:
+        if isinstance(reply, Exception):
+            raise NotDurableError(f"{what} cannot be confirmed: {reply}")
+    shortfall = wait_for.shortfall(waited, what)
+    if shortfall:
+        raise NotDurableError(shortfall)
+    return done
 
 
 def _server(client: redis.Redis) -> str:

@@ -40,6 +40,15 @@ def register_served(client: redis.Redis, queues: Iterable[str], now_ms: int) -> 
     pipe.execute()
 
 
+def names(client: redis.Redis) -> list[str]:
+    """Every queue the store holds: used, controlled or served."""
+    return sorted(text(q) for q in client.smembers(keys.QUEUES))
+
+
+def known(client: redis.Redis, queue: str) -> bool:
+    return bool(client.sismember(keys.QUEUES, queue))
+
+
 def served(client: redis.Redis) -> dict[str, int]:
     """Every queue a worker has served, with when one last started on it (ms)."""
     return {text(q): int(text(ms) or 0) for q, ms in client.hgetall(keys.SERVED_QUEUES).items()}

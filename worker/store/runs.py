@@ -6,24 +6,22 @@ run goes through, compare-and-set on the version, settling the ledger in the sam
 Two small ones take a hold mid-turn (hold) and record a cancel request (mark). Every hold a
 run takes is recorded on the run, and the next commit settles or releases it: `leave` is the
 one way out of a run (ended, parked or cancelled), for every caller.
+
+What the scripts are given and answer are values of records.py; their KEYS and ARGV are built
+by run_calls.py (pure); the closing message of a run that stops is built by jobs/closing.py.
+This module only sends them, with the durability wait (durability.py) where one is asked for.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import os
-import socket
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import msgspec
 import redis
 
-from turnstile.errors import StoreUnavailableError
-from turnstile.jobs.closing import closing_message, closing_without_state, recorded_steps
+from turnstile.jobs.closing import finished_event, recorded_steps
 from turnstile.jobs.errors import StateFormatError, UnknownJobError
 from turnstile.jobs.kernel import finish
 from turnstile.jobs.outcomes import Outcome, Status
@@ -32,234 +30,68 @@ from turnstile.ledger import replies as ledger_replies
 from turnstile.ledger.client import Ledger
 from turnstile.ledger.results import ReserveResult
 from turnstile.worker.registry import Jobs
-from turnstile.worker.store import keys
-from turnstile.worker.store.durability import WaitFor
-from turnstile.worker.store.scripts import FAIR, LEDGER, RUN, evalsha, register, with_scripts
-from turnstile.worker.store.values import UNAVAILABLE, is_cluster_client, text
+from turnstile.worker.store import fields, keys
+from turnstile.worker.store.controls import DRAINING, PAUSED
+from turnstile.worker.store.durability import WaitFor, written
+from turnstile.worker.store.errors import NotDurableError, StoreUnavailable, reached
+from turnstile.worker.store.records import (
+    Change,
+    Claim,
+    Committed,
+    Joined,
+    Joining,
+    Loaded,
+    NextStep,
+    Started,
+    committed_from,
+    created_from,
+    joined_from,
+    loaded_from,
+    marked_from,
+)
+from turnstile.worker.store.run_calls import (
+    EVENTS_MAXLEN,
+    HOST,
+    commit_call,
+    create_call,
+    encode_event,
+    hold_call,
+    inflight_tag,
+    join_call,
+    load_call,
+    mark_call,
+    renew_call,
+    sent_member,
+)
+from turnstile.worker.store.scripts import (
+    FAIR,
+    LEDGER,
+    RUN,
+    ScriptCall,
+    evalsha,
+    register,
+    with_scripts,
+)
+from turnstile.worker.store.values import (
+    REASON_MAX_CHARS,
+    UNAVAILABLE,
+    excerpt,
+    fingerprint,
+    is_cluster_client,
+    now_iso,
+    text,
+)
 
-HOST = socket.gethostname()
-EVENTS_MAXLEN = 10_000  # per run; a run of this many events has long hit its step limit
+# What other packages import from here, wherever it is defined now.
+__all__ = [
+    "CONVERSATION_TRIES", "EVENTS_MAXLEN", "HOST", "PICKUP_LEASE_MS", "REASON_MAX_CHARS",
+    "Change", "Claim", "Committed", "Joined", "Joining", "Loaded", "NextStep",
+    "NotDurableError", "RunStore", "Started", "StoreUnavailable", "committed_from",
+    "encode_event", "excerpt", "fingerprint", "inflight_tag", "loaded_from", "now_iso",
+]  # fmt: skip
+
 PICKUP_LEASE_MS = 60_000  # TURNSTILE_PICKUP_LEASE_S's default; the callers pass theirs
 CONVERSATION_TRIES = 20  # a release whose waiting list keeps changing under it gives up
-REASON_MAX_CHARS = 500  # a stored reason is an excerpt: a message's arguments can be megabytes
-
-
-class StoreUnavailable(StoreUnavailableError):  # noqa: N818 - the store is down, said plainly
-    """The run store could not be reached, or none is configured; the caller retries later.
-    Nothing was half-written."""
-
-
-class NotDurableError(StoreUnavailable):
-    """A write made but not confirmed where TURNSTILE_DURABILITY wants it (the disk, the
-    replicas) in time: a crash of the server now may lose it. A step retries as if the store
-    were down (its commit, if it survives, makes the retry a no-op); a caller is told."""
-
-
-def inflight_tag(queue: str) -> str:
-    """Where a turn runs, as its in-flight entry says: "<queue>|<pid>|<host>"."""
-    return f"{queue}|{os.getpid()}|{HOST}"
-
-
-def fingerprint(payload: Any) -> str:
-    return hashlib.sha256(msgspec.json.encode(payload, order="sorted")).hexdigest()[:24]
-
-
-def encode_event(event: dict[str, Any]) -> str:
-    return msgspec.json.encode(event, order="sorted").decode()
-
-
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
-
-
-def excerpt(text: str, limit: int = REASON_MAX_CHARS) -> str:
-    """At most `limit` characters of `text`, saying how much was cut."""
-    if len(text) <= limit:
-        return text
-    return f"{text[: limit - 40]}... ({len(text) - limit + 40} more characters)"
-
-
-@dataclass(frozen=True)
-class Joining:
-    """A submission to a conversation, as run_create.lua takes it: the key, the policy, what
-    the caller read of the conversation (its active run and where a follow-up goes), the run's
-    state as a waiting one, and, for a merge, the follow-up and its event."""
-
-    key: str
-    policy: str
-    active: str = ""
-    target: str = ""
-    waiting_state: str = ""
-    followup: str = ""  # JSON
-    event: dict[str, Any] = field(default_factory=dict)  # on the target (merge) or the active
-    idempotent: bool = False
-    max_followups: int = 50
-
-
-@dataclass(frozen=True)
-class Joined:
-    """What run_create.lua did with a conversation's submission (see its Returns)."""
-
-    kind: Literal["created", "exists", "busy", "waiting", "interrupting", "merged", "moved",
-                  "full"]  # fmt: skip
-    active: str = ""  # the active run the reply names
-    target: str = ""  # merged: the run the follow-up went to; moved: where it would go now
-    again: bool = False  # merged before, by the same idempotent submission
-    fingerprint: str = ""  # exists: the stored submission's
-
-
-@dataclass(frozen=True)
-class Loaded:
-    kind: Literal["missing", "stale", "idle", "busy", "go"]
-    version: int = 0
-    status: str = ""
-    state: str = ""
-    attempts: int = 0
-    tenant_paused: bool = False
-    cancel_by: str = ""
-    cancel_reason: str = ""
-    queue_paused: bool = False
-    queue_draining: bool = False
-    hold: str = "none"  # what became of the next turn's ledger hold; see run_load.lua
-    hold_reply: Any = ""  # ledger_reserve's reply, or the unfit dimension
-    hold_id: str = ""  # the reservation id, when the load took a hold
-    gap_ms: int = 0  # since the run last changed: for a continuing run, since its commit
-    supersede_by: str = ""  # a run of its conversation that interrupts it (see run_create.lua)
-    followups: str = ""  # JSON list: messages merged into the run that no turn has seen yet
-
-
-@dataclass
-class Change:
-    """One commit: everything a run's hash, indexes, lease, stream and ledger will get."""
-
-    tenant: str
-    run_id: str
-    version: int  # the version the caller loaded
-    old_status: str
-    status: str
-    state_json: str = ""  # "" keeps the stored state
-    outcome: str = ""
-    detail: str = ""
-    reason: str = ""
-    lease_ms: int | None = None  # None drops the lease
-    events: list[dict[str, Any]] = field(default_factory=list)
-    settlements: list[list[str]] = field(default_factory=list)  # ledger_settle ARGV each
-    clear: list[str] = field(default_factory=list)  # run-hash fields to delete
-    hold: str = ""  # the next turn's ledger hold: "" keeps the stored one, "-" drops it
-    if_idle: bool = False  # commit only if no turn of the run is in flight ("busy" otherwise)
-    next_step: NextStep | None = None  # queued by the commit itself (fair share, see fair.py)
-    claim: Claim | None = None  # or claimed for this worker, where fair share allows (eager)
-    followups_seen: int = 0  # merged messages this change consumed (the first n waiting)
-    conversation: str = ""  # the run's conversation: a stopping commit releases it
-
-
-class NextStep(Protocol):
-    """A run's next step as its tenant's pending list takes it (`Pending` in
-    worker/scheduling/fair.py)."""
-
-    @property
-    def keys(self) -> list[str]: ...  # the pending list, the pending index, the slots
-
-    @property
-    def entry(self) -> str: ...
-
-    @property
-    def before(self) -> str: ...  # the slot the step before gives back
-
-    def announce(self, pipe: Any) -> None: ...  # in the same pipeline, after the entry
-
-
-@dataclass(frozen=True)
-class Claim:
-    """What a commit needs to claim the run's next step for its worker instead of queueing it
-    (eager continuation, see run_commit.lua): the keys fair share's check reads, and the
-    claimed delivery's load arguments (built by worker/scheduling/fair.py `claim`)."""
-
-    keys: list[str]  # tenant control, caps, queue control, fair_active, fair_sent, queues, wake
-    args: list[str]  # tenant, in-flight lease, where, token, sent window, slot lease, queue
-    # On a cluster, the queue's part of the check, read before the commit (the queue's keys
-    # are in no tenant's slot; `keys` then holds the tenant's two only): False, no claim.
-    queue_allows: Callable[[Any], bool] | None = None
-
-
-@dataclass(frozen=True)
-class Committed:
-    kind: Literal["ok", "stale", "missing", "ledger", "busy", "moved"]
-    version: int = 0
-    detail: str = ""
-    queued: bool = False  # the commit queued the run's next step (`Change.next_step`)
-    claimed: Loaded | None = None  # or claimed it, and loaded it for this worker (`claim`)
-    started: Started | None = None  # the run of its conversation that this commit started
-
-
-@dataclass(frozen=True)
-class Started:
-    """A waiting run of a conversation that a stopping commit made active: its first step is
-    the caller's to send (its lease makes the sweeper send it otherwise)."""
-
-    tenant: str
-    run_id: str
-    queue: str
-    state: str
-
-
-def loaded_from(reply: Any, version: int, queue_flags: Any) -> Loaded:
-    """run_load.lua's reply (or an eager commit's load of the step it claimed, whose queue
-    flags its check read: `queue_flags` None) as a Loaded."""
-    kind = text(reply[0])
-    if kind == "missing":
-        return Loaded("missing")
-    if kind in ("stale", "idle", "busy"):
-        return Loaded(kind, version=int(reply[1]), status=text(reply[2]))  # type: ignore[arg-type]
-    paused, draining = queue_flags if queue_flags is not None else ("", "")
-    return Loaded(
-        "go",
-        version=version,
-        status=text(reply[6]),
-        state=text(reply[1]),
-        attempts=int(reply[2]),
-        tenant_paused=bool(text(reply[3])),
-        cancel_by=text(reply[4]),
-        cancel_reason=text(reply[5]),
-        queue_paused=bool(text(paused)),
-        queue_draining=bool(text(draining)),
-        hold=text(reply[7]),
-        hold_reply=reply[8],
-        hold_id=text(reply[9]),
-        gap_ms=int(reply[10]),
-        supersede_by=text(reply[11]) if len(reply) > 11 else "",
-        followups=text(reply[12]) if len(reply) > 12 else "",
-    )
-
-
-def committed_from(reply: Any, change: Change) -> Committed:
-    """run_commit.lua's reply as a Committed."""
-    kind = text(reply[0])
-    if kind == "ok":
-        if len(reply) == 4:  # claimed: the step's load, as run_load.lua would reply
-            claimed = loaded_from(reply[3], int(reply[1]), None)
-            return Committed("ok", version=int(reply[1]), claimed=claimed)
-        if len(reply) > 4:  # a waiting run of the conversation started
-            started = Started(change.tenant, text(reply[3]), text(reply[4]), text(reply[5]))
-            return Committed("ok", version=int(reply[1]), started=started)
-        return Committed("ok", version=int(reply[1]), queued=change.next_step is not None)
-    if kind in ("stale", "busy"):
-        return Committed(kind, version=int(reply[1]))  # type: ignore[arg-type]
-    if kind in ("ledger", "moved"):  # moved: the first waiting run of the conversation now
-        said = " ".join(text(part) for part in reply[1:]).strip()
-        return Committed(kind, detail=said)  # type: ignore[arg-type]
-    return Committed("missing")
-
-
-def _create_keys(tenant: str, run_id: str) -> list[str]:
-    """run_create.lua's KEYS 1-5, every run's (a run of a conversation adds KEYS 6-11)."""
-    return [
-        keys.run(tenant, run_id),
-        keys.events(tenant, run_id),
-        keys.runs(tenant),
-        keys.by_status(tenant, "running"),
-        keys.leases(tenant),
-    ]
 
 
 class RunStore:
@@ -292,13 +124,11 @@ class RunStore:
 
     # -- writing ---------------------------------------------------------------------------
 
+    @reached()
     def _pipeline(self, build: Callable[[Any], None]) -> list[Any]:
         """Run a pipeline that calls this store's scripts by their sha (see `with_scripts`);
         its other commands are reads and idempotent adds."""
-        try:
-            return with_scripts(self.client, (self._create, self._load, self._commit), build)
-        except UNAVAILABLE as exc:
-            raise StoreUnavailable(f"store unavailable: {exc}") from exc
+        return with_scripts(self.client, (self._create, self._load, self._commit), build)
 
     def create(
         self,
@@ -317,32 +147,18 @@ class RunStore:
     ) -> tuple[bool, str]:
         """Create the run once, with its priority (0-9, see scheduling/priority.py). Returns
         (created, stored fingerprint)."""
-        run_keys = _create_keys(tenant, run_id)
-        args = [
-            run_id, state_json, fingerprint, queue, job, user_id,
-            pickup_lease_ms, encode_event(event), EVENTS_MAXLEN, hold, priority,
-        ]  # fmt: skip
-
-        def build(pipe: Any) -> None:
-            # The tenant first: it is the sweeper's way to the run. A submission refused here
-            # is one of a run the tenant already has, so this adds nothing then.
-            pipe.sadd(keys.TENANTS, tenant)
-            evalsha(pipe, self._create, run_keys, args)
-
-        reply = self._durable(
-            build, f"the submission of run {run_id} was written but", self._create
-        )[-1]
-        created = text(reply[0]) == "created"
-        stored = fingerprint if created else text(reply[1])
+        call = create_call(
+            tenant=tenant, run_id=run_id, state_json=state_json, fingerprint=fingerprint,
+            queue=queue, job=job, user_id=user_id, pickup_lease_ms=pickup_lease_ms,
+            event=event, hold=hold, priority=priority,
+        )  # fmt: skip
+        created, stored = created_from(self._submit(tenant, run_id, call), fingerprint)
         if stored == fingerprint:
             # The queue joins the index only once the run is there: a submission refused by
             # the script (another one of the same id won a race with it) adds no queue. A
             # crash before this line costs the index the name until the next submission to
             # the queue (or this one retried), never a run.
-            try:
-                self.client.sadd(keys.QUEUES, queue)
-            except UNAVAILABLE as exc:
-                raise StoreUnavailable(f"store unavailable: {exc}") from exc
+            self._index_queue(queue)
         return created, stored
 
     def join(
@@ -363,47 +179,32 @@ class RunStore:
     ) -> Joined:
         """Create a run of a conversation, or apply its policy to the conversation's active run,
         in one script (run_create.lua): at most one run of a conversation is ever active."""
-        run_keys = [
-            *_create_keys(tenant, run_id),
-            keys.conversation(tenant, joining.key),
-            keys.conversation_waiting(tenant, joining.key),
-            keys.run(tenant, joining.active or run_id),
-            keys.run(tenant, joining.target or joining.active or run_id),
-            keys.events(tenant, joining.target or joining.active or run_id),
-            keys.by_status(tenant, "waiting"),
-        ]
-        args = [
-            run_id, state_json, fingerprint, queue, job, user_id,
-            pickup_lease_ms, encode_event(event), EVENTS_MAXLEN, hold, priority,
-            joining.key, joining.policy, joining.active, joining.target, joining.waiting_state,
-            joining.followup, encode_event(joining.event) if joining.event else "",
-            "1" if joining.idempotent else "", joining.max_followups,
-        ]  # fmt: skip
+        call = join_call(
+            tenant=tenant, run_id=run_id, state_json=state_json, fingerprint=fingerprint,
+            queue=queue, job=job, user_id=user_id, pickup_lease_ms=pickup_lease_ms,
+            event=event, hold=hold, priority=priority, joining=joining,
+        )  # fmt: skip
+        joined = joined_from(self._submit(tenant, run_id, call))
+        if joined.kind in ("created", "waiting", "interrupting"):
+            self._index_queue(queue)
+        return joined
+
+    def _submit(self, tenant: str, run_id: str, call: ScriptCall) -> Any:
+        """run_create.lua's call, after the tenant joins the index (it is the sweeper's way to
+        the run; a submission refused by the script is one of a run the tenant already has,
+        so this adds nothing then); the script's reply."""
 
         def build(pipe: Any) -> None:
             pipe.sadd(keys.TENANTS, tenant)
-            evalsha(pipe, self._create, run_keys, args)
+            evalsha(pipe, self._create, call.keys, call.args)
 
-        reply = self._durable(
+        return self._durable(
             build, f"the submission of run {run_id} was written but", self._create
         )[-1]
-        kind = text(reply[0])
-        if kind in ("created", "waiting", "interrupting"):
-            try:
-                self.client.sadd(keys.QUEUES, queue)
-            except UNAVAILABLE as exc:
-                raise StoreUnavailable(f"store unavailable: {exc}") from exc
-        if kind == "created":
-            return Joined("created")
-        if kind == "exists":
-            return Joined("exists", fingerprint=text(reply[1]))
-        if kind in ("busy", "waiting", "interrupting"):
-            return Joined(kind, active=text(reply[1]))  # type: ignore[arg-type]
-        if kind == "merged":
-            return Joined("merged", target=text(reply[1]), again=text(reply[2]) == "1")
-        if kind == "moved":
-            return Joined("moved", active=text(reply[1]), target=text(reply[2]))
-        return Joined("full", target=text(reply[1]))
+
+    @reached()
+    def _index_queue(self, queue: str) -> None:
+        self.client.sadd(keys.QUEUES, queue)
 
     def load(
         self,
@@ -420,38 +221,32 @@ class RunStore:
         pipelined with the queue's flags. `delivery` names this delivery; `after` the earlier
         delivery of the step that exited cleanly (see run_load.lua: it does not count as an
         attempt)."""
-        script_keys = [
-            keys.run(tenant, run_id),
-            keys.leases(tenant),
-            keys.control(tenant),
-            keys.inflight(tenant),
-            *keys.ledger(tenant),
-        ]
-        args = [run_id, version, inflight_lease_ms, inflight_tag(queue), delivery, after]
+        call = load_call(
+            tenant=tenant, run_id=run_id, version=version, inflight_lease_ms=inflight_lease_ms,
+            where=inflight_tag(queue), delivery=delivery, after=after,
+        )  # fmt: skip
 
         def build(pipe: Any) -> None:
-            evalsha(pipe, self._load, script_keys, args)
-            pipe.hmget(keys.queue_control(queue), "paused", "draining")
+            evalsha(pipe, self._load, call.keys, call.args)
+            pipe.hmget(keys.queue_control(queue), PAUSED, DRAINING)
             # Loaded: no longer a step waiting on the broker (see keys.fair_sent).
-            pipe.zrem(keys.fair_sent(queue), f"{tenant}|{run_id}:{version}")
+            pipe.zrem(keys.fair_sent(queue), sent_member(tenant, run_id, version))
 
         reply, flags, _ = self._pipeline(build)
         return loaded_from(reply, version, flags)
 
     def renew(self, *, tenant: str, run_id: str, queue: str, lease_ms: int) -> bool:
         """Extend a running turn's in-flight lease; False once it is not in flight here."""
-        reply = self._renew(
-            keys=[keys.leases(tenant), keys.inflight(tenant)],
-            args=[run_id, inflight_tag(queue), lease_ms],
-        )
-        return bool(reply)
+        call = renew_call(tenant=tenant, run_id=run_id, where=inflight_tag(queue),
+                          lease_ms=lease_ms)  # fmt: skip
+        return bool(self._renew(keys=call.keys, args=call.args))
 
     def hold(self, tenant: str, run_id: str, version: int, argv: list[str]) -> ReserveResult | None:
         """Take a ledger hold for the turn of `version` and record it on the run (see
         run_hold.lua); None when the run moved on, so no hold was taken."""
-        script_keys = [keys.run(tenant, run_id), *keys.ledger(tenant)]
+        call = hold_call(tenant, run_id, version, argv)
         try:
-            reply = self._hold(keys=script_keys, args=[version, *argv])
+            reply = self._hold(keys=call.keys, args=call.args)
         except UNAVAILABLE as exc:
             return ReserveResult(status="unavailable", admitted=False, detail=str(exc))
         if text(reply[0]) == "stale":
@@ -460,6 +255,7 @@ class RunStore:
             self.ledger.index_tenant(tenant)
         return ledger_replies.reserve(reply)
 
+    @reached()
     def mark(
         self,
         tenant: str,
@@ -472,20 +268,9 @@ class RunStore:
     ) -> Committed:
         """Set fields a later step acts on, compare-and-set on the version and the status,
         without moving the run on (see run_mark.lua)."""
-        args: list[Any] = [version, status, EVENTS_MAXLEN, encode_event(event)]
-        for name, value in fields.items():
-            args += [name, value]
-        try:
-            reply = self._mark(keys=[keys.run(tenant, run_id), keys.events(tenant, run_id)],
-                               args=args)  # fmt: skip
-        except UNAVAILABLE as exc:
-            raise StoreUnavailable(f"store unavailable: {exc}") from exc
-        kind = text(reply[0])
-        if kind == "ok":
-            return Committed("ok", version=int(reply[1]))
-        if kind == "stale":
-            return Committed("stale", version=int(reply[1]), detail=text(reply[2]))
-        return Committed("missing")
+        call = mark_call(tenant, run_id, version=version, status=status, fields=fields,
+                         event=event)  # fmt: skip
+        return marked_from(self._mark(keys=call.keys, args=call.args))
 
     def commit(self, change: Change) -> Committed:
         """Commit one change (run_commit.lua). A stopping commit of a run of a conversation
@@ -502,99 +287,39 @@ class RunStore:
                 return committed
         return Committed("moved", detail="the conversation's waiting runs kept changing")
 
+    @reached()
     def _first_waiting(self, tenant: str, conversation: str) -> str:
-        try:
-            first = self.client.lindex(keys.conversation_waiting(tenant, conversation), 0)
-        except UNAVAILABLE as exc:
-            raise StoreUnavailable(f"store unavailable: {exc}") from exc
+        first = self.client.lindex(keys.conversation_waiting(tenant, conversation), 0)
         return text(first) if first is not None else ""
 
     def _commit_once(self, change: Change, head: str) -> Committed:
-        tenant = change.tenant
-        outcome_key = keys.by_outcome(tenant, change.outcome or "none")
-        script_keys = [
-            keys.run(tenant, change.run_id),
-            keys.events(tenant, change.run_id),
-            keys.leases(tenant),
-            keys.by_status(tenant, change.old_status),
-            keys.by_status(tenant, change.status),
-            outcome_key,
-            keys.inflight(tenant),
-        ]
-        args: list[Any] = [
-            change.run_id,
-            change.version,
-            change.state_json,
-            change.status,
-            change.outcome,
-            change.detail,
-            change.reason,
-            "" if change.lease_ms is None else change.lease_ms,
-            EVENTS_MAXLEN,
-            len(change.events),
-            *(encode_event(e) for e in change.events),
-            len(change.settlements),
-        ]
-        for settlement in change.settlements:
-            args += [len(settlement), *settlement]
-        script_keys += keys.ledger(tenant)  # every commit closes the run's open holds
-        _, release = self.ledger.settle_script_args(tenant, change.run_id, {})
-        args += [len(change.clear), *change.clear, change.hold, "1" if change.if_idle else ""]
-        args.append(release[1])  # the ledger's journal length, for the releases
-        self._conversation_args(change, head, script_keys, args)
+        # Checks the run id as a reservation id, and gives the journal's length for the
+        # releases of the run's other holds.
+        _, release = self.ledger.settle_script_args(change.tenant, change.run_id, {})
+        claim = self._claim_asked(change.claim) if change.next_step is not None else None
+        call = commit_call(
+            change, head=head, journal_maxlen=release[1], pickup_lease_ms=self.pickup_lease_ms,
+            at=now_iso(), claim=claim,
+        )  # fmt: skip
         then = None
         announce_after = False  # on a cluster, a claim that queued after all is announced here
         if change.next_step is not None:
-            script_keys += change.next_step.keys
-            args += [change.next_step.entry, change.next_step.before]
             then = change.next_step.announce
-            claim = self._claim_asked(change.claim)
             if claim is not None:  # the script announces a step it queues after all
-                script_keys += claim.keys
-                args += claim.args
                 then = None
                 announce_after = claim.queue_allows is not None
             if then is not None and self.cluster:
-                # The entry, then its announcement, in that order (see fair.Pending.announce):
+                # The entry, then its announcement, in that order (see pending.Pending.announce):
                 # a cluster's pipeline sends the two to their nodes in no set order.
                 then, announce_after = None, True
-        try:
+        with reached():
             reply = self._durable_call(
-                self._commit,
-                script_keys,
-                args,
-                f"the change to run {change.run_id} was written but",
+                self._commit, call, f"the change to run {change.run_id} was written but",
                 then=then,
-            )
-        except UNAVAILABLE as exc:
-            raise StoreUnavailable(f"store unavailable: {exc}") from exc
-        if announce_after and text(reply[0]) == "ok" and len(reply) <= 3:
+            )  # fmt: skip
+        if announce_after and text(reply[0]) == "ok" and len(reply) == 3:
             self._announce(change.next_step)
         return committed_from(reply, change)
-
-    def _conversation_args(
-        self, change: Change, head: str, script_keys: list[str], args: list[Any]
-    ) -> None:
-        """The commit's follow-ups and, for a stopping run of a conversation, its release's
-        keys (at the end of KEYS: a stopping commit queues no next step) and arguments."""
-        tenant = change.tenant
-        releases = bool(change.conversation) and change.status == Status.STOPPED.value
-        args += [change.followups_seen, len(script_keys) + 1 if releases else "", head,
-                 self.pickup_lease_ms]  # fmt: skip
-        args.append(
-            encode_event({"type": "started", "after": change.run_id,
-                          "conversation": change.conversation, "at": now_iso()})
-            if releases and head else ""
-        )  # fmt: skip
-        if releases:
-            script_keys += [
-                keys.conversation(tenant, change.conversation),
-                keys.conversation_waiting(tenant, change.conversation),
-                keys.run(tenant, head or change.run_id),
-                keys.events(tenant, head or change.run_id),
-                keys.by_status(tenant, Status.WAITING.value),
-                keys.by_status(tenant, Status.RUNNING.value),
-            ]
 
     def _claim_asked(self, claim: Claim | None) -> Claim | None:
         """The claim to ask the commit for: on a cluster, only if the queue's part of the
@@ -660,7 +385,7 @@ class RunStore:
             raise ValueError(f"a run leaves stopped or parked, not {state.status.value}")
         conversation = (
             state.conversation or "" if state is not None else self._field(tenant, run_id,
-                                                                           "conversation")
+                                                                           fields.CONVERSATION)
         )  # fmt: skip
         return self.commit(
             Change(
@@ -672,31 +397,22 @@ class RunStore:
             )
         )  # fmt: skip
 
+    @reached()
     def _field(self, tenant: str, run_id: str, name: str) -> str:
-        try:
-            value = self.client.hget(keys.run(tenant, run_id), name)
-        except UNAVAILABLE as exc:
-            raise StoreUnavailable(f"store unavailable: {exc}") from exc
+        value = self.client.hget(keys.run(tenant, run_id), name)
         return text(value) if value is not None else ""
 
     def _finished(self, state: RunState | None, reason: str, at: str) -> dict[str, Any]:
-        """A stopped run's one `finished` event, with its closing message."""
+        """A stopped run's one `finished` event (jobs/closing.py), with what the job's systems
+        of record say was done; a job this process does not know gets the outcome's opening."""
         if state is None:
-            return {"type": "finished", "outcome": Outcome.ERROR.value, "detail": None,
-                    "reason": reason, "answer": None, "usage": None, "at": at,
-                    "message": closing_without_state(Outcome.ERROR)}  # fmt: skip
-        outcome = state.outcome or Outcome.ERROR
+            return finished_event(None, None, reason=reason, at=at)
         try:
             job = self.jobs.get(state.job)
         except UnknownJobError:
-            message = closing_without_state(outcome)
-        else:
-            message = closing_message(state, job, recorded=recorded_steps(state, job))
-        return {
-            "type": "finished", "outcome": outcome.value, "detail": state.detail,
-            "reason": reason, "answer": state.answer, "message": message,
-            "usage": msgspec.to_builtins(state.usage), "at": at,
-        }  # fmt: skip
+            return finished_event(state, None, reason=reason, at=at)
+        return finished_event(state, job, reason=reason, at=at,
+                              recorded=recorded_steps(state, job))  # fmt: skip
 
     def fail_run(self, tenant: str, run_id: str, reason: str, *, at: str = "") -> Committed:
         """End a live run `error` with the reason, from whatever its hash holds: the state is
@@ -705,17 +421,18 @@ class RunStore:
         stored = self.hash(tenant, run_id)
         if not stored:
             return Committed("missing")
-        if stored.get("status") == Status.STOPPED.value:
-            return Committed("stale", version=int(stored["version"]))
+        if stored.get(fields.STATUS) == Status.STOPPED.value:
+            return Committed("stale", version=int(stored[fields.VERSION]))
         state: RunState | None = None
         try:
-            state = RunState.from_json(stored.get("state", ""))
+            state = RunState.from_json(stored.get(fields.STATE, ""))
             finish(state, Outcome.ERROR, excerpt(reason))
         except StateFormatError:
             state = None
         return self.leave(
-            tenant=tenant, run_id=run_id, version=int(stored["version"]),
-            old_status=stored.get("status", "running"), state=state, reason=reason, at=at,
+            tenant=tenant, run_id=run_id, version=int(stored[fields.VERSION]),
+            old_status=stored.get(fields.STATUS, Status.RUNNING.value), state=state,
+            reason=reason, at=at,
         )  # fmt: skip
 
     # -- durability: a wrapper around the writing script calls ------------------------------
@@ -723,8 +440,7 @@ class RunStore:
     def _durable_call(
         self,
         script: Any,
-        script_keys: list[str],
-        args: list[Any],
+        call: ScriptCall,
         what: str,
         *,
         then: Callable[[Any], None] | None = None,
@@ -733,10 +449,10 @@ class RunStore:
         durability is `none`, wait for the write to reach the disk or the replicas first (see
         worker/store/durability.py). Returns the script's reply."""
         if not self.wait_for.waits and then is None:
-            return script(keys=script_keys, args=args)
+            return script(keys=call.keys, args=call.args)
 
         def build(pipe: Any) -> None:
-            evalsha(pipe, script, script_keys, args)
+            evalsha(pipe, script, call.keys, call.args)
             if then is not None:
                 then(pipe)
 
@@ -752,50 +468,17 @@ class RunStore:
             self._durable(lambda pipe: pipe.incr(keys.FENCE), what, None)
 
     def _durable(self, build: Callable[[Any], None], what: str, script: Any) -> list[Any]:
-        """The pipeline `build` makes, then (durability not `none`) the wait, on the same
-        connection and in the same round trip: WAITAOF and WAIT wait for this connection's own
-        writes. Raises NotDurableError when the wait times out, the server cannot wait, or
-        (`aof`) its fsync policy cannot back the wait's answer."""
+        """The pipeline `build` makes, then, unless durability is `none`, the wait in the same
+        round trip (durability.py `written`: NotDurableError when it falls short)."""
         if not self.wait_for.waits:
             return self._pipeline(build)
-        waits = self.wait_for.commands()
-
-        def build_and_wait(pipe: Any) -> None:
-            build(pipe)
-            for command in waits:
-                pipe.execute_command(*command)
-
-        try:
-            replies = with_scripts(
-                self.client, (script,) if script else (), build_and_wait, raise_on_error=False
-            )
-        except UNAVAILABLE as exc:
-            raise StoreUnavailable(f"store unavailable: {exc}") from exc
-        written, waited = replies[: -len(waits)], replies[-len(waits) :]
-        for reply in written:
-            if isinstance(reply, Exception):
-                raise reply
-        for reply in waited:
-            if isinstance(reply, Exception):
-                raise NotDurableError(f"{what} cannot be confirmed: {reply}")
-        shortfall = self.wait_for.shortfall(waited, what)
-        if shortfall:
-            raise NotDurableError(shortfall)
-        return written
-
-    def _execute(self, pipe: Any) -> list[Any]:
-        try:
-            return list(pipe.execute())
-        except UNAVAILABLE as exc:
-            raise StoreUnavailable(f"store unavailable: {exc}") from exc
+        return written(self.client, self.wait_for, build, what, (script,) if script else ())
 
     # -- reading ---------------------------------------------------------------------------
 
+    @reached()
     def hash(self, tenant: str, run_id: str) -> dict[str, str]:
-        try:
-            raw = self.client.hgetall(keys.run(tenant, run_id))
-        except UNAVAILABLE as exc:
-            raise StoreUnavailable(f"store unavailable: {exc}") from exc
+        raw = self.client.hgetall(keys.run(tenant, run_id))
         return {text(k): text(v) for k, v in raw.items()}
 
     def events(
@@ -805,4 +488,4 @@ class RunStore:
         entries: list[Any] = self.client.xrange(  # type: ignore[assignment]
             keys.events(tenant, run_id), min=start, count=count
         )
-        return [(text(eid), msgspec.json.decode(text(fields["event"]))) for eid, fields in entries]
+        return [(text(eid), msgspec.json.decode(text(entry["event"]))) for eid, entry in entries]

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, NamedTuple, overload
 
 import redis
 import redis.asyncio as aioredis
@@ -35,6 +35,13 @@ LEDGER = "ledger"  # the ledger's lib.lua, for a script that reserves or settles
 FAIR = "fair_lib"  # fair_queue, for a script that queues a run's next step
 RUN = "run_lib"  # run_load_at, for a script that loads a run for a step (after LEDGER)
 RL = "rl_lib"  # a model endpoint's token buckets, for rl_draw.lua and rl_adjust.lua
+
+
+class ScriptCall(NamedTuple):
+    """One script call's KEYS and ARGV, as a store module's builder makes them (pure)."""
+
+    keys: list[str]
+    args: list[Any]
 
 
 @cache

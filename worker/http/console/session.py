@@ -1,7 +1,7 @@
 """Logging in to the console with an API key: a session the server keeps, named by a signed,
 HttpOnly, SameSite=Strict cookie.
 
-The session is a record in the store (`keys.console_session`, by the SHA-256 of a random id
+The session is a record in the store (`store/credentials.py`, by the SHA-256 of a random id
 that only the cookie holds): the key it logged in with, its CSRF token and when it ends. The
 server can end it: logout deletes the record, and revoking the key deletes every record of
 the key's (`apikeys.end_sessions`); a cookie kept after either names nothing, and its CSRF
@@ -26,14 +26,14 @@ import msgspec
 import redis
 
 from turnstile.errors import TurnstileError
-from turnstile.worker.http import apikeys, keys
 from turnstile.worker.http.apikeys import ApiKey
 from turnstile.worker.http.console.settings import ConsoleSettings
+from turnstile.worker.store import credentials
 
 SESSION_COOKIE = "turnstile_console"
 LOGIN_COOKIE = "turnstile_console_login"  # the login form's token, before there is a session
 FLASH_COOKIE = "turnstile_console_flash"  # one message for the next page shown
-SECRET = f"{keys.API}:console:secret"  # the shared signing secret, when none is configured
+SECRET = credentials.CONSOLE_SECRET  # the shared signing secret, when none is configured
 LOGIN_FORM_S = 3600  # how long a login form may wait before it is sent
 FLASH_S = 120
 
@@ -108,9 +108,7 @@ class Sessions:
         if not self._secret:
             # Made once by whichever server asks first; a store that does not answer here is a
             # 503 page, like any other read of it.
-            self.store.set(SECRET, secrets.token_urlsafe(32), nx=True)
-            secret = self.store.get(SECRET)
-            self._secret = secret.decode() if isinstance(secret, bytes) else str(secret)
+            self._secret = credentials.signing_secret(self.store, secrets.token_urlsafe(32))
         return itsdangerous.URLSafeTimedSerializer(self._secret, salt=salt)
 
     # -- the session -------------------------------------------------------------------------
@@ -122,20 +120,13 @@ class Sessions:
         expires_at = time.time() + self.settings.session_s
         session, ttl_s = _hash(sid), self.settings.session_s
         record = msgspec.json.encode(_Record(key.id, csrf, expires_at))
-        # The key's index first: a session the index misses could outlive its key's revocation
-        # (on a cluster the two are in different slots and written one after the other).
-        apikeys.in_order(self.store, [
-            ("sadd", keys.key_sessions(key.id), session),
-            ("expire", keys.key_sessions(key.id), ttl_s),
-            ("setex", keys.console_session(session), ttl_s, record),
-        ])  # fmt: skip
+        credentials.start_session(self.store, key.id, session, record, ttl_s)
         value = self._signer("session").dumps(msgspec.to_builtins(_Cookie(sid, expires_at)))
         return value, Viewer(key, csrf, expires_at, session)
 
     def end(self, viewer: Viewer) -> None:
         """End the session at once (logout): its cookie names nothing after this."""
-        self.store.delete(keys.console_session(viewer.session))
-        self.store.srem(keys.key_sessions(viewer.key.id), viewer.session)
+        credentials.end_session(self.store, viewer.key.id, viewer.session)
 
     def viewer(self, cookie: str | None) -> Viewer:
         """Who the session cookie names; LoginNeededError, saying why, when it names no one live."""
@@ -151,13 +142,13 @@ class Sessions:
         if signed.expires_at <= time.time():
             raise LoginNeededError("your session expired: log in again")
         session = _hash(signed.sid)
-        stored = self.store.get(keys.console_session(session))
+        stored = credentials.session(self.store, session)
         if stored is None:
             raise LoginNeededError(
                 "your session has ended (logged out, or its key was revoked): log in again"
             )
         record = msgspec.json.decode(stored, type=_Record)
-        found = self.store.hget(keys.KEYS, record.key_id)
+        found = credentials.key_record(self.store, record.key_id)
         key = None if found is None else msgspec.json.decode(found, type=ApiKey)
         if key is None or key.revoked_at:
             raise LoginNeededError("the key of this session was revoked: log in with a live key")

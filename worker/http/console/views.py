@@ -18,7 +18,7 @@ from turnstile.worker.client._client import Client
 from turnstile.worker.http.listing import check_cursor
 from turnstile.worker.ops import decisions, listing, queues, subjects, views
 from turnstile.worker.ops.listing import RunRow
-from turnstile.worker.store import keys
+from turnstile.worker.store import controls, fields, run_index
 from turnstile.worker.store.values import text
 
 # A filter by job is applied to the listing's pages as they come (runs have no job index):
@@ -168,7 +168,7 @@ class RunPage:
 def run_page(c: Client, run_id: str, tenant: str) -> RunPage:
     view = views.run_view(c, run_id, tenant)
     _, stored = decisions.resolve(c, run_id, tenant)
-    state = RunState.from_json(stored["state"])
+    state = RunState.from_json(stored[fields.STATE])
     usage, budget = view["usage"], view["budget"]
     rows = [
         {"what": what, "used": usage.get(used), "ceiling": budget.get(ceiling),
@@ -217,11 +217,9 @@ def inbox(
         c, tenant=tenant, status="suspended", outcome=None, limit=limit, cursor=cursor
     )
     rows = listing.rows(c, got, "suspended")
-    pipe = c.client.pipeline(transaction=False)
-    for row in rows:
-        pipe.hget(keys.run(row.tenant, row.run_id), "state")
+    states = run_index.fields_of_runs(c.client, [(r.tenant, r.run_id) for r in rows], fields.STATE)
     out = []
-    for row, state_json in zip(rows, pipe.execute(), strict=True):
+    for row, (state_json,) in zip(rows, states, strict=True):
         try:
             view = views.run_view(c, row.run_id, row.tenant)
             goal = RunState.from_json(state_json).goal if state_json else ""
@@ -260,8 +258,8 @@ def ceiling_history(c: Client, tenant: str) -> tuple[list[dict[str, Any]], bool]
         if not raw:
             return out, True
         read += len(raw)
-        for entry_id, fields in raw:
-            entry = replies.journal_entry(entry_id, dict(fields or {}))
+        for entry_id, entry_fields in raw:
+            entry = replies.journal_entry(entry_id, dict(entry_fields or {}))
             if entry.op == "set_ceiling":
                 out.append({"at_ms": entry.at_ms, **entry.fields})
                 if len(out) == HISTORY_ROWS:
@@ -276,8 +274,7 @@ def tenant_view(c: Client, tenant: str) -> TenantView:
          "percent": gauge(s.committed + s.reserved, s.ceiling)}
         for name, s in c.ledger.read(tenant).items()
     ]  # fmt: skip
-    flags = c.client.hmget(keys.control(tenant), "paused", "paused_by", "resumed_at", "resumed_by")
-    paused, paused_by, resumed_at, resumed_by = (text(v) for v in flags)
+    paused, paused_by, resumed_at, resumed_by = controls.tenant_flags(c.client, tenant)
     history, complete = ceiling_history(c, tenant)
     return TenantView(tenant, dims, paused, paused_by, resumed_at, resumed_by, history, complete)
 

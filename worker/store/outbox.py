@@ -1,5 +1,5 @@
 """The webhook outbox: each endpoint's deliveries waiting to be sent, in its own keys in the
-tenant's slot (`worker.http.keys` `outbox`, `deliveries`, `born`), and what the deliverer does
+tenant's slot (`http_keys.py` `outbox`, `deliveries`, `born`), and what the deliverer does
 with them: queue one (`webhook_queue.lua`, which writes only for an endpoint still
 registered), read the due ones, take one out, find the ones past their retry time.
 
@@ -19,10 +19,10 @@ import msgspec
 import redis
 import structlog
 
-from turnstile.worker.http import keys
-from turnstile.worker.http.problems import one_line
-from turnstile.worker.http.routes_webhooks import Endpoint
-from turnstile.worker.store.scripts import evalsha, register, with_scripts
+from turnstile.worker.store import http_keys as keys
+from turnstile.worker.store.scripts import ScriptCall, evalsha, register, with_scripts
+from turnstile.worker.store.values import one_line
+from turnstile.worker.store.webhooks import WEBHOOKS, endpoint_tenant
 
 log = structlog.get_logger("turnstile.webhooks")
 
@@ -68,6 +68,15 @@ class Writes:
             getattr(pipe, name)(*args, **kwargs)
 
 
+def queue_call(tenant: str, delivery: Delivery, *, due_ms: int, retry: bool) -> ScriptCall:
+    """webhook_queue.lua: `delivery` into its endpoint's outbox, due at `due_ms`."""
+    return ScriptCall(
+        [keys.tenant_webhooks(tenant), *keys.endpoint_queue(tenant, delivery.endpoint)],
+        [delivery.endpoint, delivery.id, msgspec.json.encode(delivery), due_ms,
+         delivery.first_ms, "retry" if retry else "new"],
+    )  # fmt: skip
+
+
 class Outbox:
     def __init__(self, r: redis.Redis) -> None:
         self.r = r
@@ -77,12 +86,8 @@ class Outbox:
         self, pipe: Any, tenant: str, delivery: Delivery, *, due_ms: int, retry: bool = False
     ) -> None:
         """Queue `delivery` in the pipeline (or `Writes`) `pipe`: new, or again after a try."""
-        evalsha(
-            pipe, self.queue,
-            [keys.tenant_webhooks(tenant), *keys.endpoint_queue(tenant, delivery.endpoint)],
-            [delivery.endpoint, delivery.id, msgspec.json.encode(delivery), due_ms,
-             delivery.first_ms, "retry" if retry else "new"],
-        )  # fmt: skip
+        call = queue_call(tenant, delivery, due_ms=due_ms, retry=retry)
+        evalsha(pipe, self.queue, call.keys, call.args)
 
     def write(self, build: Callable[[Any], None]) -> None:
         """Run the pipeline `build` fills, which may call `add`."""
@@ -153,11 +158,11 @@ class Outbox:
         records = self.r.hmget(keys.LEGACY_DELIVERIES, ids)
         moving = [(d, int(due)) for (did, due), raw in zip(found, records, strict=True)
                   if (d := decode(raw, str(did))) is not None]  # fmt: skip
-        owners = self.r.hmget(keys.WEBHOOKS, [d.endpoint for d, _ in moving]) if moving else []
+        owners = self.r.hmget(WEBHOOKS, [d.endpoint for d, _ in moving]) if moving else []
         writes = Writes()
         moved = 0
         for (delivery, due_ms), owner in zip(moving, owners, strict=True):
-            if (tenant := _tenant(owner)) is not None:
+            if (tenant := endpoint_tenant(owner)) is not None:
                 self.add(writes, tenant, delivery, due_ms=due_ms)
                 moved += 1
         writes.zrem(keys.LEGACY_OUTBOX, *ids)
@@ -165,13 +170,3 @@ class Outbox:
         self.write(writes.build)
         log.info("webhook_legacy_outbox_moved", moved=moved, dropped=len(ids) - moved)
         return moved
-
-
-def _tenant(endpoint_raw: Any) -> str | None:
-    """The tenant of a stored endpoint; None when it is gone or unreadable."""
-    if endpoint_raw is None:
-        return None
-    try:
-        return msgspec.json.decode(endpoint_raw, type=Endpoint).tenant
-    except msgspec.DecodeError:
-        return None
