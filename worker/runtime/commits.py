@@ -16,7 +16,7 @@ from turnstile.jobs.conversations import receive, supersede
 from turnstile.jobs.decisions import cancel
 from turnstile.jobs.errors import StateFormatError
 from turnstile.jobs.job import Job
-from turnstile.jobs.kernel import Continue, Finished, Move, Suspended, finish
+from turnstile.jobs.moves import Continue, Finished, Move, Suspended, finish
 from turnstile.jobs.outcomes import Outcome, Status
 from turnstile.jobs.state import FollowUp, HeldBudget, RunState
 from turnstile.worker.broker.message import StepMessage

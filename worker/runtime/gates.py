@@ -18,8 +18,9 @@ from turnstile.jobs.budget import Usage
 from turnstile.jobs.decisions import cancel
 from turnstile.jobs.extensions import TENANT
 from turnstile.jobs.job import Job
-from turnstile.jobs.kernel import Suspended, exposure, finish
+from turnstile.jobs.kernel import exposure
 from turnstile.jobs.model import Model
+from turnstile.jobs.moves import Suspended, finish
 from turnstile.jobs.outcomes import Outcome, Resource
 from turnstile.jobs.state import RunState
 from turnstile.providers.errors import ProviderConfigError

@@ -18,7 +18,7 @@ import structlog
 
 from turnstile.jobs.errors import StateFormatError
 from turnstile.jobs.job import Job
-from turnstile.jobs.kernel import READ_POOL_SIZE
+from turnstile.jobs.runtime import READ_POOL_SIZE
 from turnstile.jobs.state import RunState
 from turnstile.ledger.client import Ledger
 from turnstile.ledger.inputs import DEFAULT_DIMENSIONS

@@ -19,8 +19,10 @@ from turnstile.jobs.budget import Usage
 from turnstile.jobs.clock import ActiveClock
 from turnstile.jobs.conversations import start
 from turnstile.jobs.errors import StateFormatError, UnknownJobError
-from turnstile.jobs.kernel import Finished, Move, Runtime, finish, turn
+from turnstile.jobs.kernel import turn
+from turnstile.jobs.moves import Finished, Move, finish
 from turnstile.jobs.outcomes import Outcome, Resource
+from turnstile.jobs.runtime import Runtime
 from turnstile.jobs.state import RunState
 from turnstile.jobs.trace import Trace
 from turnstile.worker.broker.message import StepMessage
