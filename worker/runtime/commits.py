@@ -258,8 +258,8 @@ class Writer:
             return refused
         if isinstance(move, Continue):
             if not committed.queued and committed.claimed is None:
-                limits = self.next_limits or time_limits(state, self.settings)
-                self.services.send(self.following, *limits)
+                assert self.next_limits is not None  # set by the commit of a running state
+                self.services.send(self.following, *self.next_limits)
             return StepResult.CONTINUED
         if isinstance(move, Suspended):
             if isinstance(move.held, HeldBudget):
