@@ -50,7 +50,7 @@ from turnstile.worker.cli.common import one_line
 from turnstile.worker.http import problems
 from turnstile.worker.http.problems import answer_to
 from turnstile.worker.ops.subjects import Subject
-from turnstile.worker.runtime.step import LedgerDown
+from turnstile.worker.runtime.holds import LedgerDown
 
 ROOT = Path(__file__).parents[2]
 

@@ -25,7 +25,7 @@ from turnstile.jobs.trace import Trace
 from turnstile.ledger.client import Ledger
 from turnstile.ledger.inputs import DEFAULT_DIMENSIONS
 from turnstile.worker.broker.message import StepMessage
-from turnstile.worker.runtime.step import LedgerDown, LedgerGate, split_actual
+from turnstile.worker.runtime.holds import LedgerDown, LedgerGate, split_actual
 from turnstile.worker.store.runs import RunStore
 
 REFUNDED: list[int] = []

@@ -10,15 +10,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 import redis
 
 from turnstile.errors import InvalidEventIdError, RunNotFoundError, WaitTimeoutError
 from turnstile.jobs.outcomes import Status
 from turnstile.jobs.state import RunState
-from turnstile.worker.store import keys
+from turnstile.worker.store import run_reads
 from turnstile.worker.store.runs import RunStore
-from turnstile.worker.store.values import text
 
 EVENT_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")  # a stream entry id, as `RunEvent.id` gives
 FINAL = frozenset({Status.STOPPED.value, Status.SUSPENDED.value})  # what `wait` returns on
@@ -46,10 +44,10 @@ class Reading:
 
     def tenant_of(self, run_id: str) -> str:
         """The tenant a run belongs to; RunNotFoundError if there is no such run."""
-        tenant = self.client.hget(keys.RUN_TENANTS, run_id)
+        tenant = run_reads.tenant_of(self.client, run_id)
         if not tenant:
             raise RunNotFoundError(f"no run {run_id!r}")
-        return str(tenant)
+        return tenant
 
     def run_hash(self, run_id: str, tenant: str | None = None) -> tuple[str, dict[str, str]]:
         """The run's tenant and its stored record (status, outcome, detail, reason, version,
@@ -82,12 +80,10 @@ class Reading:
             raise ValueError(f"timeout_s must be seconds >= 0, got {timeout_s!r}")
         deadline = time.monotonic() + timeout_s
         tenant, _ = self.run_hash(run_id, tenant)
-        key = keys.events(tenant, run_id)
         while True:
             # The newest event id before the status: a commit after this read appends an
             # event past it, so the blocking read below returns at once and nothing is missed.
-            newest: Any = self.client.xrevrange(key, count=1)
-            last = text(newest[0][0]) if newest else "0-0"
+            last = run_reads.newest_event(self.client, tenant, run_id)
             stored = self.store.hash(tenant, run_id)
             if not stored:
                 raise RunNotFoundError(f"no run {run_id!r} for tenant {tenant!r}")
@@ -98,7 +94,8 @@ class Reading:
                 raise WaitTimeoutError(
                     f"run {run_id} is still {stored.get('status')} after {timeout_s:g} s"
                 )
-            self.client.xread({key: last}, count=1, block=min(left_ms, self.block_ms))
+            block_ms = min(left_ms, self.block_ms)
+            run_reads.read_events(self.client, tenant, run_id, last, count=1, block_ms=block_ms)
 
     def events(
         self,
@@ -120,23 +117,22 @@ class Reading:
             )
         tenant, _ = self.run_hash(run_id, tenant)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        return self._follow(tenant, run_id, after or "0-0", deadline)
+        return self._follow(tenant, run_id, after or run_reads.NO_EVENT, deadline)
 
     def _follow(
         self, tenant: str, run_id: str, last: str, deadline: float | None
     ) -> Iterator[RunEvent]:
-        key = keys.events(tenant, run_id)
         stopped = False
         while True:
             block: int | None = None if stopped else self.block_ms
             if deadline is not None and block is not None:
                 block = max(1, min(block, int((deadline - time.monotonic()) * 1000)))
-            reply: Any = self.client.xread({key: last}, count=200, block=block)
-            entries = reply[0][1] if reply else []
-            for eid, fields in entries:
-                last = text(eid)
-                event: dict[str, Any] = msgspec.json.decode(text(fields["event"]))
-                yield RunEvent(last, str(event.get("type")), event)
+            entries = run_reads.read_events(
+                self.client, tenant, run_id, last, count=200, block_ms=block
+            )
+            for eid, event in entries:
+                last = eid
+                yield RunEvent(eid, str(event.get("type")), event)
                 if event.get("type") == "finished":
                     return
             if entries:
@@ -145,5 +141,4 @@ class Reading:
                 return
             # The commit writes the status and the events in one script: a run seen stopped
             # has its `finished` event in the stream already, so one more read gets it.
-            status = self.client.hget(keys.run(tenant, run_id), "status")
-            stopped = text(status) == Status.STOPPED.value if status else False
+            stopped = run_reads.status(self.client, tenant, run_id) == Status.STOPPED.value

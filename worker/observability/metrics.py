@@ -51,7 +51,7 @@ STEP_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 1
 # Between two turns: well under a millisecond eager, a few milliseconds through the queue.
 GAP_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
 
-# Results of `Step.run` that end the run without passing through `Step._next`, with the outcome
+# Results of `Step.run` that end the run without passing through `Writer.next`, with the outcome
 # and detail the run records. `finished` and `refused` are counted where they happen, in the
 # step, because only there are the outcome and the refused dimension known.
 _ENDS_RUN: dict[str, tuple[str, str]] = {

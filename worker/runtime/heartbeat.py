@@ -40,11 +40,6 @@ class Heartbeat:
             with self._lock:
                 self._renewals.pop(token, None)
 
-    @property
-    def beating_now(self) -> int:
-        """How many turns' leases are being renewed."""
-        return len(self._renewals)
-
     def _loop(self) -> None:
         while True:
             time.sleep(self._every_s)

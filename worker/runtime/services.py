@@ -11,14 +11,14 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import redis
 import structlog
 
 from turnstile.jobs.errors import StateFormatError
 from turnstile.jobs.job import Job
-from turnstile.jobs.kernel import READ_POOL_SIZE
+from turnstile.jobs.runtime import READ_POOL_SIZE
 from turnstile.jobs.state import RunState
 from turnstile.ledger.client import Ledger
 from turnstile.ledger.inputs import DEFAULT_DIMENSIONS
@@ -54,10 +54,12 @@ class Services:
     store: RunStore
     ledger: Ledger
     jobs: Jobs
-    send: Callable[[StepMessage, RunState], None]  # enqueue the next step
-    # The next step as the commit that makes it due queues it itself, or None: then `send`
-    # sends it after the commit (fair share off, the drills).
-    next_step: Callable[[StepMessage, RunState], NextStep | None] = lambda msg, state: None
+    # Enqueue the next step, with its soft and hard time limits.
+    send: Callable[[StepMessage, float, float], None]
+    # The next step (with its soft and hard time limits) as the commit that makes it due
+    # queues it itself, or None: then `send` sends it after the commit (fair share off, the
+    # drills).
+    next_step: Callable[[StepMessage, float, float], NextStep | None] = lambda m, s, h: None
     # Or the commit claims it for this worker, to run at once (eager continuation): what it
     # needs to, for the next step, its hard limit and the claimed delivery's token; None: never.
     claim: Callable[[StepMessage, float, str], Claim | None] = lambda msg, hard_s, token: None
@@ -108,8 +110,7 @@ def build_services(
 
     sends = iter(range(1, 2**62))
 
-    def send(msg: StepMessage, state: Any) -> None:
-        soft_s, hard_s = time_limits(state, config)
+    def send(msg: StepMessage, soft_s: float, hard_s: float) -> None:
         if config.chaos_drop_every and next(sends) % config.chaos_drop_every == 0:
             log.warning("chaos_send_dropped", version=msg.version)
             return
@@ -130,10 +131,10 @@ def build_services(
         config.fair_share and not config.chaos_drop_every and config.chaos_send_copies == 1
     )
 
-    def next_step(msg: StepMessage, state: Any) -> fair.Pending | None:
+    def next_step(msg: StepMessage, soft_s: float, hard_s: float) -> fair.Pending | None:
         if not queues_in_commit:
             return None
-        return fair.pending_entry(msg, *time_limits(state, config))
+        return fair.pending_entry(msg, soft_s, hard_s)
 
     # Eager continuation (TURNSTILE_EAGER_TURNS) rides on the commit that queues the next step,
     # so it needs fair share's queueing in the commit: with fair share off there is no one
@@ -155,7 +156,8 @@ def build_services(
         except StateFormatError as exc:  # the sweeper's step fails it, with the reason
             log.warning("started_state_unreadable", run_id=started.run_id, error=str(exc))
             return
-        send(StepMessage(started.tenant, started.run_id, 1, started.queue), state)
+        send(StepMessage(started.tenant, started.run_id, 1, started.queue),
+             *time_limits(state, config))  # fmt: skip
 
     store.on_started = send_started
     turns = config.concurrency if config.pool == Pool.GEVENT else 1

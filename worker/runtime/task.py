@@ -13,8 +13,11 @@ from celery import Celery, Task
 from turnstile.backoff import backoff_s
 from turnstile.worker.broker.message import STEP_TASK, StepMessage, parse_message
 from turnstile.worker.observability import metrics
+from turnstile.worker.runtime.eager import Chain
+from turnstile.worker.runtime.holds import LedgerDown
+from turnstile.worker.runtime.results import RUN_ENDED
 from turnstile.worker.runtime.services import WorkerServices
-from turnstile.worker.runtime.step import LedgerDown, Step
+from turnstile.worker.runtime.step import Step
 from turnstile.worker.scheduling import fair
 from turnstile.worker.store.runs import StoreUnavailable
 
@@ -56,20 +59,21 @@ def step_task(self: StepTask, *args: Any, **kwargs: Any) -> str:
     # `after`, so that it does not count as a delivery that died mid-turn.
     after = kwargs.get("after")
     # The delivery's hard time limit, which Celery enforces on every turn it runs: a claimed
-    # turn must fit in it (see Step.finish_now).
+    # turn must fit in it (see worker/runtime/eager.py).
     hard_s = (self.request.timelimit or (None, None))[0]
-    deadline = time.monotonic() + float(hard_s) if hard_s else None
+    chain = Chain(
+        delivery=f"{self.request.id}:{self.request.retries}",
+        eager=self.worker.settings.eager_turns,
+        deadline=time.monotonic() + float(hard_s) if hard_s else None,
+    )
 
     def first() -> Step:
         return Step(
-            self.worker.services(), msg, delivery=f"{self.request.id}:{self.request.retries}",
-            after=after if isinstance(after, str) else "", eager=self.worker.settings.eager_turns,
-            deadline=deadline,
-        )  # fmt: skip
+            self.worker.services(), msg, chain, after=after if isinstance(after, str) else ""
+        )
 
     result, step = _one_step(self, msg, first)
-    while step is not None and step.following is not None:
-        following = step.following
+    while step is not None and (following := step.following) is not None:
         result, step = _one_step(self, following.msg, lambda f=following: f)  # type: ignore[misc]
     return result
 
@@ -106,12 +110,6 @@ def _one_step(
         # step took it over as it was queued or claimed (worker/scheduling/fair.py).
         if result not in ("retry", "continued"):
             _release(task.worker, msg, result)
-
-
-# Results of a step after which its run is over (see worker/runtime/step.py and step_task).
-RUN_ENDED = frozenset(
-    {"finished", "refused", "cancelled", "superseded", "broken", "poison", "missing"}
-)
 
 
 def _release(worker: WorkerServices, msg: StepMessage, result: str) -> None:

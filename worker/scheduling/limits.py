@@ -38,16 +38,19 @@ def hold_id(run_id: str, step: int, version: int) -> str:
 
 
 def next_hold(
-    ledger: Ledger, settings: Settings, state: RunState, job: Job, *, version: int
-) -> str:
+    ledger: Ledger, settings: Settings, state: RunState, job: Job, *, version: int,
+    hard_s: float | None = None,
+) -> str:  # fmt: skip
     """The ledger hold the run's next turn will take, as the load script reads it: computed
     whenever the run is committed live, for the step message of `version`, so that step
     reserves inside its one read. It is the worst case of the next turn (the kernel's
-    exposure), held until the step's hard time limit has passed."""
+    exposure), held until the step's hard time limit (`hard_s`, when the caller has it
+    already) has passed."""
     unfit, worst = exposure(state, job)
     if unfit is not None:
         return msgspec.json.encode({"unfit": unfit.value}).decode()
-    _, hard_s = time_limits(state, settings)
+    if hard_s is None:
+        _, hard_s = time_limits(state, settings)
     reservation_id = hold_id(state.run_id, state.usage.steps + 1, version)
     _, argv = ledger.reserve_script_args(
         state.tenant, reservation_id, ledger_amounts(worst), timeout_s=hard_s
