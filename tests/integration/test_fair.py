@@ -112,7 +112,9 @@ def test_a_capped_tenant_never_has_more_than_its_cap_in_flight(redis_url: str, u
     fair.set_caps(client.client, tenant, {"turns_in_flight": 5})
     peak = {"inflight": 0, "slots": 0}
     with running_workers(redis_url, [queue], 2, concurrency=4, stop_timeout_s=20):
-        ids = [client.submit(tenant, USER, "support", GOAL, SLOW_TOOLS, queue=queue)
+        # Turns that really take time, so the cap is met however the machine is loaded (with
+        # simulated latency alone, a loaded sampler once saw no turn in flight at all).
+        ids = [client.submit(tenant, USER, "support", GOAL, SLEEPING_TOOLS, queue=queue)
                for _ in range(24)]  # fmt: skip
 
         def sampled_done() -> bool:
