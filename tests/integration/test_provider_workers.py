@@ -37,7 +37,11 @@ def test_a_support_run_on_a_provider_completes_through_workers_and_replays(
     client = client_for(redis_url)
     client.ledger.set_ceiling(tenant, "cost_microusd", 5_000_000)
     with wire_server(provider, "support_run") as wire:
-        with running_workers(redis_url, [queue], 2, env=wire.env):
+        # The default leases, not the tests' 3 s ones: this test counts the provider's requests,
+        # and on a loaded machine a step not picked up within 3 s is rightly sent again, a
+        # second model call the test would count (test_worker.py drills the leases).
+        leases = {"TURNSTILE_PICKUP_LEASE_S": "60", "TURNSTILE_INFLIGHT_LEASE_S": "15"}
+        with running_workers(redis_url, [queue], 2, env={**wire.env, **leases}):
             run_id = client.submit(
                 tenant, USER, "support", GOAL, {"model": MODELS[provider]}, budget=BUDGET,
                 queue=queue,
