@@ -192,12 +192,19 @@ def trace(
     conn: Connection, run_id: RunId, tenant: Tenant = None, as_json: JsonFlag = False
 ) -> None:
     """A run's span tree, turn by turn, and its post-mortem."""
-    _, spans = views.spans(conn.client, run_id, tenant)
+    tenant, spans = views.spans(conn.client, run_id, tenant)
     summary = postmortem(spans)
+    origin = views.origin(conn.client, tenant, run_id)
     if as_json:
-        echo_json({"run_id": run_id, "spans": msgspec.to_builtins(spans), "postmortem": summary})
+        echo_json({"run_id": run_id, "origin": origin, "spans": msgspec.to_builtins(spans),
+                   "postmortem": summary})  # fmt: skip
         return
     console = Console()
+    if origin is not None:  # a fork: the run and the turn it started from
+        said = f"forked from {origin['run_id']} at turn {origin['turn']}"
+        if origin.get("evaluation"):
+            said += f" (evaluation {origin['evaluation']}, {origin.get('mode')})"
+        console.print(escape(said), highlight=False, soft_wrap=True)
     for depth, span in span_tree(spans):
         extra = {k: span.attrs[k] for k in ("args", "input_tokens", "output_tokens", "model",
                                             "fallback") if k in span.attrs}  # fmt: skip

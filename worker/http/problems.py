@@ -32,7 +32,7 @@ from turnstile.errors import (
 from turnstile.jobs.errors import KernelError, UnknownJobError
 from turnstile.ledger.errors import LedgerError, LedgerInputError
 from turnstile.worker.broker.amqp import BrokerError
-from turnstile.worker.ops.errors import ControlError, QueueBrokenError
+from turnstile.worker.ops.errors import ControlError, ForkRefusedError, QueueBrokenError
 from turnstile.worker.scheduling.ratelimits import RateLimitError
 from turnstile.worker.store import values
 
@@ -97,6 +97,7 @@ ANSWERS: tuple[tuple[type[Exception], int, str], ...] = (
     (RunNotFoundError, 404, "run_not_found"),
     (ConversationBusyError, 409, "conversation_busy"),  # the detail names the active run
     (SubmissionConflictError, 409, "run_id_conflict"),
+    (ForkRefusedError, 422, "fork_refused"),  # a turn outside the run, a run in flight, ...
     (QueueNotAllowedError, 403, "queue_not_allowed"),
     (SubmissionError, 422, "invalid_submission"),  # "unknown_job" when that is the cause
     (DecisionRefusedError, 409, "decision_refused"),

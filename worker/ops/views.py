@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 from turnstile.errors import TurnstileError
+from turnstile.jobs.errors import StateFormatError
 from turnstile.jobs.outcomes import Status
 from turnstile.jobs.state import RunState
 from turnstile.jobs.trace import Span
@@ -94,6 +95,21 @@ def follow(
 
 
 # -- trace ----------------------------------------------------------------------------------
+
+
+def origin(c: Client, tenant: str, run_id: str) -> dict[str, Any] | None:
+    """Where a forked run came from (run_id, tenant, turn, and an evaluation's id and mode),
+    from its state; None for a run that is not a fork."""
+    stored = c.store.hash(tenant, run_id)
+    try:
+        state = RunState.from_json(stored.get(fields.STATE, ""))
+    except StateFormatError:
+        return None
+    if state.origin is None:
+        return None
+    out: dict[str, Any] = msgspec.to_builtins(state.origin)
+    out.pop("calls", None)  # an evaluation's recording: data for its tools, not for a reader
+    return out
 
 
 def spans(c: Client, run_id: str, tenant: str | None = None) -> tuple[str, list[Span]]:
