@@ -24,3 +24,7 @@ class ForkRefusedError(SubmissionError):
     """A fork or an evaluation that cannot start from the run asked for: a turn outside the
     run, a run still in flight, a recording removed by retention, a variant that cannot be
     built. Nothing was started."""
+
+
+class EvaluationNotFoundError(ControlError):
+    """No such evaluation (`turnstile eval show ID`, `GET /v1/evals/{id}`)."""

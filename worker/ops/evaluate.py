@@ -24,7 +24,7 @@ from turnstile.jobs.state import Origin, RunState
 from turnstile.worker.client._client import Client
 from turnstile.worker.names import check_name, check_run_id
 from turnstile.worker.ops import listing
-from turnstile.worker.ops.errors import ControlError, ForkRefusedError
+from turnstile.worker.ops.errors import ControlError, EvaluationNotFoundError, ForkRefusedError
 from turnstile.worker.ops.fork import (
     Variant,
     evaluation_run_id,
@@ -40,10 +40,6 @@ MAX_RUNS = 1000  # runs one evaluation takes at most: its spec keeps their ids
 SKIPPED = "!"  # an origin the evaluation could not fork: "!<why>" in place of a run id
 _AGO = re.compile(r"^(\d+)([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-class EvaluationNotFoundError(ControlError):
-    """No such evaluation."""
 
 
 @dataclass(frozen=True)
