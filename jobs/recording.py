@@ -143,4 +143,6 @@ def _wrapped(
             return {HELD: True, "detail": "an evaluation holds a write it has no recording of"}
         return tool.fn(ctx)
 
+    if tool.mutates:  # never executed: it charges its tenant nothing, neither cost nor amounts
+        return dataclasses.replace(tool, fn=fn, charges={}, cost_bound_microusd=0)
     return dataclasses.replace(tool, fn=fn)

@@ -11,7 +11,13 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from turnstile.worker.cli.common import Connection, JsonFlag, console_for_tables, echo_json
+from turnstile.worker.cli.common import (
+    Connection,
+    JsonFlag,
+    console_for_tables,
+    echo_json,
+    with_connection,
+)
 from turnstile.worker.cli.options import RunId, Tenant
 from turnstile.worker.cli.submit import PARAM_HELP, _params
 from turnstile.worker.ops import evaluate as evaluation
@@ -103,16 +109,15 @@ def start(
     """Start an evaluation: each chosen finished run re-run on the variant as a run of
     --eval-tenant, its tool calls answered from its recording; a write is never executed.
     Prints the evaluation's id."""
-    ctx.obj = Connection(redis_url, broker_url)
-    ctx.call_on_close(ctx.obj.__exit__)
     if ctx.invoked_subcommand is not None:
         return
+    conn = ctx.with_resource(Connection(redis_url, broker_url))
     if tenant is None or eval_tenant is None:
         raise typer.BadParameter("--tenant and --eval-tenant are needed to start an evaluation")
     selection = evaluation.Selection(tenant=tenant, job=job, outcome=outcome,
                                      since_ms=evaluation.since_ms(since), limit=limit)  # fmt: skip
     made = evaluation.start(
-        ctx.obj.client, selection, Variant(params=_params(variant or [], what="--variant"),
+        conn.client, selection, Variant(params=_params(variant or [], what="--variant"),
                                            goal=goal),
         mode=mode, eval_tenant=eval_tenant, from_turn=from_turn, queue=queue,
     )  # fmt: skip
@@ -127,10 +132,9 @@ def start(
 EvalId = Annotated[str, typer.Argument(help="The evaluation's id.", show_default=False)]
 
 
-@eval_app.command("show")
-def show(ctx: typer.Context, eval_id: EvalId, as_json: JsonFlag = False) -> None:
+def show(conn: Connection, eval_id: EvalId, as_json: JsonFlag = False) -> None:
     """An evaluation's report: each run beside its original, and the totals."""
-    said = evaluation.report(ctx.obj.client, eval_id)
+    said = evaluation.report(conn.client, eval_id)
     if as_json:
         echo_json(said)
         return
@@ -162,8 +166,11 @@ def _pair(o: dict[str, Any], v: dict[str, Any], key: str) -> str:
     return f"{o.get(key, '-')} -> {v.get(key, '-')}"
 
 
-@eval_app.command("resume")
-def resume(ctx: typer.Context, eval_id: EvalId) -> None:
+def resume(conn: Connection, eval_id: EvalId) -> None:
     """Submit what an interrupted evaluation had not submitted; each run is evaluated once."""
-    made = evaluation.resume(ctx.obj.client, eval_id)
+    made = evaluation.resume(conn.client, eval_id)
     typer.echo(f"{made.eval_id}: {len(made.runs)} runs submitted")
+
+
+eval_app.command("show")(with_connection(show))
+eval_app.command("resume")(with_connection(resume))

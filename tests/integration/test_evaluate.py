@@ -1,0 +1,190 @@
+"""Evaluating recorded runs on variants: fifty recorded support runs re-run on two scripted
+variants whose differences are known, the report's counts are those differences, no write is
+executed (the shop's effects are what the originals left), and only the evaluation's tenant is
+charged. An evaluation interrupted by a worker's SIGKILL resumes and evaluates each run once."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.integration.workers import (
+    client_for,
+    ended_once,
+    running_workers,
+    settled,
+    shop_effects,
+    wait_until,
+)
+from turnstile.jobs.outcomes import Outcome
+from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.cli.main import app
+from turnstile.worker.client._client import Client
+from turnstile.worker.ops import evaluate as evaluation
+from turnstile.worker.ops.errors import ControlError, ForkRefusedError
+from turnstile.worker.ops.fork import Variant
+from turnstile.worker.store import keys
+
+pytestmark = pytest.mark.integration
+
+runner = CliRunner()
+EFFECTS = [["refund", "ord_1001", 3000], ["email", "ord_1001"]]  # what each original did
+
+
+def _originals(client: Client, tenant: str, queue: str, count: int) -> list[str]:
+    runs = [
+        client.submit(tenant, USER, "support", GOAL, {"model_latency_s": 0}, queue=queue,
+                      budget={"max_repeat": 2})
+        for _ in range(count)
+    ]  # fmt: skip
+    wait_until(lambda: settled(client, runs), timeout_s=180, what="the originals to end")
+    assert {client.state(r).outcome for r in runs} == {Outcome.COMPLETED}
+    return runs
+
+
+def _ledger(client: Client, tenant: str) -> dict[str, Any]:
+    return {d: (s.committed, s.reserved) for d, s in client.ledger.read(tenant).items()}
+
+
+def _done(client: Client, eval_id: str) -> dict[str, Any]:
+    said: dict[str, Any] = {}
+
+    def finished() -> bool:
+        said.update(evaluation.report(client, eval_id))
+        return bool(said["status"] == "done")
+
+    wait_until(finished, timeout_s=240, what=f"evaluation {eval_id} to end")
+    return said
+
+
+@pytest.mark.parametrize(
+    "count", [pytest.param(6, id="6 runs"), pytest.param(50, id="50 runs", marks=pytest.mark.slow)]
+)
+def test_recorded_runs_on_two_variants_report_the_known_differences_and_execute_no_write(
+    redis_url: str, count: int
+) -> None:
+    """Fifty recorded runs (six in the fast suite). Variant A (refund 5000 cents,
+    replay-reads): the same plan, read and email come from the recording, the refund is not in
+    it and is held: every run completes, diverging at turn 3 with one held write. Variant B
+    (the same_call model, stop-on-divergence): its first call is not in the recording, so
+    every run ends `diverged` at turn 1. The shop holds what the originals did and nothing
+    more; the originals' tenant is not charged, the evaluation's is."""
+    queue, tenant, judge = (f"{p}-{uuid.uuid4().hex[:8]}" for p in ("q", "t", "ev"))
+    client = client_for(redis_url)
+    with running_workers(redis_url, [queue], 2):
+        originals = _originals(client, tenant, queue, count)
+        before = _ledger(client, tenant)
+        a = evaluation.start(
+            client, evaluation.Selection(tenant=tenant, job="support"),
+            Variant(params={"amount_cents": 5000}), mode="replay-reads", eval_tenant=judge,
+            queue=queue,
+        )  # fmt: skip
+        said = runner.invoke(app, [
+            "eval", "--tenant", tenant, "--outcome", "completed", "--since", "1h",
+            "--variant", "model=same_call", "--mode", "stop-on-divergence",
+            "--eval-tenant", judge, "--queue", queue, "--redis-url", redis_url,
+        ])  # fmt: skip
+        assert said.exit_code == 0, said.output
+        b_id = said.output.strip()
+        report_a, report_b = _done(client, a.eval_id), _done(client, b_id)
+    totals_a, totals_b = report_a["totals"], report_b["totals"]
+    assert (totals_a["runs"], totals_a["evaluated"]) == (count, count)
+    assert totals_a["outcomes_changed"] == 0
+    assert totals_a["variant"]["outcomes"] == {"completed": count}
+    assert totals_a["held_writes"] == count
+    assert {r["first_divergent_turn"] for r in report_a["runs"]} == {3}
+    assert totals_a["variant"]["turns_per_run"] == totals_a["original"]["turns_per_run"] == 5
+    assert (totals_b["evaluated"], totals_b["outcomes_changed"]) == (count, count)
+    assert totals_b["variant"]["outcomes"] == {"diverged": count}
+    assert totals_b["variant"]["cost_per_completed_run_microusd"] is None
+    assert {r["first_divergent_turn"] for r in report_b["runs"]} == {1}
+    assert {r["origin"] for r in report_b["runs"]} == set(originals)
+    # No write executed: the originals' shop has what they did, the evaluation's has nothing.
+    assert all(shop_effects(client, r) == EFFECTS for r in originals)
+    assert all(shop_effects(client, r["variant"]["run_id"]) == [] for r in report_a["runs"])
+    assert _ledger(client, tenant) == before
+    charged = client.ledger.read(judge)
+    assert (
+        charged["tokens"].committed
+        == (totals_a["variant"]["tokens"] + totals_b["variant"]["tokens"])
+        > 0
+    )
+    shown = runner.invoke(app, ["eval", "show", a.eval_id, "--redis-url", redis_url])
+    assert shown.exit_code == 0, shown.output
+    line = f"{count} of {count} runs, 0 outcomes changed, {count} diverged, {count} writes held"
+    assert line in shown.output
+
+
+def test_an_evaluation_refuses_bad_input_before_storing_anything(redis_url: str) -> None:
+    """An unknown mode, the same tenant to charge, a filter that matches nothing, a turn
+    outside the runs, a variant that cannot be built: one line each, no evaluation stored;
+    an unknown evaluation is not found."""
+    queue, tenant = f"q-{uuid.uuid4().hex[:8]}", f"t-{uuid.uuid4().hex[:8]}"
+    client = client_for(redis_url)
+    with running_workers(redis_url, [queue], 1):
+        _originals(client, tenant, queue, 1)
+    every = evaluation.Selection(tenant=tenant)
+    cases: list[tuple[evaluation.Selection, dict[str, Any], type[Exception], str]] = [
+        (every, {"mode": "guess"}, ControlError, "unknown mode 'guess'"),
+        (every, {"eval_tenant": tenant}, ControlError, "a tenant of its own"),
+        (evaluation.Selection(tenant=tenant, job="nope"), {}, ControlError, "no finished run"),
+        (every, {"from_turn": 5}, ForkRefusedError, "turn 5 is outside run"),
+        (every, {"params": {"model": "gemini:pro"}}, ForkRefusedError, "cannot be built"),
+    ]
+    for selection, change, error, message in cases:
+        kwargs: dict[str, Any] = {"mode": "replay-reads", "eval_tenant": f"ev-{tenant}",
+                                  "from_turn": 0, **change}  # fmt: skip
+        variant = Variant(params=kwargs.pop("params", {}))
+        with pytest.raises(error, match=message) as caught:
+            evaluation.start(client, selection, variant, **kwargs)
+        assert "\\n" not in str(caught.value)
+    assert client.client.zcard(f"turnstile:{{ev-{tenant}}}:evals") == 0
+    said = runner.invoke(app, ["eval", "show", "ev_never", "--redis-url", redis_url])
+    assert said.exit_code == 1
+    assert said.output.strip() == "error: no evaluation 'ev_never'"
+
+
+@pytest.mark.slow
+def test_an_evaluation_interrupted_by_a_worker_sigkill_resumes_and_evaluates_each_run_once(
+    redis_url: str,
+) -> None:
+    """The worker running an evaluation is SIGKILLed mid-turn, and the evaluation's record has
+    lost the last four runs it submitted (a command killed before it wrote them down);
+    `turnstile eval resume` and a new worker finish it: one evaluation run per original, each
+    ended once, every one completed."""
+    count = 12
+    queue, tenant, judge = (f"{p}-{uuid.uuid4().hex[:8]}" for p in ("q", "t", "ev"))
+    client = client_for(redis_url)
+    with running_workers(redis_url, [queue], 1) as first:
+        originals = _originals(client, tenant, queue, count)
+        made = evaluation.start(
+            client, evaluation.Selection(tenant=tenant), Variant(params={"model_sleep_s": 0.3}),
+            mode="replay-reads", eval_tenant=judge, queue=queue,
+        )  # fmt: skip
+
+        def some_ended() -> bool:
+            rows = evaluation.report(client, made.eval_id)["runs"]
+            return sum(r["variant"]["status"] == "stopped" for r in rows) >= 2
+
+        wait_until(some_ended, timeout_s=60, what="a few evaluation runs to end")
+        first[0].kill()
+    client.client.hdel(keys.evaluation_runs(judge, made.eval_id), *originals[-4:])
+    client.client.hset(keys.evaluation(judge, made.eval_id), "status", "submitting")
+    said = runner.invoke(  # the variant's model_sleep_s is a drill, on here as in the workers
+        app,
+        ["eval", "resume", made.eval_id, "--redis-url", redis_url],
+        env={"TURNSTILE_ALLOW_DRILLS": "1"},
+    )
+    assert said.exit_code == 0, said.output
+    assert said.output.strip() == f"{made.eval_id}: {count} runs submitted"
+    with running_workers(redis_url, [queue], 1):
+        report = _done(client, made.eval_id)
+    assert report["totals"]["evaluated"] == count
+    assert report["totals"]["variant"]["outcomes"] == {"completed": count}
+    assert client.client.zcard(keys.runs(judge)) == count  # one run per original, no more
+    assert {r["origin"] for r in report["runs"]} == set(originals)
+    for row in report["runs"]:
+        ended_once(client, judge, row["variant"]["run_id"])
