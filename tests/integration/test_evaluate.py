@@ -26,6 +26,7 @@ from turnstile.worker.client._client import Client
 from turnstile.worker.ops import evaluate as evaluation
 from turnstile.worker.ops.errors import ControlError, ForkRefusedError
 from turnstile.worker.ops.fork import Variant
+from turnstile.worker.ops.replay import replay_run
 from turnstile.worker.store import keys
 
 pytestmark = pytest.mark.integration
@@ -112,6 +113,9 @@ def test_recorded_runs_on_two_variants_report_the_known_differences_and_execute_
         == (totals_a["variant"]["tokens"] + totals_b["variant"]["tokens"])
         > 0
     )
+    for row in (report_a["runs"][0], report_b["runs"][0]):  # answered from the recording again
+        replayed = replay_run(client, row["variant"]["run_id"])
+        assert replayed.matches, (replayed.difference, replayed.notes)
     shown = runner.invoke(app, ["eval", "show", a.eval_id, "--redis-url", redis_url])
     assert shown.exit_code == 0, shown.output
     line = f"{count} of {count} runs, 0 outcomes changed, {count} diverged, {count} writes held"
@@ -167,7 +171,8 @@ def test_an_evaluation_interrupted_by_a_worker_sigkill_resumes_and_evaluates_eac
 
         def some_ended() -> bool:
             rows = evaluation.report(client, made.eval_id)["runs"]
-            return sum(r["variant"]["status"] == "stopped" for r in rows) >= 2
+            ended: int = sum(r["variant"]["status"] == "stopped" for r in rows)
+            return ended >= 2
 
         wait_until(some_ended, timeout_s=60, what="a few evaluation runs to end")
         first[0].kill()

@@ -21,6 +21,7 @@ from turnstile.worker.cli.main import app
 from turnstile.worker.client._client import Client
 from turnstile.worker.ops.errors import ForkRefusedError
 from turnstile.worker.ops.fork import Variant, fork_run
+from turnstile.worker.ops.replay import replay_run
 from turnstile.worker.store import keys
 
 pytestmark = pytest.mark.integration
@@ -72,6 +73,9 @@ def test_a_fork_from_turn_3_completes_on_another_model_and_trace_shows_its_origi
     assert trace.exit_code == 0, trace.output
     assert trace.output.splitlines()[0] == f"forked from {origin} at turn 3"
     assert "t4.c1 tool send_status_email ok" in trace.output
+    replayed = replay_run(client, fork)  # from the state it was forked with, the server gone
+    assert replayed.matches, (replayed.difference, replayed.notes)
+    assert replayed.turns == 2
 
 
 def test_a_fork_refuses_bad_input_in_one_line_and_starts_nothing(redis_url: str) -> None:
