@@ -84,7 +84,7 @@ def test_recorded_runs_on_two_variants_report_the_known_differences_and_execute_
             queue=queue,
         )  # fmt: skip
         said = runner.invoke(app, [
-            "eval", "--tenant", tenant, "--outcome", "completed", "--since", "1h",
+            "eval", "start", "--tenant", tenant, "--outcome", "completed", "--since", "1h",
             "--variant", "model=same_call", "--mode", "stop-on-divergence",
             "--eval-tenant", judge, "--queue", queue, "--redis-url", redis_url,
         ])  # fmt: skip

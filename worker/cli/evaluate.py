@@ -70,17 +70,17 @@ def fork(
 
 eval_app = typer.Typer(
     help="Evaluate recorded runs on a variant (a model, params, a goal): `turnstile eval "
-    "--tenant T --variant model=... --eval-tenant E`, then `eval show ID`.",
-    invoke_without_command=True,
-    no_args_is_help=False,
+    "start --tenant T --variant model=... --eval-tenant E`, then `eval show ID`.",
+    no_args_is_help=True,
 )
 
 
-@eval_app.callback()
 def start(
-    ctx: typer.Context,
-    tenant: Annotated[str | None, typer.Option("--tenant", envvar="TURNSTILE_EVAL_FROM",
-                      help="The tenant whose finished runs are evaluated.")] = None,
+    conn: Connection,
+    tenant: Annotated[str, typer.Option("--tenant", envvar="TURNSTILE_EVAL_FROM",
+                      help="The tenant whose finished runs are evaluated.")],
+    eval_tenant: Annotated[str, typer.Option("--eval-tenant", envvar="TURNSTILE_EVAL_TENANT",
+                           help="The tenant the evaluation's runs are charged to.")],
     job: Annotated[str | None, typer.Option("--job", envvar="TURNSTILE_JOB",
                    help="Only runs of this job.")] = None,
     outcome: Annotated[str | None, typer.Option("--outcome", envvar="TURNSTILE_OUTCOME",
@@ -95,25 +95,14 @@ def start(
     mode: Annotated[str, typer.Option("--mode", envvar="TURNSTILE_EVAL_MODE",
                     help="A call not in the recording: replay-reads (reads run live, writes "
                          "are held) or stop-on-divergence.")] = "replay-reads",
-    eval_tenant: Annotated[str | None, typer.Option("--eval-tenant", envvar="TURNSTILE_EVAL_TENANT",
-                           help="The tenant the evaluation's runs are charged to.")] = None,
     limit: Annotated[int, typer.Option("--limit", envvar="TURNSTILE_EVAL_LIMIT", min=1,
                      max=evaluation.MAX_RUNS, help="At most this many runs.")] = 100,
     queue: Queue = "default",
     as_json: JsonFlag = False,
-    redis_url: Annotated[str | None, typer.Option("--redis-url", envvar="TURNSTILE_REDIS_URL",
-                         show_default=False)] = None,
-    broker_url: Annotated[str | None, typer.Option("--broker-url", envvar="TURNSTILE_BROKER_URL",
-                          show_default=False)] = None,
 ) -> None:  # fmt: skip
     """Start an evaluation: each chosen finished run re-run on the variant as a run of
     --eval-tenant, its tool calls answered from its recording; a write is never executed.
     Prints the evaluation's id."""
-    if ctx.invoked_subcommand is not None:
-        return
-    conn = ctx.with_resource(Connection(redis_url, broker_url))
-    if tenant is None or eval_tenant is None:
-        raise typer.BadParameter("--tenant and --eval-tenant are needed to start an evaluation")
     selection = evaluation.Selection(tenant=tenant, job=job, outcome=outcome,
                                      since_ms=evaluation.since_ms(since), limit=limit)  # fmt: skip
     made = evaluation.start(
@@ -172,5 +161,6 @@ def resume(conn: Connection, eval_id: EvalId) -> None:
     typer.echo(f"{made.eval_id}: {len(made.runs)} runs submitted")
 
 
+eval_app.command("start")(with_connection(start))
 eval_app.command("show")(with_connection(show))
 eval_app.command("resume")(with_connection(resume))
