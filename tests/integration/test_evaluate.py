@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from tests.integration.apiserver import http, make_key, running_api
 from tests.integration.workers import (
     client_for,
     ended_once,
@@ -23,6 +24,7 @@ from turnstile.jobs.outcomes import Outcome
 from turnstile.jobs.support.scenarios import GOAL, USER
 from turnstile.worker.cli.main import app
 from turnstile.worker.client._client import Client
+from turnstile.worker.http.apikeys import Role
 from turnstile.worker.ops import evaluate as evaluation
 from turnstile.worker.ops.errors import ControlError, ForkRefusedError
 from turnstile.worker.ops.fork import Variant
@@ -193,3 +195,31 @@ def test_an_evaluation_interrupted_by_a_worker_sigkill_resumes_and_evaluates_eac
     assert {r["origin"] for r in report["runs"]} == set(originals)
     for row in report["runs"]:
         ended_once(client, judge, row["variant"]["run_id"])
+
+
+def test_an_evaluation_over_http_is_an_operators_and_its_report_its_tenants(
+    redis_url: str,
+) -> None:
+    """`POST /v1/evals` needs an operator key (a service key: 403); `GET /v1/evals/{id}` gives
+    the report to an operator and to the evaluation's tenant, not to another tenant (404), and
+    an unknown id is a 404 `evaluation_not_found`."""
+    queue, tenant, judge = (f"{p}-{uuid.uuid4().hex[:8]}" for p in ("q", "t", "ev"))
+    client = client_for(redis_url)
+    body = {"tenant": tenant, "eval_tenant": judge, "params": {"amount_cents": 5000},
+            "queue": queue}  # fmt: skip
+    with running_workers(redis_url, [queue], 1), running_api(redis_url) as api:
+        _originals(client, tenant, queue, 2)
+        with http(api, make_key(redis_url, tenant)) as service:
+            assert service.post("/v1/evals", json=body).status_code == 403
+        with http(api, make_key(redis_url, tenant, Role.OPERATOR)) as operator:
+            made = operator.post("/v1/evals", json=body)
+            assert made.status_code == 202, made.text
+            eval_id = made.json()["eval_id"]
+            report = _done(client, eval_id)
+            assert operator.get(f"/v1/evals/{eval_id}").json()["totals"] == report["totals"]
+            missing = operator.get("/v1/evals/ev_never")
+            assert (missing.status_code, missing.json()["code"]) == (404, "evaluation_not_found")
+        with http(api, make_key(redis_url, judge)) as theirs:
+            assert theirs.get(f"/v1/evals/{eval_id}").json()["totals"]["held_writes"] == 2
+        with http(api, make_key(redis_url, f"other-{tenant}")) as other:
+            assert other.get(f"/v1/evals/{eval_id}").status_code == 404
