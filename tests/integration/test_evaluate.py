@@ -5,6 +5,7 @@ charged. An evaluation interrupted by a worker's SIGKILL resumes and evaluates e
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -120,6 +121,8 @@ def test_recorded_runs_on_two_variants_report_the_known_differences_and_execute_
         assert replayed.matches, (replayed.difference, replayed.notes)
     shown = runner.invoke(app, ["eval", "show", a.eval_id, "--redis-url", redis_url])
     assert shown.exit_code == 0, shown.output
+    as_json = runner.invoke(app, ["eval", "show", b_id, "--json", "--redis-url", redis_url])
+    assert json.loads(as_json.output)["totals"] == totals_b
     line = f"{count} of {count} runs, 0 outcomes changed, {count} diverged, {count} writes held"
     assert line in shown.output
 
