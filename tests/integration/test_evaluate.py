@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from tests.integration.apiserver import http, make_key, running_api
 from tests.integration.workers import (
     client_for,
     ended_once,
@@ -25,7 +24,6 @@ from turnstile.jobs.outcomes import Outcome
 from turnstile.jobs.support.scenarios import GOAL, USER
 from turnstile.worker.cli.main import app
 from turnstile.worker.client._client import Client
-from turnstile.worker.http.apikeys import Role
 from turnstile.worker.ops import evaluate as evaluation
 from turnstile.worker.ops.errors import ControlError, ForkRefusedError
 from turnstile.worker.ops.fork import Variant
@@ -53,6 +51,12 @@ def _ledger(client: Client, tenant: str) -> dict[str, Any]:
     return {d: (s.committed, s.reserved) for d, s in client.ledger.read(tenant).items()}
 
 
+def _tokens_to(client: Client, tenant: str, run_id: str, turn: int) -> int:
+    """The run's tokens after its `turn`-th turn, as its turn event recorded them."""
+    events = [e for _, e in client.store.events(tenant, run_id) if e["type"] == "turn"]
+    return int(events[turn - 1]["totals"]["tokens"])
+
+
 def _done(client: Client, eval_id: str) -> dict[str, Any]:
     said: dict[str, Any] = {}
 
@@ -74,8 +78,9 @@ def test_recorded_runs_on_two_variants_report_the_known_differences_and_execute_
     replay-reads): the same plan, read and email come from the recording, the refund is not in
     it and is held: every run completes, diverging at turn 3 with one held write. Variant B
     (the same_call model, stop-on-divergence): its first call is not in the recording, so
-    every run ends `diverged` at turn 1. The shop holds what the originals did and nothing
-    more; the originals' tenant is not charged, the evaluation's is."""
+    every run ends `diverged` at turn 1. A third, from turn 3, completes without diverging.
+    The shop holds what the originals did and nothing more; the originals' tenant is not
+    charged, the evaluation's is, for its own turns only."""
     queue, tenant, judge = (f"{p}-{uuid.uuid4().hex[:8]}" for p in ("q", "t", "ev"))
     client = client_for(redis_url)
     with running_workers(redis_url, [queue], 2):
@@ -93,7 +98,12 @@ def test_recorded_runs_on_two_variants_report_the_known_differences_and_execute_
         ])  # fmt: skip
         assert said.exit_code == 0, said.output
         b_id = said.output.strip()
+        c = evaluation.start(
+            client, evaluation.Selection(tenant=tenant), Variant(params={"amount_cents": 5000}),
+            mode="stop-on-divergence", eval_tenant=judge, from_turn=3, queue=queue,
+        )  # fmt: skip
         report_a, report_b = _done(client, a.eval_id), _done(client, b_id)
+        report_c = _done(client, c.eval_id)
     totals_a, totals_b = report_a["totals"], report_b["totals"]
     assert (totals_a["runs"], totals_a["evaluated"]) == (count, count)
     assert totals_a["outcomes_changed"] == 0
@@ -110,12 +120,27 @@ def test_recorded_runs_on_two_variants_report_the_known_differences_and_execute_
     assert all(shop_effects(client, r) == EFFECTS for r in originals)
     assert all(shop_effects(client, r["variant"]["run_id"]) == [] for r in report_a["runs"])
     assert _ledger(client, tenant) == before
-    charged = client.ledger.read(judge)
-    assert (
-        charged["tokens"].committed
-        == (totals_a["variant"]["tokens"] + totals_b["variant"]["tokens"])
-        > 0
+    # From turn 3 (the refund done) the larger refund never comes up: the recorded email,
+    # then the answer; turns 4 and 5 only, no divergence, no write held.
+    totals_c = report_c["totals"]
+    assert totals_c["variant"]["outcomes"] == {"completed": count}
+    assert (totals_c["outcomes_changed"], totals_c["diverged"], totals_c["held_writes"]) == (
+        0, 0, 0,
+    )  # fmt: skip
+    c_run = report_c["runs"][0]["variant"]["run_id"]
+    steps = [e["step"] for _, e in client.store.events(judge, c_run) if e["type"] == "turn"]
+    assert steps == [4, 5]
+    trace = runner.invoke(app, ["trace", c_run, "--redis-url", redis_url])
+    assert trace.output.splitlines()[0] == (
+        f"forked from {report_c['runs'][0]['origin']} at turn 3 "
+        f"(evaluation {c.eval_id}, stop-on-divergence)"
     )
+    charged = client.ledger.read(judge)
+    own = [r["variant"]["tokens"] for r in (*report_a["runs"], *report_b["runs"])]
+    # The third evaluation's runs carry their originals' usage to turn 3: only theirs since.
+    own += [r["variant"]["tokens"] - _tokens_to(client, tenant, r["origin"], 3)
+            for r in report_c["runs"]]  # fmt: skip
+    assert charged["tokens"].committed == sum(own) > 0
     for row in (report_a["runs"][0], report_b["runs"][0]):  # answered from the recording again
         replayed = replay_run(client, row["variant"]["run_id"])
         assert replayed.matches, (replayed.difference, replayed.notes)
@@ -198,31 +223,3 @@ def test_an_evaluation_interrupted_by_a_worker_sigkill_resumes_and_evaluates_eac
     assert {r["origin"] for r in report["runs"]} == set(originals)
     for row in report["runs"]:
         ended_once(client, judge, row["variant"]["run_id"])
-
-
-def test_an_evaluation_over_http_is_an_operators_and_its_report_its_tenants(
-    redis_url: str,
-) -> None:
-    """`POST /v1/evals` needs an operator key (a service key: 403); `GET /v1/evals/{id}` gives
-    the report to an operator and to the evaluation's tenant, not to another tenant (404), and
-    an unknown id is a 404 `evaluation_not_found`."""
-    queue, tenant, judge = (f"{p}-{uuid.uuid4().hex[:8]}" for p in ("q", "t", "ev"))
-    client = client_for(redis_url)
-    body = {"tenant": tenant, "eval_tenant": judge, "params": {"amount_cents": 5000},
-            "queue": queue}  # fmt: skip
-    with running_workers(redis_url, [queue], 1), running_api(redis_url) as api:
-        _originals(client, tenant, queue, 2)
-        with http(api, make_key(redis_url, tenant)) as service:
-            assert service.post("/v1/evals", json=body).status_code == 403
-        with http(api, make_key(redis_url, tenant, Role.OPERATOR)) as operator:
-            made = operator.post("/v1/evals", json=body)
-            assert made.status_code == 202, made.text
-            eval_id = made.json()["eval_id"]
-            report = _done(client, eval_id)
-            assert operator.get(f"/v1/evals/{eval_id}").json()["totals"] == report["totals"]
-            missing = operator.get("/v1/evals/ev_never")
-            assert (missing.status_code, missing.json()["code"]) == (404, "evaluation_not_found")
-        with http(api, make_key(redis_url, judge)) as theirs:
-            assert theirs.get(f"/v1/evals/{eval_id}").json()["totals"]["held_writes"] == 2
-        with http(api, make_key(redis_url, f"other-{tenant}")) as other:
-            assert other.get(f"/v1/evals/{eval_id}").status_code == 404

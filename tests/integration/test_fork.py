@@ -19,7 +19,9 @@ from turnstile.jobs.outcomes import Outcome
 from turnstile.jobs.support.scenarios import GOAL, USER
 from turnstile.worker.cli.main import app
 from turnstile.worker.client._client import Client
+from turnstile.worker.http.apikeys import Role
 from turnstile.worker.ops.errors import ForkRefusedError
+from turnstile.worker.ops.evaluate import report
 from turnstile.worker.ops.fork import Variant, fork_run
 from turnstile.worker.ops.replay import replay_run
 from turnstile.worker.store import keys
@@ -118,11 +120,16 @@ def test_a_fork_refuses_bad_input_in_one_line_and_starts_nothing(redis_url: str)
     ]
 
 
-def test_the_http_fork_route_forks_a_run_of_the_keys_tenant_only(redis_url: str) -> None:
+def test_fork_and_evaluation_over_http_keep_to_their_tenants(redis_url: str) -> None:
     """`POST /v1/runs/{id}/fork`: 202 with the new run's id and its origin; a turn outside the
-    run is a 422 `fork_refused` problem; another tenant's key does not find the run (404)."""
-    queue, tenant = f"q-{uuid.uuid4().hex[:8]}", f"t-{uuid.uuid4().hex[:8]}"
+    run is a 422 `fork_refused` problem; another tenant's key does not find the run (404).
+    `POST /v1/evals` needs an operator key (a service key: 403); `GET /v1/evals/{id}` gives the
+    report to an operator and to the evaluation's tenant, not to another tenant (404), and an
+    unknown id is a 404 `evaluation_not_found`."""
+    queue, tenant, judge = (f"{p}-{uuid.uuid4().hex[:8]}" for p in ("q", "t", "ev"))
     client = client_for(redis_url)
+    body = {"tenant": tenant, "eval_tenant": judge, "params": {"amount_cents": 5000},
+            "queue": queue}  # fmt: skip
     with running_workers(redis_url, [queue], 1), running_api(redis_url) as api:
         origin = _recorded(client, tenant, queue)
         with http(api, make_key(redis_url, tenant)) as web:
@@ -133,7 +140,24 @@ def test_the_http_fork_route_forks_a_run_of_the_keys_tenant_only(redis_url: str)
             assert made.status_code == 202, made.text
             fork = made.json()["run_id"]
             assert (made.json()["forked_from"], made.json()["at_turn"]) == (origin, 2)
+            assert web.post("/v1/evals", json=body).status_code == 403
         with http(api, make_key(redis_url, f"other-{tenant}")) as other:
             assert other.post(f"/v1/runs/{origin}/fork", json={"at": 1}).status_code == 404
         wait_until(lambda: settled(client, [fork]), timeout_s=60, what="the fork to end")
+        with http(api, make_key(redis_url, tenant, Role.OPERATOR)) as operator:
+            started = operator.post("/v1/evals", json=body)
+            assert started.status_code == 202, started.text
+            eval_id = started.json()["eval_id"]
+            wait_until(lambda: report(client, eval_id)["status"] == "done", timeout_s=60,
+                       what="the evaluation to end")  # fmt: skip
+            said = operator.get(f"/v1/evals/{eval_id}").json()
+            missing = operator.get("/v1/evals/ev_never")
+            assert (missing.status_code, missing.json()["code"]) == (404, "evaluation_not_found")
+        with http(api, make_key(redis_url, judge)) as theirs:
+            assert theirs.get(f"/v1/evals/{eval_id}").json()["totals"] == said["totals"]
+        with http(api, make_key(redis_url, f"other-{tenant}")) as other:
+            assert other.get(f"/v1/evals/{eval_id}").status_code == 404
     assert client.state(fork).outcome is Outcome.COMPLETED
+    # the fork (from turn 2) and the original are both recorded runs: both evaluated, each
+    # with its refund held
+    assert (said["totals"]["evaluated"], said["totals"]["held_writes"]) == (2, 2)
