@@ -5,6 +5,7 @@ and starts nothing."""
 
 from __future__ import annotations
 
+import re
 import uuid
 
 import pytest
@@ -75,6 +76,8 @@ def test_a_fork_from_turn_3_completes_on_another_model_and_trace_shows_its_origi
     assert trace.exit_code == 0, trace.output
     assert trace.output.splitlines()[0] == f"forked from {origin} at turn 3"
     assert "t4.c1 tool send_status_email ok" in trace.output
+    status = runner.invoke(app, ["status", fork, "--redis-url", redis_url])
+    assert re.search(rf"forked from\W+{origin} at turn 3", status.output), status.output
     replayed = replay_run(client, fork)  # from the state it was forked with, the server gone
     assert replayed.matches, (replayed.difference, replayed.notes)
     assert replayed.turns == 2

@@ -93,6 +93,11 @@ def status(
         w = view["waiting"]
         table.add_row("waiting", escape(f"for the rate limit of {w['endpoint']} ({w['limit']}) "
                                         f"until {w['until']}"))  # fmt: skip
+    if view.get("origin"):
+        o = view["origin"]
+        said = f"{o['run_id']} at turn {o['turn']}"
+        table.add_row("forked from", escape(said + (f" (evaluation {o['evaluation']})"
+                                                    if o.get("evaluation") else "")))  # fmt: skip
     if view.get("last_result") is not None:
         table.add_row("last result", escape(observation_line(view["last_result"])))
     usage, budget = view["usage"], view["budget"]

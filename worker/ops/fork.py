@@ -15,8 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
 from turnstile.errors import TurnstileError
 from turnstile.jobs.errors import KernelError
 from turnstile.jobs.outcomes import Status
@@ -171,12 +169,3 @@ def evaluation_run_id(tenant: str, evaluation: str, origin: str) -> str:
     """The run id of an evaluation's run of one origin: the same each time it is submitted,
     so an evaluation resumed after a crash evaluates each run once."""
     return idempotent_run_id(tenant, f"eval:{evaluation}:{origin}")
-
-
-def origin_of(state: RunState) -> dict[str, Any] | None:
-    """A run's origin as plain data (without an evaluation's recorded calls), or None."""
-    if state.origin is None:
-        return None
-    out: dict[str, Any] = msgspec.to_builtins(state.origin)
-    out.pop("calls", None)
-    return out

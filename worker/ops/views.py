@@ -55,6 +55,7 @@ def run_view(c: Client, run_id: str, tenant: str | None = None) -> dict[str, Any
         "last_result": state.last_result,
         "events": len(stream), "last_event": stream[-1][1]["type"] if stream else None,
         "waiting": waiting(stored.get(fields.STATUS, ""), stream),
+        "origin": origin_of(state),  # a fork's: the run and turn it started from
     }  # fmt: skip
 
 
@@ -100,11 +101,13 @@ def follow(
 def origin(c: Client, tenant: str, run_id: str) -> dict[str, Any] | None:
     """Where a forked run came from (run_id, tenant, turn, and an evaluation's id and mode),
     from its state; None for a run that is not a fork."""
-    stored = c.store.hash(tenant, run_id)
     try:
-        state = RunState.from_json(stored.get(fields.STATE, ""))
+        return origin_of(RunState.from_json(c.store.hash(tenant, run_id).get(fields.STATE, "")))
     except StateFormatError:
         return None
+
+
+def origin_of(state: RunState) -> dict[str, Any] | None:
     if state.origin is None:
         return None
     out: dict[str, Any] = msgspec.to_builtins(state.origin)
