@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -34,6 +35,14 @@ pytestmark = pytest.mark.integration
 
 runner = CliRunner()
 EFFECTS = [["refund", "ord_1001", 3000], ["email", "ord_1001"]]  # what each original did
+
+
+@pytest.fixture(scope="module")
+def queue(redis_url: str) -> Iterator[str]:
+    """A queue of this module's, served by two workers (the SIGKILL drill has its own)."""
+    name = f"eval-{uuid.uuid4().hex[:8]}"
+    with running_workers(redis_url, [name], 2):
+        yield name
 
 
 def _originals(client: Client, tenant: str, queue: str, count: int) -> list[str]:
@@ -72,7 +81,7 @@ def _done(client: Client, eval_id: str) -> dict[str, Any]:
     "count", [pytest.param(6, id="6 runs"), pytest.param(50, id="50 runs", marks=pytest.mark.slow)]
 )
 def test_recorded_runs_on_two_variants_report_the_known_differences_and_execute_no_write(
-    redis_url: str, count: int
+    redis_url: str, queue: str, count: int
 ) -> None:
     """Fifty recorded runs (six in the fast suite). Variant A (refund 5000 cents,
     replay-reads): the same plan, read and email come from the recording, the refund is not in
@@ -81,29 +90,28 @@ def test_recorded_runs_on_two_variants_report_the_known_differences_and_execute_
     every run ends `diverged` at turn 1. A third, from turn 3, completes without diverging.
     The shop holds what the originals did and nothing more; the originals' tenant is not
     charged, the evaluation's is, for its own turns only."""
-    queue, tenant, judge = (f"{p}-{uuid.uuid4().hex[:8]}" for p in ("q", "t", "ev"))
+    tenant, judge = (f"{p}-{uuid.uuid4().hex[:8]}" for p in ("t", "ev"))
     client = client_for(redis_url)
-    with running_workers(redis_url, [queue], 2):
-        originals = _originals(client, tenant, queue, count)
-        before = _ledger(client, tenant)
-        a = evaluation.start(
-            client, evaluation.Selection(tenant=tenant, job="support"),
-            Variant(params={"amount_cents": 5000}), mode="replay-reads", eval_tenant=judge,
-            queue=queue,
-        )  # fmt: skip
-        said = runner.invoke(app, [
-            "eval", "start", "--tenant", tenant, "--outcome", "completed", "--since", "1h",
-            "--variant", "model=same_call", "--mode", "stop-on-divergence",
-            "--eval-tenant", judge, "--queue", queue, "--redis-url", redis_url,
-        ])  # fmt: skip
-        assert said.exit_code == 0, said.output
-        b_id = said.output.strip()
-        c = evaluation.start(
-            client, evaluation.Selection(tenant=tenant), Variant(params={"amount_cents": 5000}),
-            mode="stop-on-divergence", eval_tenant=judge, from_turn=3, queue=queue,
-        )  # fmt: skip
-        report_a, report_b = _done(client, a.eval_id), _done(client, b_id)
-        report_c = _done(client, c.eval_id)
+    originals = _originals(client, tenant, queue, count)
+    before = _ledger(client, tenant)
+    a = evaluation.start(
+        client, evaluation.Selection(tenant=tenant, job="support"),
+        Variant(params={"amount_cents": 5000}), mode="replay-reads", eval_tenant=judge,
+        queue=queue,
+    )  # fmt: skip
+    said = runner.invoke(app, [
+        "eval", "start", "--tenant", tenant, "--outcome", "completed", "--since", "1h",
+        "--variant", "model=same_call", "--mode", "stop-on-divergence",
+        "--eval-tenant", judge, "--queue", queue, "--redis-url", redis_url,
+    ])  # fmt: skip
+    assert said.exit_code == 0, said.output
+    b_id = said.output.strip()
+    c = evaluation.start(
+        client, evaluation.Selection(tenant=tenant), Variant(params={"amount_cents": 5000}),
+        mode="stop-on-divergence", eval_tenant=judge, from_turn=3, queue=queue,
+    )  # fmt: skip
+    report_a, report_b = _done(client, a.eval_id), _done(client, b_id)
+    report_c = _done(client, c.eval_id)
     totals_a, totals_b = report_a["totals"], report_b["totals"]
     assert (totals_a["runs"], totals_a["evaluated"]) == (count, count)
     assert totals_a["outcomes_changed"] == 0
@@ -152,14 +160,15 @@ def test_recorded_runs_on_two_variants_report_the_known_differences_and_execute_
     assert line in shown.output
 
 
-def test_an_evaluation_refuses_bad_input_before_storing_anything(redis_url: str) -> None:
+def test_an_evaluation_refuses_bad_input_before_storing_anything(
+    redis_url: str, queue: str
+) -> None:
     """An unknown mode, the same tenant to charge, a filter that matches nothing, a turn
     outside the runs, a variant that cannot be built: one line each, no evaluation stored;
     an unknown evaluation is not found."""
-    queue, tenant = f"q-{uuid.uuid4().hex[:8]}", f"t-{uuid.uuid4().hex[:8]}"
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
     client = client_for(redis_url)
-    with running_workers(redis_url, [queue], 1):
-        _originals(client, tenant, queue, 1)
+    _originals(client, tenant, queue, 1)
     every = evaluation.Selection(tenant=tenant)
     cases: list[tuple[evaluation.Selection, dict[str, Any], type[Exception], str]] = [
         (every, {"mode": "guess"}, ControlError, "unknown mode 'guess'"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Iterator
 
 import pytest
 from typer.testing import CliRunner
@@ -14,7 +15,7 @@ from typer.testing import CliRunner
 from tests.integration.apiserver import http, make_key, running_api
 from tests.integration.workers import client_for, running_workers, settled, wait_until
 from tests.wire.agent import USAGE
-from tests.wire.wire import MODELS, wire_server
+from tests.wire.wire import MODELS, Wire, wire_server
 from turnstile.errors import RunNotFoundError
 from turnstile.jobs.outcomes import Outcome
 from turnstile.jobs.support.scenarios import GOAL, USER
@@ -34,6 +35,20 @@ EMAIL_ARGS = {"send_status_email": {"order_id": "ord_1001"}}
 AGENT = {"agent": {"calls": ["get_order", "issue_refund", "send_status_email"], "args": EMAIL_ARGS}}
 
 
+@pytest.fixture(scope="module")
+def wire() -> Iterator[Wire]:
+    with wire_server("openai", script=AGENT) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def queue(redis_url: str, wire: Wire) -> Iterator[str]:
+    """A queue of this module's, served by one worker that reaches the fake OpenAI server."""
+    name = f"fork-{uuid.uuid4().hex[:8]}"
+    with running_workers(redis_url, [name], 1, env=wire.env):
+        yield name
+
+
 def _recorded(client: Client, tenant: str, queue: str) -> str:
     run_id = client.submit(tenant, USER, "support", GOAL, {"model_latency_s": 0}, queue=queue)
     wait_until(lambda: settled(client, [run_id]), timeout_s=60, what="the original to end")
@@ -42,26 +57,25 @@ def _recorded(client: Client, tenant: str, queue: str) -> str:
 
 
 def test_a_fork_from_turn_3_completes_on_another_model_and_trace_shows_its_origin(
-    redis_url: str,
+    redis_url: str, wire: Wire, queue: str
 ) -> None:
     """The original: five turns on the stand-in (plan, read, refund, email, answer). The fork
     after turn 3 starts with the refund done and the email to send, runs turns 4 and 5 on
     openai:gpt-4.1-mini (two requests to the fake server) and completes; its ledger charge is
     the provider's two replies; `trace` says `forked from <run> at turn 3`."""
-    queue, tenant = f"q-{uuid.uuid4().hex[:8]}", f"t-{uuid.uuid4().hex[:8]}"
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
     client = client_for(redis_url)
-    with wire_server("openai", script=AGENT) as wire:
-        with running_workers(redis_url, [queue], 1, env=wire.env):
-            origin = _recorded(client, tenant, queue)
-            before = client.ledger.read(tenant)["tokens"].committed
-            said = runner.invoke(app, [
-                "fork", origin, "--at", "3", "--param", f"model={MODELS['openai']}",
-                "--queue", queue, "--redis-url", redis_url,
-            ])  # fmt: skip
-            assert said.exit_code == 0, said.output
-            fork = said.output.strip()
-            wait_until(lambda: settled(client, [fork]), timeout_s=60, what="the fork to end")
-        assert len(wire.received()) == 2
+    origin = _recorded(client, tenant, queue)
+    before = client.ledger.read(tenant)["tokens"].committed
+    asked = len(wire.received())
+    said = runner.invoke(app, [
+        "fork", origin, "--at", "3", "--param", f"model={MODELS['openai']}",
+        "--queue", queue, "--redis-url", redis_url,
+    ])  # fmt: skip
+    assert said.exit_code == 0, said.output
+    fork = said.output.strip()
+    wait_until(lambda: settled(client, [fork]), timeout_s=60, what="the fork to end")
+    assert len(wire.received()) - asked == 2
     tokens = 2 * (USAGE["input"] + USAGE["output"])  # each of the agent's replies
     state = client.state(fork)
     assert fork != origin
@@ -83,15 +97,16 @@ def test_a_fork_from_turn_3_completes_on_another_model_and_trace_shows_its_origi
     assert replayed.turns == 2
 
 
-def test_a_fork_refuses_bad_input_in_one_line_and_starts_nothing(redis_url: str) -> None:
+def test_a_fork_refuses_bad_input_in_one_line_and_starts_nothing(
+    redis_url: str, queue: str
+) -> None:
     """A turn outside the run, a run still in flight, a recording removed by retention, a
     variant that cannot be built (an unknown model, an unknown param): one line each, and the
     tenant has no run more than before."""
-    queue, tenant = f"q-{uuid.uuid4().hex[:8]}", f"t-{uuid.uuid4().hex[:8]}"
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
     client = client_for(redis_url)
-    with running_workers(redis_url, [queue], 1):
-        origin = _recorded(client, tenant, queue)
-        gone = _recorded(client, tenant, queue)
+    origin = _recorded(client, tenant, queue)
+    gone = _recorded(client, tenant, queue)
     waiting = client.submit(tenant, USER, "support", GOAL, queue=f"{queue}-idle")  # no worker
     client.client.delete(keys.events(tenant, gone))  # what retention leaves of a recording
     runs_before = client.client.zcard(keys.runs(tenant))
@@ -123,17 +138,17 @@ def test_a_fork_refuses_bad_input_in_one_line_and_starts_nothing(redis_url: str)
     ]
 
 
-def test_fork_and_evaluation_over_http_keep_to_their_tenants(redis_url: str) -> None:
+def test_fork_and_evaluation_over_http_keep_to_their_tenants(redis_url: str, queue: str) -> None:
     """`POST /v1/runs/{id}/fork`: 202 with the new run's id and its origin; a turn outside the
     run is a 422 `fork_refused` problem; another tenant's key does not find the run (404).
     `POST /v1/evals` needs an operator key (a service key: 403); `GET /v1/evals/{id}` gives the
     report to an operator and to the evaluation's tenant, not to another tenant (404), and an
     unknown id is a 404 `evaluation_not_found`."""
-    queue, tenant, judge = (f"{p}-{uuid.uuid4().hex[:8]}" for p in ("q", "t", "ev"))
+    tenant, judge = (f"{p}-{uuid.uuid4().hex[:8]}" for p in ("t", "ev"))
     client = client_for(redis_url)
     body = {"tenant": tenant, "eval_tenant": judge, "params": {"amount_cents": 5000},
             "queue": queue}  # fmt: skip
-    with running_workers(redis_url, [queue], 1), running_api(redis_url) as api:
+    with running_api(redis_url) as api:
         origin = _recorded(client, tenant, queue)
         with http(api, make_key(redis_url, tenant)) as web:
             refused = web.post(f"/v1/runs/{origin}/fork", json={"at": 7})
