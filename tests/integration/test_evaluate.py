@@ -190,6 +190,31 @@ def test_an_evaluation_refuses_bad_input_before_storing_anything(
     assert said.output.strip() == "error: no evaluation 'ev_never'"
 
 
+def test_an_evaluation_is_held_to_its_own_tenants_ceilings(redis_url: str, queue: str) -> None:
+    """The evaluation's tenant has a hard ceiling of 4,000 tokens, less than its eight runs
+    need (about 700 each): it is charged up to its ceiling and no more, the runs it has no
+    room for end `budget_exhausted` on it (tenant.tokens), and the originals' tenant, with no
+    ceiling, is charged nothing."""
+    tenant, judge = (f"{p}-{uuid.uuid4().hex[:8]}" for p in ("t", "ev"))
+    client = client_for(redis_url)
+    _originals(client, tenant, queue, 8)
+    before = _ledger(client, tenant)
+    client.ledger.set_ceiling(judge, "tokens", 4000)
+    made = evaluation.start(
+        client, evaluation.Selection(tenant=tenant), Variant(params={"amount_cents": 5000}),
+        mode="replay-reads", eval_tenant=judge, queue=queue,
+    )  # fmt: skip
+    report = _done(client, made.eval_id)
+    outcomes = report["totals"]["variant"]["outcomes"]
+    stopped = [r["variant"]["run_id"] for r in report["runs"]
+               if r["variant"]["outcome"] == "budget_exhausted"]  # fmt: skip
+    assert {client.store.hash(judge, r)["detail"] for r in stopped} == {"tenant.tokens"}
+    assert outcomes.get("budget_exhausted", 0) > 0, outcomes
+    assert outcomes.get("completed", 0) + outcomes["budget_exhausted"] == 8, outcomes
+    assert client.ledger.read(judge)["tokens"].committed <= 4000
+    assert _ledger(client, tenant) == before
+
+
 @pytest.mark.slow
 def test_an_evaluation_interrupted_by_a_worker_sigkill_resumes_and_evaluates_each_run_once(
     redis_url: str,
