@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 from turnstile.errors import TurnstileError
+from turnstile.jobs.errors import StateFormatError
 from turnstile.jobs.outcomes import Status
 from turnstile.jobs.state import RunState
 from turnstile.jobs.trace import Span
@@ -54,6 +55,7 @@ def run_view(c: Client, run_id: str, tenant: str | None = None) -> dict[str, Any
         "last_result": state.last_result,
         "events": len(stream), "last_event": stream[-1][1]["type"] if stream else None,
         "waiting": waiting(stored.get(fields.STATUS, ""), stream),
+        "origin": origin_of(state),  # a fork's: the run and turn it started from
     }  # fmt: skip
 
 
@@ -94,6 +96,23 @@ def follow(
 
 
 # -- trace ----------------------------------------------------------------------------------
+
+
+def origin(c: Client, tenant: str, run_id: str) -> dict[str, Any] | None:
+    """Where a forked run came from (run_id, tenant, turn, and an evaluation's id and mode),
+    from its state; None for a run that is not a fork."""
+    try:
+        return origin_of(RunState.from_json(c.store.hash(tenant, run_id).get(fields.STATE, "")))
+    except StateFormatError:
+        return None
+
+
+def origin_of(state: RunState) -> dict[str, Any] | None:
+    if state.origin is None:
+        return None
+    out: dict[str, Any] = msgspec.to_builtins(state.origin)
+    out.pop("calls", None)  # an evaluation's recording: data for its tools, not for a reader
+    return out
 
 
 def spans(c: Client, run_id: str, tenant: str | None = None) -> tuple[str, list[Span]]:

@@ -22,6 +22,7 @@ from turnstile.jobs.errors import StateFormatError, UnknownJobError
 from turnstile.jobs.kernel import turn
 from turnstile.jobs.moves import Finished, Move, finish
 from turnstile.jobs.outcomes import Outcome, Resource
+from turnstile.jobs.recording import Answering, answering
 from turnstile.jobs.runtime import Runtime
 from turnstile.jobs.state import RunState
 from turnstile.jobs.trace import Trace
@@ -55,6 +56,7 @@ class Step:
     # redelivered after a kill is the same message but another delivery.
     token: str = ""
     writer: Writer | None = None  # this turn's writes, once its load let it go
+    answered: Answering | None = None  # an evaluation run's tools, answering from a recording
 
     def __post_init__(self) -> None:
         self.token = self.token or f"{self.chain.delivery}.{secrets.token_hex(4)}"
@@ -98,6 +100,8 @@ class Step:
         except (StateFormatError, UnknownJobError) as exc:
             writer.fail(str(exc))
             return StepResult.BROKEN
+        self.answered = answering(job, state)  # the job itself, for a run with no recording
+        job = self.answered.job
         structlog.contextvars.bind_contextvars(step=state.usage.steps + 1)
         start(state)  # a run of a conversation that waited for its turn: it has come
         limits = time_limits(state, self.settings)
@@ -144,6 +148,8 @@ class Step:
                 pools.soft_limit(soft_s, SoftTimeLimitExceeded),
             ):
                 move = turn(state, runtime, view=this.view)
+                if self.answered is not None:  # an evaluation's call not in its recording
+                    move = self.answered.settle(state, move)
         except SoftTimeLimitExceeded:
             state, move = self._out_of_time(writer.loaded)
             if writer.followups_seen:  # the state as loaded, with what this turn took in

@@ -14,6 +14,7 @@ TENANTS = f"{PREFIX}:tenants"  # every tenant that has runs: the sweeper's start
 SWEEP_LOCK = f"{PREFIX}:sweeper:lock"
 RETENTION_LOCK = f"{PREFIX}:retention:lock"  # one retention pass at a time, once an interval
 RUN_TENANTS = f"{PREFIX}:run-tenants"  # hash: run id -> tenant, so a run id alone finds its run
+EVAL_TENANTS = f"{PREFIX}:eval-tenants"  # hash: evaluation id -> its tenant (store/evals.py)
 FENCE = f"{PREFIX}:fence"  # counter: a reader's own write, to wait for what it read (store.fence)
 
 
@@ -55,6 +56,22 @@ def conversation_waiting(tenant: str, key: str) -> str:
     """List: the conversation's waiting runs (enqueued, or interrupting at the front), in the
     order they start."""
     return _t(tenant, f"conv-waiting:{key}")
+
+
+def evaluation(tenant: str, eval_id: str) -> str:
+    """Hash: an evaluation of the tenant's: `spec` (JSON: the variant, the mode, the origins
+    chosen), `status` (submitting, submitted), `created_at`."""
+    return _t(tenant, f"eval:{eval_id}")
+
+
+def evaluation_runs(tenant: str, eval_id: str) -> str:
+    """Hash: an evaluation's runs, origin run id -> the evaluation's run of it."""
+    return _t(tenant, f"eval-runs:{eval_id}")
+
+
+def evaluations(tenant: str) -> str:
+    """Sorted set: the tenant's evaluation ids by creation time (ms)."""
+    return _t(tenant, "evals")
 
 
 def leases(tenant: str) -> str:
