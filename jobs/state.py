@@ -129,6 +129,9 @@ class RunState(msgspec.Struct, kw_only=True):
     memory: list[str] = msgspec.field(default_factory=list)  # notes recalled at the start
     conversation: str | None = None  # the tenant's conversation key, if it belongs to one
     followups: list[FollowUp] = msgspec.field(default_factory=list)  # merged user messages
+    # The version of its job the run is pinned to (jobs/versions.py): set at submit, changed
+    # only by a migration; "" for a run made before versions were recorded.
+    job_version: str = ""
 
     @property
     def held(self) -> HeldCall | HeldBudget | None:
