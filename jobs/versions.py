@@ -15,7 +15,7 @@ import hashlib
 import re
 from collections.abc import Callable, Mapping
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 
@@ -75,11 +75,11 @@ def derived(print_: str) -> str:
     return f"{DERIVED_PREFIX}{print_[:12]}"
 
 
-def check_migrations(job_name: str, migrate: Mapping[str, Migration]) -> str | None:
+def check_migrations(job_name: str, migrate: object) -> str | None:
     """Why a job's migrations are not valid, or None."""
     if not isinstance(migrate, Mapping):
         return f"job {job_name!r}: migrate must map versions to functions"
-    for version, fn in migrate.items():
+    for version, fn in cast(Mapping[object, object], migrate).items():
         if not isinstance(version, str) or not VERSION.fullmatch(version):
             return f"job {job_name!r}: migrate names an invalid version {version!r}"
         if not callable(fn):
@@ -113,8 +113,9 @@ def meets(
 def migrated(state: RunState, fn: Migration, *, to: str) -> RunState:
     """The run's state after its migration, pinned to `to`. Whatever the function raises is
     the caller's to report (the run ends `error` with its text)."""
-    result = fn(state)
-    after = state if result is None else result
+    copy = RunState.from_json(state.to_json())  # a migration that raises leaves `state` whole
+    result = fn(copy)
+    after = copy if result is None else result
     if not isinstance(after, RunState):
         raise TypeError(f"the migration returned {type(after).__name__}, not a RunState")
     if after.run_id != state.run_id or after.tenant != state.tenant or after.job != state.job:
