@@ -6,6 +6,7 @@ not answer go. A gate that ends or waits has committed what it decided (through 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from turnstile.worker.runtime.results import StepResult
 from turnstile.worker.runtime.services import Services
 from turnstile.worker.scheduling import ratelimits
 from turnstile.worker.scheduling.limits import hold_id
+from turnstile.worker.store import versions as job_versions
 from turnstile.worker.store.runs import excerpt, now_iso
 from turnstile.worker.store.versions import WAITING_FOR_VERSION
 
@@ -142,7 +144,10 @@ def versioned(turn: Turn) -> Verdict:
         return End(StepResult.BROKEN)
     log.info("version_waiting", job=job.name, version=wanted, here=job.version)
     metrics.version_waiting(job.name, wanted)
-    turn.writer.park(state, why=f"{WAITING_FOR_VERSION} {wanted} of job {job.name}")
+    committed = turn.writer.park(state, why=f"{WAITING_FOR_VERSION} {wanted} of job {job.name}")
+    if committed.kind == "ok":  # lost, the full pass of a heartbeat finds it all the same
+        with contextlib.suppress(Exception):
+            job_versions.mark_waiting(turn.services.store.client, state.tenant, state.run_id)
     return Wait(StepResult.PARKED)
 
 

@@ -375,6 +375,9 @@ def claims(registry: Registry) -> list[tuple[str, str, str]]:
     return [(job.name, job.version, job.fingerprint) for job in jobs]
 
 
+FULL_PASS_EVERY = 12  # a minute with the default TTL
+
+
 class VersionsHook(Hook):
     """The job versions this worker serves, claimed in the store as it starts (a version a live
     worker serves under another definition stops it, in one line), renewed on a heartbeat of
@@ -425,10 +428,14 @@ class VersionsHook(Hook):
             fair.route(client, config, self.worker.send), registry.get,
         )  # fmt: skip
         served = {(job, version) for job, version, _ in self.claimed}
+        beats = 0
         while True:
             try:
                 job_versions.renew(client, self.name, self.claimed, self.ttl_ms)
-                requeuer.requeue_served(served)
+                # Every FULL_PASS_EVERY beats, every parked run: a mark lost to a kill between
+                # a park and its mark is found there.
+                requeuer.requeue_served(served, full=beats % FULL_PASS_EVERY == 0)
+                beats += 1
             except Exception as exc:  # the store may be down: the next beat tries again
                 log.warning("versions_heartbeat_failed", error=str(exc))
             if self.stop.wait(self.config.version_ttl_s / 3):

@@ -12,7 +12,7 @@ it again; a worker of its version that takes it keeps the run with eager continu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import redis
@@ -27,6 +27,7 @@ from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.scheduling.limits import next_hold, time_limits
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import fields, run_index, tenants
+from turnstile.worker.store import versions as job_versions
 from turnstile.worker.store.records import Change
 from turnstile.worker.store.runs import RunStore
 from turnstile.worker.store.values import now_iso, text
@@ -49,23 +50,41 @@ class Waiting:
     state: RunState
 
 
-def waiting(client: redis.Redis, tenant_names: Iterable[str] | None = None) -> list[Waiting]:
-    """Every run parked for a worker of its job's version, in the given tenants (all)."""
-    found: list[Waiting] = []
-    for tenant in tenants.names(client) if tenant_names is None else tenant_names:
+def _parked(client: redis.Redis) -> Iterator[tuple[str, list[str]]]:
+    """Every parked run, a tenant's slice at a time: the full pass."""
+    for tenant in tenants.names(client):
         for ids in run_index.in_status(client, tenant, Status.PARKED.value):
-            rows = run_index.fields_of_runs(
-                client, [(tenant, r) for r in ids], fields.REASON, fields.QUEUE, fields.STATE
-            )
-            for run_id, (reason, queue, state_json) in zip(ids, rows, strict=True):
-                if not text(reason).startswith(WAITING_FOR_VERSION):
-                    continue
-                try:
-                    state = RunState.from_json(text(state_json))
-                except StateFormatError:
-                    continue
-                found.append(Waiting(tenant, run_id, text(queue), state.job,
-                                     state.job_version, state))  # fmt: skip
+            yield tenant, ids
+
+
+def _marked(client: redis.Redis) -> Iterator[tuple[str, list[str]]]:
+    by_tenant: dict[str, list[str]] = {}
+    for tenant, run_id in job_versions.marked_waiting(client):
+        by_tenant.setdefault(tenant, []).append(run_id)
+    yield from by_tenant.items()
+
+
+def waiting(client: redis.Redis, *, full: bool = False) -> list[Waiting]:
+    """The runs parked for a worker of their job's version: those marked so as they parked,
+    or (`full`) every parked run looked at. A mark whose run has moved on is dropped."""
+    found: list[Waiting] = []
+    for tenant, ids in _parked(client) if full else _marked(client):
+        rows = run_index.fields_of_runs(
+            client, [(tenant, r) for r in ids], fields.STATUS, fields.REASON, fields.QUEUE,
+            fields.STATE,
+        )  # fmt: skip
+        for run_id, (status, reason, queue, state_json) in zip(ids, rows, strict=True):
+            if text(status) != Status.PARKED.value or not text(reason).startswith(
+                WAITING_FOR_VERSION
+            ):
+                job_versions.unmark_waiting(client, tenant, run_id)
+                continue
+            try:
+                state = RunState.from_json(text(state_json))
+            except StateFormatError:
+                continue
+            found.append(Waiting(tenant, run_id, text(queue), state.job,
+                                 state.job_version, state))  # fmt: skip
     return found
 
 
@@ -79,10 +98,10 @@ class Requeuer:
     send: Send
     job: Callable[[str], Job]
 
-    def requeue_served(self, served: set[tuple[str, str]]) -> list[str]:
+    def requeue_served(self, served: set[tuple[str, str]], *, full: bool = False) -> list[str]:
         """One pass: every waiting run of a served version sent once; their run ids."""
         sent = []
-        for run in waiting(self.store.client):
+        for run in waiting(self.store.client, full=full):
             if (run.job, run.version) in served and self.requeue(run):
                 sent.append(run.run_id)
         return sent

@@ -120,3 +120,18 @@ def release(client: redis.Redis, worker: str, claims: list[tuple[str, str, str]]
 def serving(client: redis.Redis, job: str, version: str, now_ms: int | None = None) -> list[str]:
     """The live workers serving that version of that job."""
     return [s.worker for s in live(client, now_ms) if s.job == job and s.version == version]
+
+
+def mark_waiting(client: redis.Redis, tenant: str, run_id: str) -> None:
+    """A run just parked for a worker of its version: the heartbeats look at it first."""
+    client.sadd(keys.VERSION_WAITING, f"{tenant}|{run_id}")
+
+
+def unmark_waiting(client: redis.Redis, tenant: str, run_id: str) -> None:
+    client.srem(keys.VERSION_WAITING, f"{tenant}|{run_id}")
+
+
+def marked_waiting(client: redis.Redis) -> list[tuple[str, str]]:
+    """(tenant, run id) of the runs marked waiting for a version (some may have moved on)."""
+    pairs = (text(m).partition("|") for m in client.smembers(keys.VERSION_WAITING))
+    return sorted((t, r) for t, _, r in pairs if t and r)
