@@ -154,6 +154,7 @@ def versioned(turn: Turn) -> Verdict:
 def _migrate(turn: Turn) -> Verdict:
     state, job = turn.state, turn.job
     source = state.job_version
+    log.info("run_migrating", job=job.name, from_version=source, to_version=job.version)
     try:
         turn.state = migrated(state, job.migrate[source], to=job.version)
     except Exception as exc:  # the job's code: its text ends the run, nothing else
