@@ -185,6 +185,7 @@ def test_migrated_runs_complete_on_the_new_version_after_one_migration_event(
     ledger_is_the_runs_usage(client, tenant, [*ids, broken])
 
 
+@pytest.mark.slow
 def test_a_worker_killed_inside_a_migration_leaves_it_and_its_turn_to_run_once(
     redis_url: str, client: Client, queue: str
 ) -> None:
@@ -228,3 +229,60 @@ def test_a_worker_claiming_a_served_version_with_another_definition_is_refused(
         assert "Traceback" not in other.log()
     finally:
         v1.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["pin", "migrate"])
+def test_fifty_runs_through_a_rolling_deploy(redis_url: str, client: Client, mode: str) -> None:
+    """The deploy drill: 50 runs start on two v1 workers; two v2 workers start (a tool
+    renamed, a parameter added); the v1 workers stop mid-way. Pinned: no v1 step runs on v2
+    (checked turn by turn), the runs wait until a v1 worker returns, then complete. Migrating:
+    every run a v2 worker takes (while v1 still runs too) has one migration event, v1 turns
+    before it and v2 turns after, and every run unfinished on v1 completes on v2. No `error`, each
+    run ended once, the ledger exactly the runs' usage."""
+    queue, tenant = f"drill-{uuid.uuid4().hex[:8]}", f"drill-{mode}-{uuid.uuid4().hex[:6]}"
+    params = {"turns": 5, "sleep_s": 0.4}
+    v1 = [_worker(redis_url, queue, V1, f"v1d{i}", concurrency=2) for i in range(2)]
+    v2: list[WorkerProcess] = []
+    try:
+        for w in v1:
+            w.wait_ready()
+        ids = _submit(client, tenant, queue, 50, **params)
+        wait_until(lambda: sum(len(_turns(client, tenant, r)) for r in ids) >= 20,
+                   timeout_s=120, what="v1 under way")  # fmt: skip
+        spec = V2 if mode == "pin" else V2_MIGRATING
+        v2 = [_worker(redis_url, queue, spec, f"v2d{i}", concurrency=2) for i in range(2)]
+        for w in v2:
+            w.wait_ready()
+    finally:
+        for w in v1:
+            w.stop()
+    finished = {r for r in ids if _status(client, r)["status"] == "stopped"}
+    assert len(finished) < len(ids), "every run finished on v1: nothing was in flight"
+    back: list[WorkerProcess] = []
+    try:
+        if mode == "pin":
+            waiting = [r for r in ids if r not in finished]
+            wait_until(lambda: all(_parked_for_version(client, r) for r in waiting),
+                       timeout_s=120, what="the v1 runs parked")  # fmt: skip
+            back = [_worker(redis_url, queue, V1, f"v1b{i}", concurrency=2) for i in range(2)]
+        wait_until(lambda: _done(client, ids), timeout_s=300, what="the drill's runs")
+    finally:
+        for w in [*v2, *back]:
+            w.stop()
+    for run_id in ids:
+        state = client.state(run_id)
+        assert state.outcome is not None and state.outcome.value == "completed", run_id
+        events = _events(client, tenant, run_id)
+        migrations = [e for e in events if e["type"] == "migrated"]
+        turns = [e for e in events if e["type"] == "turn"]
+        if mode == "pin" or not migrations:  # pinned, or finished on v1 before a v2 took it
+            assert not migrations and {_code(t) for t in turns} - {""} == {"v1"}, run_id
+            assert mode == "pin" or run_id in finished, run_id
+        else:  # taken by a v2 worker (while v1 still ran, or after it stopped): migrated once
+            assert len(migrations) == 1, run_id
+            at = events.index(migrations[0])
+            assert {_code(e) for e in events[:at] if e["type"] == "turn"} - {""} <= {"v1"}
+            assert {_code(e) for e in events[at:] if e["type"] == "turn"} - {""} <= {"v2"}
+        ended_once(client, tenant, run_id)
+    ledger_is_the_runs_usage(client, tenant, ids)
