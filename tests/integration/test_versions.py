@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 from tests.integration.workers import (
     WorkerProcess,
@@ -25,6 +26,7 @@ from tests.integration.workers import (
     wait_until,
 )
 from tests.version_jobs import BREAK_MIGRATION, V1, V1_OTHER, V2, V2_MIGRATING
+from turnstile.worker.cli.main import app
 from turnstile.worker.client._client import Client
 from turnstile.worker.store import versions as job_versions
 
@@ -104,6 +106,28 @@ def _started_v1(redis_url: str, client: Client, queue: str, tenant: str, n: int,
     return ids, finished
 
 
+runner = CliRunner()
+DRAIN = ["jobs", "versions", "--job", "deploy", "--version", "v1", "--wait"]
+
+
+def _versions_shown(redis_url: str, waiting: list[str]) -> None:
+    """`turnstile jobs versions` while v1 runs wait: v1 has them waiting and no worker, v2 its
+    worker; a drain of v1 that cannot finish says so in one line."""
+    env = {"TURNSTILE_REDIS_URL": redis_url}
+    shown = runner.invoke(app, ["jobs", "versions", "--json"], env=env)
+    assert shown.exit_code == 0, shown.output
+    rows = {(r["job"], r["version"]): r for r in json.loads(shown.output)}
+    assert rows["deploy", "v1"]["waiting"] >= len(waiting) and not rows["deploy", "v1"]["workers"]
+    assert rows["deploy", "v2"]["workers"]
+    table = runner.invoke(app, ["jobs", "versions"], env=env)
+    assert table.exit_code == 0 and "deploy" in table.output and "v1" in table.output
+    stuck = runner.invoke(app, [*DRAIN, "--timeout-s", "0.2"], env=env)
+    assert stuck.exit_code == 1
+    assert "error: job 'deploy' version 'v1' still has" in stuck.output, stuck.output
+    bad = runner.invoke(app, ["jobs", "versions", "--wait"], env=env)
+    assert bad.exit_code == 2 and bad.output.startswith("error: --wait drains one version")
+
+
 def test_pinned_runs_wait_for_their_version_and_never_run_on_another(
     redis_url: str, client: Client, queue: str
 ) -> None:
@@ -123,6 +147,7 @@ def test_pinned_runs_wait_for_their_version_and_never_run_on_another(
         served = job_versions.live(client.client)
         assert ("deploy", "v2") in {(s.job, s.version) for s in served}
         assert ("deploy", "v1") not in {(s.job, s.version) for s in served}
+        _versions_shown(redis_url, waiting)
         fresh = client.submit(tenant, "u1", "deploy", "after", {"turns": 1}, queue=queue)
         v1 = _worker(redis_url, queue, V1, "v1back")
         try:
@@ -140,6 +165,10 @@ def test_pinned_runs_wait_for_their_version_and_never_run_on_another(
         turns = _turns(client, tenant, run_id)
         assert {_code(t) for t in turns} - {""} == {"v1"}, run_id  # no v1 step ran on v2
         ended_once(client, tenant, run_id)
+    drained = runner.invoke(
+        app, [*DRAIN, "--timeout-s", "30"], env={"TURNSTILE_REDIS_URL": redis_url}
+    )
+    assert drained.exit_code == 0 and "drained: job deploy version v1" in drained.output
     parked = [e for r in waiting for e in _events(client, tenant, r) if e["type"] == "parked"]
     assert parked and all(e["why"].endswith("v1 of job deploy") for e in parked)
     ledger_is_the_runs_usage(client, tenant, [*ids, fresh])
