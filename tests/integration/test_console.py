@@ -41,6 +41,7 @@ from turnstile.worker.http import apikeys
 from turnstile.worker.http.apikeys import Role
 from turnstile.worker.http.console.session import SECRET, SESSION_COOKIE
 from turnstile.worker.store import http_keys, keys
+from turnstile.worker.store import versions as job_versions
 
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = [
@@ -662,3 +663,25 @@ def test_an_approval_with_an_empty_digest_approves_nothing(
     console.shot("empty-digest")
     assert _status(client, tenant, run_id) == "suspended"
     assert client.state(run_id).decisions == []
+
+
+def test_the_queues_page_shows_each_job_versions_runs_and_workers(
+    *, redis_url: str, api: ApiServer, client: Client, console: Console, queue: str, unique: str
+) -> None:
+    """The queues page lists each job version with its live runs and the workers that serve
+    it: the pool's own jobs, and a version a worker claimed in the store, gone once released."""
+    job, version, worker = f"j-{unique}", "v9", f"wv-{unique}"
+    claims = [(job, version, "f" * 32)]
+    assert job_versions.claim(client.client, worker, claims, 60_000) is None
+    try:
+        console.login(make_key(redis_url, f"ops-{unique}", Role.OPERATOR, name=f"ops-{unique}"))
+        console.go("/queues")
+        row = f"table.versions tr[data-job='{job}'][data-version='{version}']"
+        assert console.page.inner_text(f"{row} td.workers") == worker
+        assert console.page.inner_text(f"{row} td.waiting") == "0"
+        assert console.page.locator("table.versions tr[data-job='spender']").count() >= 1
+        console.shot("versions")
+    finally:
+        job_versions.release(client.client, worker, claims)
+    console.go("/queues")
+    assert console.page.locator(f"table.versions tr[data-job='{job}']").count() == 0
