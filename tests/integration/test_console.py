@@ -27,7 +27,7 @@ import pytest
 import redis
 
 from tests.budget_jobs import SPEC
-from tests.integration.apiserver import ApiServer, make_key, running_api
+from tests.integration.apiserver import ApiServer, http, make_key, running_api
 from tests.integration.workers import (
     WorkerProcess,
     client_for,
@@ -681,6 +681,10 @@ def test_the_queues_page_shows_each_job_versions_runs_and_workers(
         assert console.page.inner_text(f"{row} td.waiting") == "0"
         assert console.page.locator("table.versions tr[data-job='spender']").count() >= 1
         console.shot("versions")
+        with http(api, make_key(redis_url, f"ops-{unique}", Role.OPERATOR)) as web:
+            got = web.get(f"/v1/jobs/{job}/versions/{version}").json()
+            assert (got["workers"], got["in_flight"]) == ([worker], 0)
+            assert web.get(f"/v1/jobs/{job}/versions/v%20bad").status_code == 422
     finally:
         job_versions.release(client.client, worker, claims)
     console.go("/queues")
