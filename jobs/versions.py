@@ -47,8 +47,6 @@ def version_problem(version: object) -> str | None:
             f"version {version!r} is not valid: 1-40 letters, digits, '.', '_', '+', '-', "
             "starting with a letter or digit"
         )
-    if version.startswith(DERIVED_PREFIX):
-        return f"version {version!r} is not valid: {DERIVED_PREFIX!r} marks a derived version"
     return None
 
 

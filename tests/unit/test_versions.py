@@ -5,6 +5,8 @@ version."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tests.version_jobs import deploy_v1, deploy_v1_other, deploy_v2, deploy_v2_migrating, from_v1
@@ -18,10 +20,10 @@ def _bare(**kw: object) -> Job:
     return Job(name="bare", tools={}, model="openai:gpt-4.1-mini", **kw)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("bad", ["", " v1", "v 1", "v1/2", "x" * 41, "h-abc", 3])
+@pytest.mark.parametrize("bad", ["", " v1", "v 1", "v1/2", "x" * 41, "-v1", 3])
 def test_an_invalid_declared_version_is_refused_in_one_line(bad: object) -> None:
-    """A version that is not 1-40 letters, digits and . _ + -, or that looks derived, is a
-    JobDefinitionError of one line naming the job; "" means derive one."""
+    """A version that is not 1-40 letters, digits and . _ + - (starting with a letter or a
+    digit) is a JobDefinitionError of one line naming the job; "" means derive one."""
     if bad == "":
         assert _bare(version="").version.startswith("h-")
         return
@@ -90,3 +92,11 @@ def test_a_migration_works_on_a_copy_and_pins_the_run_to_the_new_version() -> No
     with pytest.raises(ValueError, match="no"):
         migrated(state, breaks, to="v2")
     assert "half" not in state.params
+
+
+def test_a_job_remade_with_more_tools_keeps_its_version() -> None:
+    """A worker adds a job's MCP tools by remaking it (`dataclasses.replace`): the version its
+    runs were pinned to at submit, derived without them, stays the job's."""
+    job = _bare()
+    remade = dataclasses.replace(job, tools=deploy_v1().tools)
+    assert remade.version == job.version and remade.fingerprint != job.fingerprint
