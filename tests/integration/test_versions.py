@@ -132,8 +132,9 @@ def test_pinned_runs_wait_for_their_version_and_never_run_on_another(
     redis_url: str, client: Client, queue: str
 ) -> None:
     """Pinned (v2 declares no migration): v1 runs left in flight park on the v2 worker, each
-    saying which version it waits for, and complete once a v1 worker is back; every turn of
-    every run ran v1's tool; no error; the ledger is the runs' usage."""
+    saying which version it waits for (`turnstile jobs versions` shows them), and complete
+    once a v1 worker is back; every turn of every run ran v1's tool; no error; the ledger is
+    the runs' usage. A worker claiming v1 with another definition meanwhile is refused."""
     tenant = f"pin-{uuid.uuid4().hex[:6]}"
     ids, finished = _started_v1(redis_url, client, queue, tenant, 6, turns=4, sleep_s=0.3)
     v2 = _worker(redis_url, queue, V2, "v2")
@@ -152,6 +153,7 @@ def test_pinned_runs_wait_for_their_version_and_never_run_on_another(
         v1 = _worker(redis_url, queue, V1, "v1back")
         try:
             v1.wait_ready()
+            _refused_as_it_starts(redis_url, queue)
             wait_until(lambda: _done(client, [*ids, fresh]), timeout_s=90,
                        what=lambda: str([_status(client, r)["status"] for r in ids]))  # fmt: skip
         finally:
@@ -242,22 +244,15 @@ def test_a_worker_killed_inside_a_migration_leaves_it_and_its_turn_to_run_once(
     ledger_is_the_runs_usage(client, tenant, ids)
 
 
-def test_a_worker_claiming_a_served_version_with_another_definition_is_refused(
-    redis_url: str, queue: str
-) -> None:
-    """Two definitions under one declared version: the second worker exits as it starts,
-    saying in one line which worker serves that version already."""
-    v1 = _worker(redis_url, queue, V1, "v1")
-    try:
-        v1.wait_ready()
-        other = _worker(redis_url, queue, V1_OTHER, "v1other")
-        assert other.process is not None
-        assert other.process.wait(60) != 0
-        lines = [line for line in other.log().splitlines() if "error:" in line]
-        assert lines and "job 'deploy' version 'v1' is served by worker" in lines[0], other.log()
-        assert "Traceback" not in other.log()
-    finally:
-        v1.stop()
+def _refused_as_it_starts(redis_url: str, queue: str) -> None:
+    """Two definitions under one declared version: a worker of the second exits as it starts,
+    saying in one line which live worker serves that version already."""
+    other = _worker(redis_url, queue, V1_OTHER, "v1other")
+    assert other.process is not None
+    assert other.process.wait(60) != 0
+    lines = [line for line in other.log().splitlines() if "error:" in line]
+    assert lines and "job 'deploy' version 'v1' is served by worker" in lines[0], other.log()
+    assert "Traceback" not in other.log()
 
 
 @pytest.mark.slow
@@ -315,3 +310,28 @@ def test_fifty_runs_through_a_rolling_deploy(redis_url: str, client: Client, mod
             assert {_code(e) for e in events[at:] if e["type"] == "turn"} - {""} <= {"v2"}
         ended_once(client, tenant, run_id)
     ledger_is_the_runs_usage(client, tenant, ids)
+
+
+def test_claims_in_the_store_refuse_another_definition_and_lapse(redis_url: str) -> None:
+    """On a real server: a claim of a version that another live worker serves under another
+    fingerprint is refused in one line and leaves nothing; the same fingerprint is shared;
+    a released claim is gone at once, and one not renewed lapses with its TTL."""
+    import redis  # noqa: PLC0415 - this test's own client
+
+    r = redis.Redis.from_url(redis_url)
+    job = f"claims-{uuid.uuid4().hex[:6]}"
+    try:
+        assert job_versions.claim(r, "w1", [(job, "v1", "aaa")], 60_000) is None
+        assert job_versions.claim(r, "w2", [(job, "v1", "aaa")], 60_000) is None
+        refused = job_versions.claim(r, "w3", [(job, "v1", "bbb")], 60_000)
+        assert refused is not None and "\n" not in refused
+        assert refused.startswith(f"job '{job}' version 'v1' is served by worker w")
+        assert sorted(job_versions.serving(r, job, "v1")) == ["w1", "w2"]
+        job_versions.release(r, "w1", [(job, "v1", "aaa")])
+        assert job_versions.claim(r, "w4", [(job, "v2", "ccc")], 300) is None
+        assert job_versions.serving(r, job, "v1") == ["w2"] and job_versions.serving(r, job, "v2")
+        time.sleep(0.4)
+        assert job_versions.serving(r, job, "v2") == []
+    finally:
+        job_versions.release(r, "w2", [(job, "v1", "aaa")])
+        r.close()

@@ -406,7 +406,7 @@ class VersionsHook(Hook):
                 refusal = job_versions.claim(client, self.name, self.claimed, self.ttl_ms)
             finally:
                 client.close()
-        except (StoreUnavailableError, redis.RedisError) as exc:  # the heartbeat claims them
+        except Exception as exc:  # the store is down: the heartbeat claims them when it is back
             log.warning("versions_unclaimed", error=str(exc))
             return
         if refusal is not None:

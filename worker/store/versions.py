@@ -5,8 +5,8 @@ Keys: `keys.JOB_VERSIONS`, one sorted set whose members are "<job>|<version>|<fi
 A worker claims its jobs' versions as it starts (`claim`), renews them on a heartbeat
 (`renew`) and gives them up as it stops (`release`); one killed lapses within its TTL. A claim
 of a version that a live worker serves under another fingerprint (another definition under the
-same declared version) is refused, naming that worker; the check and the claim are one
-transaction (WATCH), so two workers starting together cannot both pass it.
+same declared version) is refused, naming that worker; the check is made before the claim
+and again after it, so two workers starting together cannot both pass it.
 """
 
 from __future__ import annotations
@@ -82,24 +82,23 @@ def claim(
     client: redis.Redis, worker: str, claims: list[tuple[str, str, str]], ttl_ms: int
 ) -> str | None:
     """Claim (job, version, fingerprint) for `worker` until now + ttl; the refusal's line when
-    a live worker serves one of them under another fingerprint (nothing is written then)."""
-    refusal: list[str] = []
-
-    def attempt(pipe: redis.client.Pipeline) -> None:
-        refusal.clear()
-        now = server_ms(pipe)
-        lapsed = conflicts(claims, live(pipe, now), worker)
-        if lapsed is not None:
-            refusal.append(lapsed)
-            return
-        pipe.multi()
-        pipe.zremrangebyscore(keys.JOB_VERSIONS, "-inf", now - ttl_ms)  # long gone
-        if claims:
-            pipe.zadd(keys.JOB_VERSIONS, {member(j, v, f, worker): now + ttl_ms
-                                          for j, v, f in claims})  # fmt: skip
-
-    client.transaction(attempt, keys.JOB_VERSIONS)
-    return refusal[0] if refusal else None
+    a live worker serves one of them under another fingerprint (its own claims are taken back
+    then). Checked before the claim and again after it, so of two workers starting together
+    with different definitions neither serves alongside the other (both may be refused: each
+    starts again to find the other's claim, or none). Plain commands, no WATCH: a cluster's
+    client runs them too."""
+    now = server_ms(client)
+    refusal = conflicts(claims, live(client, now), worker)
+    if refusal is not None or not claims:
+        return refusal
+    pipe = client.pipeline(transaction=False)
+    pipe.zremrangebyscore(keys.JOB_VERSIONS, "-inf", now - ttl_ms)  # long gone
+    pipe.zadd(keys.JOB_VERSIONS, {member(j, v, f, worker): now + ttl_ms for j, v, f in claims})
+    pipe.execute()
+    refusal = conflicts(claims, live(client), worker)
+    if refusal is not None:
+        release(client, worker, claims)
+    return refusal
 
 
 def renew(
