@@ -149,6 +149,15 @@ class Metrics:
             ["job", "version"],
             registry=registry,
         )
+        self.version_waiting: Gauge = Gauge(
+            "turnstile_version_waiting_runs",
+            "Runs parked waiting for a worker of their job's version, as the last heartbeat of "
+            "a worker that serves it saw them (a version no live worker serves is not counted "
+            "here: `turnstile jobs versions` shows it).",
+            ["job", "version"],
+            multiprocess_mode="mostrecent",
+            registry=registry,
+        )
         self.migrations: Counter = Counter(
             "turnstile_migrations_total",
             "Runs migrated from one version of their job to another, by result (ok, error).",
@@ -268,6 +277,14 @@ def version_waiting(job: str, version: str) -> None:
     m = _state.metrics
     if m is not None:
         m.version_waits.labels(job, version).inc()
+
+
+def versions_waiting(counts: dict[tuple[str, str], int]) -> None:
+    """A version heartbeat's count of the runs waiting for each job version it serves."""
+    m = _state.metrics
+    if m is not None:
+        for (job, version), n in counts.items():
+            m.version_waiting.labels(job, version).set(n)
 
 
 def migrated(job: str, from_version: str, result: str) -> None:

@@ -24,6 +24,7 @@ from turnstile.jobs.outcomes import Status
 from turnstile.jobs.state import RunState
 from turnstile.ledger.client import Ledger
 from turnstile.worker.broker.message import StepMessage
+from turnstile.worker.observability import metrics
 from turnstile.worker.scheduling.limits import next_hold, time_limits
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import fields, run_index, tenants
@@ -99,11 +100,17 @@ class Requeuer:
     job: Callable[[str], Job]
 
     def requeue_served(self, served: set[tuple[str, str]], *, full: bool = False) -> list[str]:
-        """One pass: every waiting run of a served version sent once; their run ids."""
+        """One pass: every waiting run of a served version sent once; their run ids. The
+        metric of the runs waiting for each served version is set from what it found."""
         sent = []
+        found = dict.fromkeys(served, 0)
         for run in waiting(self.store.client, full=full):
-            if (run.job, run.version) in served and self.requeue(run):
+            if (run.job, run.version) not in served:
+                continue
+            found[run.job, run.version] += 1
+            if self.requeue(run):
                 sent.append(run.run_id)
+        metrics.versions_waiting(found)
         return sent
 
     def requeue(self, run: Waiting) -> bool:
