@@ -9,11 +9,19 @@ import dataclasses
 
 import pytest
 
-from tests.version_jobs import deploy_v1, deploy_v1_other, deploy_v2, deploy_v2_migrating, from_v1
+from tests.version_jobs import (
+    V2_MIGRATING,
+    deploy_v1,
+    deploy_v1_other,
+    deploy_v2,
+    deploy_v2_migrating,
+    from_v1,
+)
 from turnstile import Job
 from turnstile.jobs.errors import JobDefinitionError
 from turnstile.jobs.runs import new_run
 from turnstile.jobs.versions import Meeting, NoPath, meets, migrated
+from turnstile.worker.registry import Registry
 
 
 def _bare(**kw: object) -> Job:
@@ -100,3 +108,10 @@ def test_a_job_remade_with_more_tools_keeps_its_version() -> None:
     job = _bare()
     remade = dataclasses.replace(job, tools=deploy_v1().tools)
     assert remade.version == job.version and remade.fingerprint != job.fingerprint
+
+
+def test_turnstile_jobs_names_each_jobs_version_and_what_it_migrates_from() -> None:
+    """`turnstile jobs --json` gives each job's version and the versions it migrates from."""
+    registry = Registry(None, spec=f"{V2_MIGRATING}")
+    (row,) = [r for r in registry.describe() if r["name"] == "deploy"]
+    assert (row["version"], row["migrates_from"]) == ("v2", ["v1"])

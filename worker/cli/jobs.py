@@ -151,12 +151,14 @@ def _mcp_lines(servers: list[dict[str, Any]]) -> list[str]:
 
 
 def _jobs_table(rows: list[dict[str, object]]) -> Table:
-    out = Table("job", "status", "tools", "dimensions", "from")
+    out = Table("job", "status", "version", "tools", "dimensions", "from")
     for row in rows:
         ok = row["status"] == "ok"
         tools = ", ".join(t["name"] for t in row["tools"]) if ok else str(row["error"])  # type: ignore[attr-defined]
         dims = ", ".join(row["dimensions"]) if ok else ""  # type: ignore[arg-type]
-        out.add_row(str(row["name"] or "?"), str(row["status"]), tools, dims, str(row["source"]))
+        version = str(row["version"]) if ok else ""
+        out.add_row(str(row["name"] or "?"), str(row["status"]), version, tools, dims,
+                    str(row["source"]))  # fmt: skip
     return out
 
 
