@@ -152,6 +152,9 @@ class RunState(msgspec.Struct, kw_only=True):
     conversation: str | None = None  # the tenant's conversation key, if it belongs to one
     followups: list[FollowUp] = msgspec.field(default_factory=list)  # merged user messages
     origin: Origin | None = None  # a fork's: the run and turn it started from (recording.py)
+    # The version of its job the run is pinned to (jobs/versions.py): set at submit, changed
+    # only by a migration; "" for a run made before versions were recorded.
+    job_version: str = ""
 
     @property
     def held(self) -> HeldCall | HeldBudget | None:

@@ -27,7 +27,7 @@ import pytest
 import redis
 
 from tests.budget_jobs import SPEC
-from tests.integration.apiserver import ApiServer, make_key, running_api
+from tests.integration.apiserver import ApiServer, http, make_key, running_api
 from tests.integration.workers import (
     WorkerProcess,
     client_for,
@@ -43,6 +43,7 @@ from turnstile.worker.http.console.session import SECRET, SESSION_COOKIE
 from turnstile.worker.ops import evaluate as evaluation
 from turnstile.worker.ops.fork import Variant
 from turnstile.worker.store import http_keys, keys
+from turnstile.worker.store import versions as job_versions
 
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = [
@@ -699,3 +700,29 @@ def test_the_evaluation_pages_show_each_run_beside_its_original(
     console.login(make_key(redis_url, f"x-{unique}"))
     reply = console.go(f"/evals/{made.eval_id}")
     assert reply.status == 404
+
+
+def test_the_queues_page_shows_each_job_versions_runs_and_workers(
+    *, redis_url: str, api: ApiServer, client: Client, console: Console, queue: str, unique: str
+) -> None:
+    """The queues page lists each job version with its live runs and the workers that serve
+    it: the pool's own jobs, and a version a worker claimed in the store, gone once released."""
+    job, version, worker = f"j-{unique}", "v9", f"wv-{unique}"
+    claims = [(job, version, "f" * 32)]
+    assert job_versions.claim(client.client, worker, claims, 60_000) is None
+    try:
+        console.login(make_key(redis_url, f"ops-{unique}", Role.OPERATOR, name=f"ops-{unique}"))
+        console.go("/queues")
+        row = f"table.versions tr[data-job='{job}'][data-version='{version}']"
+        assert console.page.inner_text(f"{row} td.workers") == worker
+        assert console.page.inner_text(f"{row} td.waiting") == "0"
+        assert console.page.locator("table.versions tr[data-job='spender']").count() >= 1
+        console.shot("versions")
+        with http(api, make_key(redis_url, f"ops-{unique}", Role.OPERATOR)) as web:
+            got = web.get(f"/v1/jobs/{job}/versions/{version}").json()
+            assert (got["workers"], got["in_flight"]) == ([worker], 0)
+            assert web.get(f"/v1/jobs/{job}/versions/v%20bad").status_code == 422
+    finally:
+        job_versions.release(client.client, worker, claims)
+    console.go("/queues")
+    assert console.page.locator(f"table.versions tr[data-job='{job}']").count() == 0

@@ -85,10 +85,13 @@ def status(
     if view.get("outcome"):  # the code, its detail, and the reason in words, on one line
         code = f"{view['outcome']} ({view['detail']})" if view.get("detail") else view["outcome"]
         view = {**view, "outcome": f"{code}: {view['reason']}" if view.get("reason") else code}
-    for key in ("run_id", "tenant", "status", "outcome", "queue", "priority", "job", "user",
-                "version", "cancel_requested_by", "answer", "message"):  # fmt: skip
+    for key in ("run_id", "tenant", "status", "outcome", "queue", "priority", "job",
+                "job_version", "user", "version", "cancel_requested_by", "answer",
+                "message"):  # fmt: skip
         if view.get(key) not in (None, ""):
             table.add_row(key, escape(str(view[key])))
+    if view.get("status") == "parked" and view.get("reason"):  # a pause, a drain, a version
+        table.add_row("parked", escape(str(view["reason"])))
     if view.get("waiting"):
         w = view["waiting"]
         table.add_row("waiting", escape(f"for the rate limit of {w['endpoint']} ({w['limit']}) "

@@ -44,6 +44,7 @@ def run_view(c: Client, run_id: str, tenant: str | None = None) -> dict[str, Any
         "reason": stored.get(fields.REASON, ""), "queue": stored.get(fields.QUEUE, ""),
         "priority": stored_priority(stored.get(fields.PRIORITY)),
         "job": stored.get(fields.JOB, ""), "user": stored.get(fields.USER, ""),
+        "job_version": state.job_version,
         "version": int(stored.get(fields.VERSION) or 0),
         "created_ms": int(stored.get(fields.CREATED_MS) or 0),
         "updated_ms": int(stored.get(fields.UPDATED_MS) or 0),

@@ -106,7 +106,8 @@ class Step:
         start(state)  # a run of a conversation that waited for its turn: it has come
         limits = time_limits(state, self.settings)
         this = Turn(writer, state, job, limits, eager=self.claimed is not None)
-        # A cancel, an interrupt, a pause, the model, admission, soft ceilings, rate limits.
+        # A cancel, an interrupt, a pause, the job version, the model, admission, soft
+        # ceilings, rate limits.
         stopped = through(this, GATES)
         if stopped is not None:
             return stopped.result

@@ -101,6 +101,12 @@ QUEUES = f"{PREFIX}:queues"  # every queue that has been used, controlled or ser
 # Hash: queue -> when a worker last started on it (ms): the queues the workers serve, which a
 # client may submit to by default (worker/store/queues.py).
 SERVED_QUEUES = f"{PREFIX}:queues:served"
+# Sorted set: "<job>|<version>|<fingerprint>|<worker>" by when its heartbeat lapses (ms): the
+# job versions each live worker serves (store/versions.py).
+JOB_VERSIONS = f"{PREFIX}:job-versions"
+# Set: "<tenant>|<run id>" of the runs parked for a worker of their job's version, so a worker's
+# heartbeat looks at them and not at every parked run (scheduling/versions.py).
+VERSION_WAITING = f"{PREFIX}:version-waiting"
 # Hash: queue -> what the dispatcher last met on it ("<ms>|<error>"), while it is broken.
 BROKEN_QUEUES = f"{PREFIX}:queues:broken"
 
