@@ -13,14 +13,18 @@ import json
 from dataclasses import replace
 from typing import Any
 
+import httpx
 import openai
+import pydantic
+from openai.types.chat import ChatCompletion
 
+from turnstile.jobs.live import LiveSink
 from turnstile.jobs.model import ModelRequest, ModelResponse, ModelStop
 from turnstile.jobs.outcomes import Outcome
 from turnstile.providers import contract, sdk
 from turnstile.providers.endpoints import BUILT_IN_ROUTES, Route
 from turnstile.providers.prices import Price, Tokens
-from turnstile.providers.retry import Failure, retry_after_s, with_retries
+from turnstile.providers.retry import Failure, StreamCut, one_line, retry_after_s, with_retries
 from turnstile.providers.sdk import sdk_client
 
 PROVIDER = "openai"
@@ -36,12 +40,17 @@ def _body_error(exc: openai.APIStatusError) -> tuple[str, str]:
 
 
 def classify(exc: Exception, route: Route = BUILT_IN_ROUTES[PROVIDER]) -> Failure | None:
-    """What a failed attempt means for the run; `route` names the server in the reason."""
-    if isinstance(exc, openai.APITimeoutError):
+    """What a failed attempt means for the run; `route` names the server in the reason. A
+    stream cut mid-way is what a reply cut in transit is: retried."""
+    if isinstance(exc, openai.APITimeoutError | httpx.TimeoutException):
         return Failure("timeout", "the call timed out")
     if isinstance(exc, openai.APIConnectionError):
         return Failure("retry", f"{route.name} unreachable: {exc}")
+    if isinstance(exc, StreamCut | httpx.TransportError | json.JSONDecodeError):
+        return Failure("retry", f"{route.name}'s stream was cut: {one_line(exc)}")
     if not isinstance(exc, openai.APIStatusError):
+        if isinstance(exc, openai.APIError):  # an error event inside the stream
+            return Failure("retry", f"{route.name}'s stream failed: {one_line(exc)}")
         return None
     return _status_failure(exc, route)
 
@@ -134,6 +143,86 @@ def usage_of(completion: Any) -> Tokens | None:
     )
 
 
+def streamed(chunks: Any, live: LiveSink) -> ChatCompletion:
+    """The completion a stream of chunks adds up to, its final answer's words said to `live`
+    as they come. A stream that ends before its finish reason, or whose chunks do not add up
+    to a completion, is cut (`StreamCut`): the words said are abandoned and the attempt fails
+    as a reply cut in transit does. A finished stream without a usage chunk is a completion
+    without usage, as a server that reports none gives it."""
+    added = _Added()
+    try:
+        with chunks:
+            for chunk in chunks:
+                delta = added.add(chunk)
+                if delta:
+                    live.text(delta)
+        if added.finish is None:
+            raise StreamCut("the stream ended before its finish reason")
+        return added.completion()
+    except Exception:
+        if added.said:
+            live.abandon("the provider's stream was cut; the call is made again")
+        raise
+
+
+class _Added:
+    """A chat completion added up from its chunks."""
+
+    def __init__(self) -> None:
+        self.head: dict[str, Any] = {}
+        self.content: list[str] = []
+        self.refusal: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.answers: dict[int, contract.AnswerText] = {}
+        self.finish: str | None = None
+        self.usage: Any = None
+        self.said = False
+
+    def add(self, chunk: Any) -> str:
+        """Take one chunk in; the final answer's new words, if it brought any."""
+        self.head = self.head or {"id": chunk.id, "created": chunk.created, "model": chunk.model}
+        if chunk.usage is not None:
+            self.usage = chunk.usage
+        said = []
+        for choice in chunk.choices or []:
+            if choice.index != 0:
+                continue
+            delta = choice.delta
+            self.content.append(delta.content or "")
+            self.refusal.append(delta.refusal or "")
+            for part in delta.tool_calls or []:
+                call = self.calls.setdefault(part.index, {"id": "", "name": "", "arguments": ""})
+                call["id"] = part.id or call["id"]
+                if part.function is not None:
+                    call["name"] += part.function.name or ""
+                    call["arguments"] += part.function.arguments or ""
+                answer = self.answers.setdefault(part.index, contract.AnswerText())
+                said.append(answer.feed(call["name"], call["arguments"]))
+            self.finish = choice.finish_reason or self.finish
+        words = "".join(said)
+        self.said = self.said or bool(words)
+        return words
+
+    def completion(self) -> ChatCompletion:
+        calls = [
+            {"id": c["id"], "type": "function",
+             "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for _, c in sorted(self.calls.items())
+        ]  # fmt: skip
+        message = {
+            "role": "assistant", "content": "".join(self.content) or None,
+            "refusal": "".join(self.refusal) or None, "tool_calls": calls or None,
+        }  # fmt: skip
+        try:
+            return ChatCompletion.model_validate({
+                **self.head, "object": "chat.completion",
+                "choices": [{"index": 0, "message": message, "finish_reason": self.finish}],
+                "usage": self.usage.model_dump() if self.usage is not None else None,
+            })  # fmt: skip
+        except pydantic.ValidationError as exc:
+            raise StreamCut(f"the stream's chunks are not a completion: {one_line(exc)}") from exc
+
+
 class OpenAIChat:
     """One model of an OpenAI-compatible server, behind the kernel's `Model` interface."""
 
@@ -150,14 +239,17 @@ class OpenAIChat:
         messages, tools = request_messages(request), request_tools(request)
 
         def attempt(timeout_s: float) -> Any:
-            return client.chat.completions.create(  # type: ignore[call-overload]
-                model=self.model,
-                messages=messages,
-                tools=tools,
-                tool_choice="required",
-                max_completion_tokens=request.max_output_tokens,
-                timeout=timeout_s,
+            asked: dict[str, Any] = {
+                "model": self.model, "messages": messages, "tools": tools,
+                "tool_choice": "required", "max_completion_tokens": request.max_output_tokens,
+                "timeout": timeout_s,
+            }  # fmt: skip
+            if not request.live.on:
+                return client.chat.completions.create(**asked)
+            chunks = client.chat.completions.create(
+                **asked, stream=True, stream_options={"include_usage": True}
             )
+            return streamed(chunks, request.live)
 
         classified = functools.partial(classify, route=self.route)
         completion = with_retries(attempt, classified, timeout_s=request.timeout_s, spec=self.spec)

@@ -44,6 +44,16 @@ class Failure:
     rate_limited: bool = False  # the provider's rate limit (a 429), not an outage
 
 
+class StreamCut(Exception):  # noqa: N818 - named for what happened to the stream
+    """A provider's stream that ended before it said everything, or said what is not its wire
+    format: the attempt failed as a reply cut in transit does, and is retried."""
+
+
+def one_line(exc: BaseException, limit: int = 200) -> str:
+    """An exception's text on one line, cut at `limit` characters."""
+    return " ".join(str(exc).split())[:limit] or type(exc).__name__
+
+
 RateLimited = Callable[[str, float | None], None]  # (model string, the wait asked for, if any)
 _listeners: list[RateLimited] = []
 

@@ -20,6 +20,7 @@ from turnstile.jobs.clock import ActiveClock
 from turnstile.jobs.conversations import start
 from turnstile.jobs.errors import StateFormatError, UnknownJobError
 from turnstile.jobs.kernel import turn
+from turnstile.jobs.live import NO_LIVE
 from turnstile.jobs.moves import Finished, Move, finish
 from turnstile.jobs.outcomes import Outcome, Resource
 from turnstile.jobs.runtime import Runtime
@@ -31,6 +32,7 @@ from turnstile.worker.runtime.commits import Took, Writer, parse
 from turnstile.worker.runtime.eager import Chain
 from turnstile.worker.runtime.gates import GATES, Turn, through
 from turnstile.worker.runtime.holds import LedgerGate, settlements
+from turnstile.worker.runtime.live import StoreSink
 from turnstile.worker.runtime.results import StepResult
 from turnstile.worker.runtime.services import Services
 from turnstile.worker.scheduling.limits import hold_id, time_limits
@@ -136,8 +138,9 @@ class Step:
             self.services.store, self.msg,
             hold_id(state.run_id, before.steps + 1, self.msg.version) + ":x", hard_s,
         )  # fmt: skip
+        sink = self._live(state)
         runtime = Runtime(job=job, model=this.model, clock=clock, trace=trace, gate=gate,
-                          pool=self.services.pool)  # fmt: skip
+                          pool=self.services.pool, live=sink or NO_LIVE)  # fmt: skip
         try:
             with (
                 self.services.heartbeat.beating(self._renew_lease),
@@ -154,6 +157,8 @@ class Step:
             actual = state.usage - before
         finally:
             runtime.close()
+            if sink is not None:
+                sink.close()  # its last words before its commit
         if gate.reserved is not None:
             this.holds.append((gate.reservation_id, gate.reserved))
         if this.drawn is not None and self.services.buckets is not None:
@@ -180,6 +185,18 @@ class Step:
         if isinstance(move, Finished):
             exporter.export_run_end(writer.traceparent, state, spec)
         return done
+
+    def _live(self, state: RunState) -> StoreSink | None:
+        """The turn's live sink (worker/runtime/live.py), tagged with this delivery's attempt
+        at the turn; None when live output is off."""
+        if not self.settings.live_output:
+            return None
+        assert self.writer is not None
+        return StoreSink(
+            self.services.store.client, self.settings, tenant=state.tenant,
+            run_id=state.run_id, turn=state.usage.steps + 1,
+            attempt=max(1, self.writer.loaded.attempts),
+        )  # fmt: skip
 
     def _renew_lease(self) -> None:
         self.services.store.renew(
