@@ -9,17 +9,20 @@ their sum; `output_tokens` includes thinking, which `output_tokens_details` brea
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import replace
 from typing import Any
 
 import anthropic
+import httpx2
 
+from turnstile.jobs.live import LiveSink
 from turnstile.jobs.model import ModelRequest, ModelResponse, ModelStop
 from turnstile.jobs.outcomes import Outcome
 from turnstile.providers import contract, sdk
 from turnstile.providers.endpoints import BUILT_IN_ROUTES, Route
 from turnstile.providers.prices import Price, Tokens
-from turnstile.providers.retry import Failure, retry_after_s, with_retries
+from turnstile.providers.retry import Failure, StreamCut, one_line, retry_after_s, with_retries
 from turnstile.providers.sdk import sdk_client
 
 PROVIDER = "anthropic"
@@ -35,12 +38,17 @@ def _body_error(exc: anthropic.APIStatusError) -> tuple[str, str]:
 
 
 def classify(exc: Exception, route: Route = BUILT_IN_ROUTES[PROVIDER]) -> Failure | None:
-    """What a failed attempt means for the run; `route` names the server in the reason."""
-    if isinstance(exc, anthropic.APITimeoutError):
+    """What a failed attempt means for the run; `route` names the server in the reason. A
+    stream cut mid-way is what a reply cut in transit is: retried."""
+    if isinstance(exc, anthropic.APITimeoutError | httpx2.TimeoutException):
         return Failure("timeout", "the call timed out")
     if isinstance(exc, anthropic.APIConnectionError):
         return Failure("retry", f"{route.name} unreachable: {exc}")
+    if isinstance(exc, StreamCut | httpx2.TransportError | json.JSONDecodeError):
+        return Failure("retry", f"{route.name}'s stream was cut: {one_line(exc)}")
     if not isinstance(exc, anthropic.APIStatusError):
+        if isinstance(exc, anthropic.APIError):  # an error event inside the stream
+            return Failure("retry", f"{route.name}'s stream failed: {one_line(exc)}")
         return None
     return _status_failure(exc, route)
 
@@ -124,6 +132,44 @@ def usage_of(message: Any) -> Tokens:
     )
 
 
+def streamed(manager: Any, live: LiveSink) -> Any:
+    """The message a stream of events adds up to (the SDK's own accumulation), its final
+    answer's words said to `live` as they come. A stream that ends before its stop reason is
+    cut (`StreamCut`): the words said are abandoned and the attempt fails as a reply cut in
+    transit does."""
+    names: dict[int, str] = {}
+    arguments: dict[int, str] = {}
+    answers: dict[int, contract.AnswerText] = {}
+    said = False
+    try:
+        with manager as events:
+            for event in events:
+                if event.type == "content_block_start":
+                    names[event.index] = getattr(event.content_block, "name", "")
+                elif event.type == "input_json":
+                    index = _index_of(events)
+                    arguments[index] = arguments.get(index, "") + event.partial_json
+                    answer = answers.setdefault(index, contract.AnswerText())
+                    words = answer.feed(names.get(index), arguments[index])
+                    if words:
+                        said = True
+                        live.text(words)
+            message = events.get_final_message()
+        if message.stop_reason is None:
+            raise StreamCut("the stream ended before its stop reason")
+        return message
+    except Exception:
+        if said:
+            live.abandon("the provider's stream was cut; the call is made again")
+        raise
+
+
+def _index_of(events: Any) -> int:
+    """The index of the block an `input_json` event belongs to: the last one started."""
+    content = events.current_message_snapshot.content
+    return len(content) - 1
+
+
 class AnthropicMessages:
     """One Anthropic model behind the kernel's `Model` interface."""
 
@@ -139,15 +185,14 @@ class AnthropicMessages:
         messages, tools = request_messages(request), request_tools(request)
 
         def attempt(timeout_s: float) -> Any:
-            return client.messages.create(  # type: ignore[call-overload]
-                model=self.model,
-                system=contract.SYSTEM,
-                messages=messages,
-                tools=tools,
-                tool_choice={"type": "any"},
-                max_tokens=request.max_output_tokens,
-                timeout=timeout_s,
-            )
+            asked: dict[str, Any] = {
+                "model": self.model, "system": contract.SYSTEM, "messages": messages,
+                "tools": tools, "tool_choice": {"type": "any"},
+                "max_tokens": request.max_output_tokens, "timeout": timeout_s,
+            }  # fmt: skip
+            if not request.live.on:
+                return client.messages.create(**asked)
+            return streamed(client.messages.stream(**asked), request.live)
 
         classified = functools.partial(classify, route=self.route)
         message = with_retries(attempt, classified, timeout_s=request.timeout_s, spec=self.spec)

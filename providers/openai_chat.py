@@ -13,7 +13,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
-import httpx
+import httpx2
 import openai
 import pydantic
 from openai.types.chat import ChatCompletion
@@ -42,11 +42,11 @@ def _body_error(exc: openai.APIStatusError) -> tuple[str, str]:
 def classify(exc: Exception, route: Route = BUILT_IN_ROUTES[PROVIDER]) -> Failure | None:
     """What a failed attempt means for the run; `route` names the server in the reason. A
     stream cut mid-way is what a reply cut in transit is: retried."""
-    if isinstance(exc, openai.APITimeoutError | httpx.TimeoutException):
+    if isinstance(exc, openai.APITimeoutError | httpx2.TimeoutException):
         return Failure("timeout", "the call timed out")
     if isinstance(exc, openai.APIConnectionError):
         return Failure("retry", f"{route.name} unreachable: {exc}")
-    if isinstance(exc, StreamCut | httpx.TransportError | json.JSONDecodeError):
+    if isinstance(exc, StreamCut | httpx2.TransportError | json.JSONDecodeError):
         return Failure("retry", f"{route.name}'s stream was cut: {one_line(exc)}")
     if not isinstance(exc, openai.APIStatusError):
         if isinstance(exc, openai.APIError):  # an error event inside the stream

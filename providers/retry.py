@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from turnstile.backoff import backoff_s
-from turnstile.jobs.model import ModelStop, ModelTimeout, ModelUnavailable
+from turnstile.jobs.model import ModelError, ModelStop, ModelTimeout, ModelUnavailable
 from turnstile.jobs.outcomes import Outcome, Resource
 
 T = TypeVar("T")
@@ -44,7 +44,7 @@ class Failure:
     rate_limited: bool = False  # the provider's rate limit (a 429), not an outage
 
 
-class StreamCut(Exception):  # noqa: N818 - named for what happened to the stream
+class StreamCut(ModelError):  # noqa: N818 - named for what happened to the stream
     """A provider's stream that ended before it said everything, or said what is not its wire
     format: the attempt failed as a reply cut in transit does, and is retried."""
 

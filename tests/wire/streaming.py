@@ -105,8 +105,8 @@ def frames(path: str, exchange: Mapping[str, Any], request: Mapping[str, Any]) -
             out = [f for f in out if b'"choices": []' not in f]
     else:
         out = anthropic_events(exchange["body"])
-    if exchange.get("malformed"):
-        out.insert(len(out) // 2, b"data: {not json\n\n")
+    if exchange.get("malformed"):  # named for Anthropic, whose SDK skips an unnamed event
+        out.insert(len(out) // 2, b"event: content_block_delta\ndata: {not json\n\n")
     if exchange.get("cut"):
         out = out[: len(out) // 2]
     return out

@@ -69,7 +69,9 @@ class Wire:
         tokens = cost = 0
         answered = exchanges(self.provider, self.scenario)[: len(self.received())]
         for exchange in answered[:count]:
-            delivered = exchange["status"] == 200 and not exchange.get("cut")
+            # A cut reply or a stream spoilt half-way never gave its usage to the client.
+            spoilt = exchange.get("cut") or exchange.get("malformed")
+            delivered = exchange["status"] == 200 and not spoilt
             usage = exchange["body"].get("usage") if delivered else None
             if not usage:
                 continue
