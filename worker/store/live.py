@@ -47,6 +47,11 @@ class Entry:
     id: str
     data: dict[str, Any]
     live: bool
+    raw: str  # the entry's JSON as stored (an SSE frame's data, unchanged)
+
+    @property
+    def type(self) -> str:
+        return str(self.data.get("type") or "message")
 
 
 @dataclass(frozen=True)
@@ -101,12 +106,12 @@ def _entries(reply: Any, tenant: str, run_id: str) -> list[Entry]:
         is_live = text(stream) == live_key
         name = FIELD if is_live else EVENT
         for entry_id, fields in entries:
-            raw = fields.get(name) if name in fields else fields.get(name.encode())
+            raw = text(fields.get(name) if name in fields else fields.get(name.encode())) or "{}"
             try:
-                data = msgspec.json.decode(text(raw) or "{}")
+                data = msgspec.json.decode(raw)
             except msgspec.DecodeError:
                 data = {"type": "message"}
-            out.append(Entry(text(entry_id), data if isinstance(data, dict) else {}, is_live))
+            out.append(Entry(text(entry_id), data if isinstance(data, dict) else {}, is_live, raw))
     return sorted(out, key=lambda e: (_order(e.id)[0], not e.live, _order(e.id)[1]))
 
 
