@@ -10,17 +10,15 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_providers import (  # noqa: F401 - fixtures
-    BOTH,
-    EMAIL_COST_MICROUSD,
-    ledger,
-    run_on,
-)
+from tests.integration import test_providers as plain
 from tests.wire.wire import wire_server
 from turnstile.jobs.moves import Finished
 from turnstile.jobs.outcomes import Outcome
 
 pytestmark = pytest.mark.integration
+
+BOTH, EMAIL_COST_MICROUSD = plain.BOTH, plain.EMAIL_COST_MICROUSD
+ledger, run_on = plain.ledger, plain.run_on  # the same runs as without streaming, and ledger
 
 
 class Heard:
