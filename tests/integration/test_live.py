@@ -11,12 +11,14 @@ import uuid
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 from tests.integration.apiserver import http, make_key, running_api, sse_events
 from tests.integration.workers import client_for, running_workers, settled, wait_until
 from tests.wire.wire import MODELS, wire_server
 from turnstile.jobs.outcomes import Outcome
 from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.cli.main import app
 from turnstile.worker.client import RunEvent
 from turnstile.worker.store import live as live_store
 from turnstile.worker.store.live import Cursor
@@ -41,17 +43,16 @@ def kept_text(events: list[Any], turn: int) -> str:
     return "".join(kept)
 
 
-@pytest.mark.parametrize("live", [True, False], ids=["live", "not-live"])
-def test_a_reader_sees_the_answer_before_its_turn_commits(redis_url: str, live: bool) -> None:
+def test_a_reader_sees_the_answer_before_its_turn_commits(redis_url: str) -> None:
     """A support run on the OpenAI wire format, its final answer streamed slowly: a live
     reader gets the answer's words in pieces, the last of them before the `turn` event that
     commits it, and they join to the committed answer; each tool call is said started and
-    ended. Streamed or not, the ledger's tokens are the provider's usage exactly."""
+    ended; the ledger's tokens are the provider's usage exactly, as without streaming
+    (test_providers.py runs the same turns unstreamed, test_live_providers.py streamed)."""
     queue, tenant = f"q-{uuid.uuid4().hex[:8]}", f"t-{uuid.uuid4().hex[:8]}"
     client = client_for(redis_url)
-    env = {**LEASES, "TURNSTILE_LIVE_OUTPUT": "1" if live else "0"}
     with wire_server("openai", "slow_answer") as wire:
-        with running_workers(redis_url, [queue], 1, env={**wire.env, **env}):
+        with running_workers(redis_url, [queue], 1, env={**wire.env, **LEASES}):
             run_id = client.submit(tenant, USER, "support", GOAL, {"model": MODELS["openai"]},
                                    budget=BUDGET, queue=queue)  # fmt: skip
             events = list(client.events(run_id, live=True, timeout_s=60))
@@ -60,11 +61,8 @@ def test_a_reader_sees_the_answer_before_its_turn_commits(redis_url: str, live: 
     state = client.state(run_id)
     assert state.outcome is Outcome.COMPLETED, state.reason
     assert client.ledger.read(tenant)["tokens"].committed == tokens == state.usage.tokens
-    assert streamed == [live] * 5
+    assert streamed == [True] * 5
     said = [e for e in events if e.live]
-    if not live:
-        assert said == []
-        return
     final = state.usage.steps
     pieces = [e for e in said if e.type == "text"]
     assert len(pieces) >= 3 and {e.data["turn"] for e in pieces} == {final}
@@ -76,6 +74,16 @@ def test_a_reader_sees_the_answer_before_its_turn_commits(redis_url: str, live: 
     tools = [(e.type, e.data["tool"]) for e in said if e.type.startswith("tool_")]
     assert tools == [(kind, name) for name in ("get_order", "issue_refund", "send_status_email")
                      for kind in ("tool_started", "tool_ended")]  # fmt: skip
+    # `turnstile watch --live` prints the words on a line of their own, before the turn.
+    watched = CliRunner().invoke(app, ["watch", run_id, "--live"],
+                                 env={"TURNSTILE_REDIS_URL": redis_url})  # fmt: skip
+    assert watched.exit_code == 0, watched.output
+    lines = watched.output.splitlines()
+    writing = next(
+        i for i, line in enumerate(lines) if line.startswith(f"  writing (turn {final})")
+    )
+    assert lines[writing].endswith(state.answer or "-")
+    assert "t2.c1 get_order started" in watched.output
 
 
 def test_an_sse_reader_that_hangs_up_mid_turn_resumes_with_nothing_lost_or_twice(
