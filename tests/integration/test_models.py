@@ -103,6 +103,14 @@ def test_an_outside_job_runs_on_a_provider_model_through_workers(
     assert tool_statuses(events) == [
         ("find_ticket", "ok"), ("ticket_history", "tool_raised"), ("close_ticket", "ok"),
     ]  # fmt: skip
+    # Its live output, as any job's: the tools' start, progress (find_ticket's own note) and
+    # end, each tagged with its turn, and the answer's words, streamed by the adapter.
+    said = [e.data for e in client.events(run_id, live=True, timeout_s=10) if e.live]
+    assert [(d["type"], d["tool"]) for d in said if d["type"] == "progress"] == [
+        ("progress", "find_ticket")
+    ]
+    assert next(d for d in said if d["type"] == "progress")["note"] == "reading ticket T-1"
+    assert "".join(d["text"] for d in said if d["type"] == "text") == state.answer
     assert state.facts["state"] == "open" and state.facts["closed"] is True
     assert state.usage.tokens == TURNS * (USAGE["input"] + USAGE["output"])
 
