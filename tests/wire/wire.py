@@ -97,13 +97,15 @@ class Wire:
 @contextmanager
 def wire_server(
     provider: str, scenario: str = "", *, delay_s: float = 0.0, by_turn: bool = False,
-    script: dict[str, Any] | None = None, chunk_delay_s: float = 0.0,
+    script: dict[str, Any] | list[dict[str, Any]] | None = None,
+    chunk_delay_s: float = 0.0,
 ) -> Iterator[Wire]:  # fmt: skip
     """The provider's endpoint answering the scenario's exchanges, each after `delay_s`; with
     `by_turn`, each request gets its run's turn's exchange (many runs at once). A `script`
     object instead of a scenario: `{"agent": {...}}` (any job's tools, see agent.py) or
-    `{"always": exchange}`. A request that asks to stream is answered in the format's
-    streaming wire format (streaming.py), each frame `chunk_delay_s` after the one before."""
+    `{"always": exchange}`, or a list of exchanges like a scenario's. A request that asks to
+    stream is answered in the format's streaming wire format (streaming.py), each frame
+    `chunk_delay_s` after the one before."""
     if script is not None:
         with tempfile.TemporaryDirectory(prefix="turnstile-wire-") as folder:
             path = Path(folder) / "script.json"
