@@ -251,14 +251,23 @@ def handler(script: Script) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that closed its connection (an SDK done with a stream before its last
+        empty chunk) is not an error of the server's."""
+        if isinstance(sys.exc_info()[1], ConnectionResetError | BrokenPipeError):
+            return
+        super().handle_error(request, client_address)
+
+
 def main() -> None:
     delay_s = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
     by_turn = len(sys.argv) > 3 and sys.argv[3] == "by-turn"
     chunk_delay_s = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
     script = Script(json.loads(Path(sys.argv[1]).read_text()), delay_s, by_turn=by_turn,
                     chunk_delay_s=chunk_delay_s)  # fmt: skip
-    ThreadingHTTPServer.request_queue_size = 1024  # hundreds of calls connect at once
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler(script))
+    Server.request_queue_size = 1024  # hundreds of calls connect at once
+    server = Server(("127.0.0.1", 0), handler(script))
     server.daemon_threads = True
     print(server.server_address[1], flush=True)
     server.serve_forever()
