@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -143,19 +144,30 @@ def usage_of(completion: Any) -> Tokens | None:
     )
 
 
-def streamed(chunks: Any, live: LiveSink) -> ChatCompletion:
-    """The completion a stream of chunks adds up to, its final answer's words said to `live`
-    as they come. A stream that ends before its finish reason, or whose chunks do not add up
-    to a completion, is cut (`StreamCut`): the words said are abandoned and the attempt fails
-    as a reply cut in transit does. A finished stream without a usage chunk is a completion
-    without usage, as a server that reports none gives it."""
+def streamed(lines: Iterable[str], live: LiveSink) -> ChatCompletion:
+    """The completion a stream of server-sent chunks adds up to, its final answer's words said
+    to `live` as they come. The lines are read to the end of the body, so the connection goes
+    back to the pool; each chunk is read as JSON, not as the SDK's model, which costs a turn
+    more than all the rest of its streaming. A stream that ends before its finish reason, says
+    an error, or whose chunks do not add up to a completion, is cut (`StreamCut`): the words
+    said are abandoned and the attempt fails as a reply cut in transit does. A finished stream
+    without a usage chunk is a completion without usage, as a server that reports none gives."""
     added = _Added()
     try:
-        with chunks:
-            for chunk in chunks:
-                delta = added.add(chunk)
-                if delta:
-                    live.text(delta)
+        for line in lines:
+            if not line.startswith("data:"):
+                continue  # an event name, a comment, the blank line between events
+            data = line[5:].strip()
+            if data == "[DONE]":
+                continue  # read on to the end of the body: the connection is kept
+            chunk = json.loads(data)
+            if not isinstance(chunk, dict):
+                raise StreamCut(f"a chunk that is not an object: {data[:100]}")
+            if chunk.get("error"):
+                raise StreamCut(f"the stream said an error: {str(chunk['error'])[:200]}")
+            delta = added.add(chunk)
+            if delta:
+                live.text(delta)
         if added.finish is None:
             raise StreamCut("the stream ended before its finish reason")
         return added.completion()
@@ -166,7 +178,7 @@ def streamed(chunks: Any, live: LiveSink) -> ChatCompletion:
 
 
 class _Added:
-    """A chat completion added up from its chunks."""
+    """A chat completion added up from its chunks (as JSON objects)."""
 
     def __init__(self) -> None:
         self.head: dict[str, Any] = {}
@@ -178,27 +190,28 @@ class _Added:
         self.usage: Any = None
         self.said = False
 
-    def add(self, chunk: Any) -> str:
+    def add(self, chunk: dict[str, Any]) -> str:
         """Take one chunk in; the final answer's new words, if it brought any."""
-        self.head = self.head or {"id": chunk.id, "created": chunk.created, "model": chunk.model}
-        if chunk.usage is not None:
-            self.usage = chunk.usage
+        if not self.head:
+            self.head = {k: chunk.get(k) for k in ("id", "created", "model")}
+        self.usage = chunk.get("usage") or self.usage
         said = []
-        for choice in chunk.choices or []:
-            if choice.index != 0:
+        for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) != 0:
                 continue
-            delta = choice.delta
-            self.content.append(delta.content or "")
-            self.refusal.append(delta.refusal or "")
-            for part in delta.tool_calls or []:
-                call = self.calls.setdefault(part.index, {"id": "", "name": "", "arguments": ""})
-                call["id"] = part.id or call["id"]
-                if part.function is not None:
-                    call["name"] += part.function.name or ""
-                    call["arguments"] += part.function.arguments or ""
-                answer = self.answers.setdefault(part.index, contract.AnswerText())
+            delta = choice.get("delta") or {}
+            self.content.append(delta.get("content") or "")
+            self.refusal.append(delta.get("refusal") or "")
+            for part in delta.get("tool_calls") or []:
+                index = int(part.get("index", 0))
+                call = self.calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+                call["id"] = part.get("id") or call["id"]
+                function = part.get("function") or {}
+                call["name"] += function.get("name") or ""
+                call["arguments"] += function.get("arguments") or ""
+                answer = self.answers.setdefault(index, contract.AnswerText())
                 said.append(answer.feed(call["name"], call["arguments"]))
-            self.finish = choice.finish_reason or self.finish
+            self.finish = choice.get("finish_reason") or self.finish
         words = "".join(said)
         self.said = self.said or bool(words)
         return words
@@ -217,7 +230,7 @@ class _Added:
             return ChatCompletion.model_validate({
                 **self.head, "object": "chat.completion",
                 "choices": [{"index": 0, "message": message, "finish_reason": self.finish}],
-                "usage": self.usage.model_dump() if self.usage is not None else None,
+                "usage": self.usage,
             })  # fmt: skip
         except pydantic.ValidationError as exc:
             raise StreamCut(f"the stream's chunks are not a completion: {one_line(exc)}") from exc
@@ -246,10 +259,10 @@ class OpenAIChat:
             }  # fmt: skip
             if not request.live.on:
                 return client.chat.completions.create(**asked)
-            chunks = client.chat.completions.create(
+            with client.chat.completions.with_streaming_response.create(
                 **asked, stream=True, stream_options={"include_usage": True}
-            )
-            return streamed(chunks, request.live)
+            ) as reply:
+                return streamed(reply.iter_lines(), request.live)
 
         classified = functools.partial(classify, route=self.route)
         completion = with_retries(attempt, classified, timeout_s=request.timeout_s, spec=self.spec)

@@ -148,6 +148,8 @@ class Step:
             ):
                 move = turn(state, runtime, view=this.view)
         except SoftTimeLimitExceeded:
+            if sink is not None:
+                sink.abandon("the turn outlived its time limit")
             state, move = self._out_of_time(writer.loaded)
             if writer.followups_seen:  # the state as loaded, with what this turn took in
                 writer.followups_seen = 0
