@@ -4,8 +4,9 @@ live stream (worker/store/live.py), tagged with the turn and the attempt.
 Everything is batched: written when `flush_chars` of the answer's words wait, or `flush_ms`
 after the first entry waiting, by a timer, or when the turn ends, so a reader sees it within
 tens of ms while the store takes a few dozen writes a second at most, and neither the model's
-stream nor a tool's thread ever waits on the store. A turn's later attempt (a redelivery after a kill, or a retry of a cut stream) first
-says the earlier attempt's text is abandoned. Nothing here raises into the turn: a store that
+stream nor a tool's thread ever waits on the store. A turn's later attempt (a redelivery
+after a kill) first says the earlier attempt's text is abandoned; so does a retry of a cut
+stream, or a model call that failed. Nothing here raises into the turn: a store that
 does not answer loses the live output, said once in the log; the commit is the truth.
 """
 
