@@ -47,21 +47,27 @@ def test_a_reader_sees_the_answer_before_its_turn_commits(redis_url: str) -> Non
     """A support run on the OpenAI wire format, its final answer streamed slowly: a live
     reader gets the answer's words in pieces, the last of them before the `turn` event that
     commits it, and they join to the committed answer; each tool call is said started and
-    ended; the ledger's tokens are the provider's usage exactly, as without streaming
-    (test_providers.py runs the same turns unstreamed, test_live_providers.py streamed)."""
-    queue, tenant = f"q-{uuid.uuid4().hex[:8]}", f"t-{uuid.uuid4().hex[:8]}"
+    ended. A second run that nobody reads live is not streamed at all. Streamed or not, the
+    ledger's tokens are the provider's usage exactly."""
+    queue, tenant, alone = (f"{p}-{uuid.uuid4().hex[:8]}" for p in ("q", "t", "alone"))
     client = client_for(redis_url)
-    with wire_server("openai", "slow_answer") as wire:
+    with wire_server("openai", "slow_answer", by_turn=True) as wire:
         with running_workers(redis_url, [queue], 1, env={**wire.env, **LEASES}):
             run_id = client.submit(tenant, USER, "support", GOAL, {"model": MODELS["openai"]},
                                    budget=BUDGET, queue=queue)  # fmt: skip
             events = list(client.events(run_id, live=True, timeout_s=60))
-        tokens, _ = wire.billed()
-        streamed = [r["body"].get("stream", False) for r in wire.received()]
+            unread = client.submit(alone, USER, "support", GOAL, {"model": MODELS["openai"]},
+                                   budget=BUDGET, queue=queue)  # fmt: skip
+            client.wait(unread, 60)
+        tokens, _ = wire.billed()  # one run's: by turn, both runs were given the same replies
+        streamed = [r["stream"] for r in wire.received()]
     state = client.state(run_id)
     assert state.outcome is Outcome.COMPLETED, state.reason
-    assert client.ledger.read(tenant)["tokens"].committed == tokens == state.usage.tokens
-    assert streamed == [True] * 5
+    assert client.state(unread).outcome is Outcome.COMPLETED
+    for each in (tenant, alone):
+        assert client.ledger.read(each)["tokens"].committed == tokens == state.usage.tokens
+    assert streamed[4:] == [True, False, False, False, False, False]  # its final, then unread
+    assert not [e for e in client.events(unread, live=True, timeout_s=5) if e.live]
     said = [e for e in events if e.live]
     final = state.usage.steps
     pieces = [e for e in said if e.type == "text"]

@@ -142,7 +142,8 @@ class Script:
                 return reply, self.received[-1]
             index = turn_of(body) if self.by_turn else len(self.received)
             if self.by_turn:  # thousands of requests: their count, not their bodies
-                self.received.append({"path": path, "t": time.monotonic()})
+                streams = isinstance(body, dict) and bool(body.get("stream"))
+                self.received.append({"path": path, "t": time.monotonic(), "stream": streams})
             else:
                 self.received.append(
                     {"path": path, "body": body, "headers": headers, "t": time.monotonic()}

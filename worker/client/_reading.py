@@ -143,7 +143,11 @@ class Reading:
         self, tenant: str, run_id: str, cursor: Cursor, deadline: float | None
     ) -> Iterator[RunEvent]:
         stopped = False
+        watched_at = 0.0
         while True:
+            if time.monotonic() - watched_at >= 1.0:  # a turn that starts now writes its output
+                watched_at = time.monotonic()
+                live_store.watch(self.client, tenant, run_id)
             block: int | None = None if stopped else self.block_ms
             if deadline is not None and block is not None:
                 block = max(1, min(block, int((deadline - time.monotonic()) * 1000)))

@@ -10,6 +10,7 @@ stopped, resumed past its `finished` event, closes at once.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import AsyncIterator
 from typing import Protocol
 
@@ -127,7 +128,11 @@ async def _live_frames(
     r: aioredis.Redis, tenant: str, run_id: str, cursor: Cursor, *, block_ms: int, slot: Renewal
 ) -> AsyncIterator[str]:
     checked = False  # the run was seen stopped: one more read, then the end
+    watched_at = 0.0
     while True:
+        if time.monotonic() - watched_at >= 1.0:  # a turn that starts now writes its output
+            watched_at = time.monotonic()
+            await live.watch_async(r, tenant, run_id)
         block = None if checked else block_ms
         entries = await live.read_async(r, tenant, run_id, cursor, count=BATCH, block_ms=block)
         await slot.renew()

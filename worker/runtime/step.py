@@ -37,6 +37,7 @@ from turnstile.worker.runtime.results import StepResult
 from turnstile.worker.runtime.services import Services
 from turnstile.worker.scheduling.limits import hold_id, time_limits
 from turnstile.worker.settings import Settings
+from turnstile.worker.store import live as live_store
 from turnstile.worker.store.runs import Loaded, now_iso
 
 log = structlog.get_logger("turnstile.step")
@@ -190,8 +191,12 @@ class Step:
 
     def _live(self, state: RunState) -> StoreSink | None:
         """The turn's live sink (worker/runtime/live.py), tagged with this delivery's attempt
-        at the turn; None when live output is off."""
+        at the turn; None when live output is off or nobody reads the run live now (then the
+        model is not streamed: the turn costs what it does with live output off, and one
+        EXISTS)."""
         if not self.settings.live_output:
+            return None
+        if not live_store.watched(self.services.store.client, state.tenant, state.run_id):
             return None
         assert self.writer is not None
         return StoreSink(

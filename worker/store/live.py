@@ -15,6 +15,10 @@ so a stream nobody reads stays that long, and EXPIRE each write, so a run's live
 with its retention (run_expire.lua also deletes it with the run). It is never the truth: the
 run's committed `turn` event is. A reader reads both streams in one XREAD (`read`, `read_async`)
 and orders their entries by id, the store's clock for both.
+
+Only a run someone reads live is written: each reader sets `turnstile:{T}:live-readers:<run
+id>` again as it reads (`watch`), and it expires `READER_TTL_S` after the last one left; a turn
+that starts with nobody watching streams nothing and costs one EXISTS (`watched`).
 """
 
 from __future__ import annotations
@@ -79,6 +83,24 @@ class Cursor:
         if re.fullmatch(_STREAM_ID, value):
             return cls(value, NO_ENTRY)
         return None
+
+
+READER_TTL_S = 15  # a reader sets it again at least every block (a few seconds) it waits
+
+
+def watch(client: redis.Redis, tenant: str, run_id: str) -> None:
+    """Say that someone reads the run's live output now (for `READER_TTL_S`)."""
+    client.set(keys.live_readers(tenant, run_id), "1", ex=READER_TTL_S)
+
+
+async def watch_async(r: aioredis.Redis, tenant: str, run_id: str) -> None:
+    """`watch`, on an asyncio client."""
+    await r.set(keys.live_readers(tenant, run_id), "1", ex=READER_TTL_S)
+
+
+def watched(client: redis.Redis, tenant: str, run_id: str) -> bool:
+    """Whether someone reads the run's live output: a turn starting writes it only then."""
+    return bool(client.exists(keys.live_readers(tenant, run_id)))
 
 
 def append(
