@@ -4,11 +4,12 @@
         [--latency-runs 5] [--answer-chars 600] [--chunk-delay-s 0.02]
 
 1. Turns/s with live output on against off: the support job on tests/wire/'s OpenAI
-   wire-format server at zero latency, which streams its replies in chunks when asked (live
-   on: every call streamed, the answer's words written to the run's live stream) and answers
-   whole when not (live off); one gevent worker process of `--concurrency` turns in flight,
-   `--runs` runs at once; on and off alternate round by round on fresh servers and the ratio
-   is taken per round. Goal: on/off >= 0.9.
+   wire-format server at zero latency, which streams its replies in chunks when asked and
+   answers whole when not; one gevent worker process of `--concurrency` turns in flight,
+   `--runs` runs at once. Three modes: off; on with nobody reading the runs live (a turn then
+   streams nothing: one EXISTS); on with every run read live from its submission (every call
+   streamed, the words and tool events written). The modes run in turn, their order reversed
+   round by round, on fresh servers, and the ratios are taken per round. Goal: on/off >= 0.9.
 2. From the provider sending a chunk to an SSE client receiving its words: one worker, the
    HTTP API, a client following each run with `GET /v1/runs/{id}/events?live=1` from its
    submission, and a final answer of `--answer-chars` characters streamed a chunk (8
@@ -38,23 +39,42 @@ from tests.wire.wire import MODELS, exchanges, wire_server
 from turnstile.jobs.support.scenarios import GOAL, USER
 from turnstile.providers.contract import AnswerText
 from turnstile.worker.dev.embedded import EmbeddedServer
+from turnstile.worker.store import keys
 
 BUDGET = {"max_tokens": 40_000, "max_tool_calls": 8}
 ROLE_AND_CALL_FRAMES = 2  # the role chunk and the call's name chunk come before its arguments
 
 
+def read_live(client: Any, tenant: str, run_id: str) -> None:
+    """The run read live from its submission on, as far as its worker can tell: the key each
+    reader sets (store/live.py), set here for the whole bench instead of by 300 readers."""
+    client.client.set(keys.live_readers(tenant, run_id), "1", ex=3600)
+
+
+MODES = {
+    "off": ({"TURNSTILE_LIVE_OUTPUT": "0"}, None),
+    "on, unread": ({"TURNSTILE_LIVE_OUTPUT": "1"}, None),
+    "on, read": ({"TURNSTILE_LIVE_OUTPUT": "1"}, read_live),
+}
+
+
 def throughput(args: argparse.Namespace) -> None:
-    ratios = []
+    ratios: dict[str, list[float]] = {"on, unread": [], "on, read": []}
     for round_ in range(args.rounds):
         rates = {}
-        for live in ("1", "0") if round_ % 2 == 0 else ("0", "1"):
-            figures = measure("gevent", 1, args.concurrency, 0.0, args.runs,
-                              extra={"TURNSTILE_LIVE_OUTPUT": live})  # fmt: skip
-            rates[live] = figures.turns_per_s
-            print(json.dumps({"live": live == "1", **figures.__dict__}), flush=True)
-        ratios.append(rates["1"] / rates["0"])
-        print(f"round {round_ + 1}: turns/s live on / off = {ratios[-1]:.2f} (goal >= 0.9)")
-    print(f"on/off per round: {', '.join(f'{r:.2f}' for r in ratios)}")
+        order = list(MODES) if round_ % 2 == 0 else list(reversed(MODES))
+        for mode in order:
+            extra, submitted = MODES[mode]
+            figures = measure("gevent", 1, args.concurrency, 0.0, args.runs, extra=extra,
+                              submitted=submitted)  # fmt: skip
+            rates[mode] = figures.turns_per_s
+            print(json.dumps({"mode": mode, **figures.__dict__}), flush=True)
+        for mode, got in ratios.items():
+            got.append(rates[mode] / rates["off"])
+        print(f"round {round_ + 1}: turns/s over live output off: "
+              + ", ".join(f"{mode} {got[-1]:.2f}" for mode, got in ratios.items()))  # fmt: skip
+    for mode, got in ratios.items():
+        print(f"{mode} / off per round: {', '.join(f'{r:.2f}' for r in got)} (goal >= 0.9)")
 
 
 def long_answer_script(chars: int, chunk_delay_s: float) -> list[dict[str, Any]]:
