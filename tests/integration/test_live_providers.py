@@ -117,3 +117,35 @@ def test_a_finished_stream_without_its_usage_chunk_is_charged_as_a_reply_without
     assert tokens == run.state.usage.tokens > 0
     assert heard.text_kept() == run.state.answer
     assert "abandoned" not in [e[0] for e in heard.said]
+
+
+@pytest.mark.parametrize(
+    ("provider", "scenario"),
+    [(p, s) for p, scenarios in plain.RETRIED.items() for s in scenarios],
+)
+def test_streamed_a_rate_limit_a_server_error_or_a_cut_reply_is_retried(
+    provider: str, scenario: str, run_on: Any
+) -> None:
+    """The retried scenarios of test_providers.py asked streaming: a 429, a 5xx or a 529
+    before any stream, or a stream cut in transit, are retried as without streaming, and only
+    the answer that arrived is charged."""
+    with wire_server(provider, scenario) as wire:
+        run = run_on(wire, Heard())
+        run.turn()
+        assert [r["body"].get("stream") for r in wire.received()] == [True, True]
+        assert run.committed() == wire.billed()
+    assert [s.id for s in run.state.plan] == ["s1", "s2", "s3"]
+
+
+@pytest.mark.parametrize(("provider", "scenario", "outcome", "detail"), plain.STOPS)
+def test_streamed_a_refusal_or_a_request_that_cannot_succeed_ends_the_run(
+    provider: str, scenario: str, outcome: Outcome, detail: str, run_on: Any
+) -> None:
+    """The stopping scenarios asked streaming end the run as they do without: the same
+    outcome and detail after one attempt, charged what the provider billed."""
+    with wire_server(provider, scenario) as wire:
+        run = run_on(wire, Heard())
+        move = run.turn()
+        assert len(wire.received()) == 1
+        assert run.committed() == wire.billed()
+    assert isinstance(move, Finished) and (move.outcome, move.detail) == (outcome, detail)
