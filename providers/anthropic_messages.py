@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
 import anthropic
 import httpx2
+import pydantic
 
 from turnstile.jobs.live import LiveSink
 from turnstile.jobs.model import ModelRequest, ModelResponse, ModelStop
@@ -132,42 +134,86 @@ def usage_of(message: Any) -> Tokens:
     )
 
 
-def streamed(manager: Any, live: LiveSink) -> Any:
-    """The message a stream of events adds up to (the SDK's own accumulation), its final
-    answer's words said to `live` as they come. A stream that ends before its stop reason is
-    cut (`StreamCut`): the words said are abandoned and the attempt fails as a reply cut in
-    transit does."""
-    names: dict[int, str] = {}
-    arguments: dict[int, str] = {}
-    answers: dict[int, contract.AnswerText] = {}
-    said = False
+def streamed(lines: Iterable[str], live: LiveSink) -> Any:
+    """The message a stream of server-sent events adds up to, its final answer's words said to
+    `live` as they come. Each event is read as JSON to the end of the body (the SDK's models per
+    event cost a streamed call two thirds more CPU than an unstreamed one). A stream that ends
+    before its stop reason, says an error, or whose events do not add up to a message, is cut
+    (`StreamCut`): the words said are abandoned and the attempt fails as a reply cut in transit
+    does. The usage is `message_start`'s, with `message_delta`'s over it."""
+    added = _Added()
     try:
-        with manager as events:
-            for event in events:
-                if event.type == "content_block_start":
-                    names[event.index] = getattr(event.content_block, "name", "")
-                elif event.type == "input_json":
-                    index = _index_of(events)
-                    arguments[index] = arguments.get(index, "") + event.partial_json
-                    answer = answers.setdefault(index, contract.AnswerText())
-                    words = answer.feed(names.get(index), arguments[index])
-                    if words:
-                        said = True
-                        live.text(words)
-            message = events.get_final_message()
-        if message.stop_reason is None:
-            raise StreamCut("the stream ended before its stop reason")
-        return message
+        for line in lines:
+            if line.startswith("data:"):
+                event = json.loads(line[5:])
+                words = added.add(event if isinstance(event, dict) else {})
+                if words:
+                    live.text(words)
+        return added.message()
     except Exception:
-        if said:
+        if added.said:
             live.abandon("the provider's stream was cut; the call is made again")
         raise
 
 
-def _index_of(events: Any) -> int:
-    """The index of the block an `input_json` event belongs to: the last one started."""
-    content = events.current_message_snapshot.content
-    return len(content) - 1
+class _Added:
+    """A message added up from its events (as JSON objects)."""
+
+    def __init__(self) -> None:
+        self.message_: dict[str, Any] | None = None
+        self.inputs: dict[int, str] = {}  # a tool_use block's input JSON as it streams in
+        self.answers: dict[int, contract.AnswerText] = {}
+        self.said = False
+
+    def add(self, event: dict[str, Any]) -> str:
+        """Take one event in; the final answer's new words, if it brought any."""
+        kind = event.get("type")
+        if kind == "error":
+            raise StreamCut(f"the stream said an error: {str(event.get('error'))[:200]}")
+        if kind == "message_start":
+            self.message_ = dict(event["message"])
+            self.message_["content"] = []
+            return ""
+        message = self.message_
+        if message is None or kind not in _EVENTS:
+            return ""  # a ping, or an event this adapter does not need
+        index = int(event.get("index", 0))
+        if kind == "content_block_start":
+            message["content"].append(dict(event["content_block"]))
+        elif kind == "content_block_delta":
+            return self._delta(message["content"][index], index, event["delta"])
+        elif kind == "content_block_stop":
+            block = message["content"][index]
+            if block.get("type") == "tool_use":
+                block["input"] = json.loads(self.inputs.get(index) or "{}")
+        else:  # message_delta
+            message.update({k: v for k, v in (event.get("delta") or {}).items()})
+            usage = {k: v for k, v in (event.get("usage") or {}).items() if v is not None}
+            message["usage"] = {**(message.get("usage") or {}), **usage}
+        return ""
+
+    def _delta(self, block: dict[str, Any], index: int, delta: dict[str, Any]) -> str:
+        if delta.get("type") == "text_delta":
+            block["text"] = block.get("text", "") + delta.get("text", "")
+            return ""
+        if delta.get("type") != "input_json_delta":
+            return ""
+        self.inputs[index] = self.inputs.get(index, "") + delta.get("partial_json", "")
+        answer = self.answers.setdefault(index, contract.AnswerText())
+        words = answer.feed(block.get("name"), self.inputs[index])
+        self.said = self.said or bool(words)
+        return words
+
+    def message(self) -> Any:
+        if self.message_ is None or self.message_.get("stop_reason") is None:
+            raise StreamCut("the stream ended before its stop reason")
+        try:
+            return anthropic.types.Message.model_validate(self.message_)
+        except pydantic.ValidationError as exc:
+            raise StreamCut(f"the stream's events are not a message: {one_line(exc)}") from exc
+
+
+_EVENTS = ("content_block_start", "content_block_delta", "content_block_stop", "message_delta")
 
 
 class AnthropicMessages:
@@ -192,7 +238,8 @@ class AnthropicMessages:
             }  # fmt: skip
             if not request.live.on:
                 return client.messages.create(**asked)
-            return streamed(client.messages.stream(**asked), request.live)
+            with client.messages.with_streaming_response.create(**asked, stream=True) as reply:
+                return streamed(reply.iter_lines(), request.live)
 
         classified = functools.partial(classify, route=self.route)
         message = with_retries(attempt, classified, timeout_s=request.timeout_s, spec=self.spec)
