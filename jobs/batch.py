@@ -20,7 +20,9 @@ from turnstile.jobs.tools import ToolContext, error
 from turnstile.jobs.trace import ROOT_ID
 
 
-def _context(state: RunState, planned: Planned, *, approved: bool = False) -> ToolContext:
+def _context(
+    state: RunState, planned: Planned, rt: Runtime, span_id: str, *, approved: bool = False
+) -> ToolContext:
     timeout_s = min(planned.tool.timeout_s, remaining_ms(state) / 1000)
     return ToolContext(
         run_id=state.run_id,
@@ -31,6 +33,9 @@ def _context(state: RunState, planned: Planned, *, approved: bool = False) -> To
         key=planned.key,
         timeout_s=timeout_s,
         approved=approved,
+        live=rt.live,
+        call=span_id,
+        tool=planned.call.name,
     )
 
 
@@ -50,8 +55,8 @@ def _run_reads(state: RunState, rt: Runtime, batch: Batch, reads: list[Planned])
     t0 = rt.clock.now()
     pending = []
     for planned in reads:
-        ctx = _context(state, planned)
         span_id = f"t{batch.step}.c{planned.index + 1}"
+        ctx = _context(state, planned, rt, span_id)
         pending.append((planned, ctx, span_id, invoker.submit(planned, ctx, span_id)))
     finished = [
         (planned, invoker.collect(planned, ctx, span_id, future, rt.clock.now() - t0))
@@ -76,7 +81,7 @@ def _run_write(
     invoker = Invoker(
         rt.trace, rt.clock, rt.executor, step, log=rt.log_tool_raises, recorded_s=rt.recorded_s
     )
-    ctx = _context(state, planned, approved=approved)
+    ctx = _context(state, planned, rt, span_id, approved=approved)
     t0 = rt.clock.now()
     done = invoker.collect(planned, ctx, span_id, invoker.submit(planned, ctx, span_id), 0.0)
     spend_time(state, rt.clock, done.latency_ms, rt.clock.now() - t0)

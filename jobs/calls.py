@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -229,6 +229,15 @@ def _seconds_to_ms(seconds: float) -> int:
     return max(0, round(seconds * 1000))
 
 
+def _said(output: object) -> str:
+    """A tool call's end as a live reader is told it: ok, error, or the status it returned."""
+    if isinstance(output, BaseException):
+        return "error"
+    if isinstance(output, ToolOutput) and isinstance(output.result, Mapping):
+        return str(output.result.get("status") or "ok")[:40]
+    return "ok"
+
+
 class Invoker:
     """Runs tool calls on a thread pool, with the caller's context variables carried over.
     `step` is the run's turn, for the log line of a tool that raised (`log`: whether to)."""
@@ -253,11 +262,13 @@ class Invoker:
             span_id, "tool", planned.call.name, current_span.get(), args=ctx.args, key=ctx.key
         )
         t0 = self.clock.now()
+        ctx.live.tool_started(span_id, planned.call.name)
         try:
             output: object = planned.tool.fn(ctx)
         except Exception as exc:  # a tool that raises is an observation, not a crash
             output = exc
         measured_s = self.clock.now() - t0
+        ctx.live.tool_ended(span_id, planned.call.name, _said(output))
         recorded_s = self.recorded_s(span_id) if self.recorded_s is not None else None
         return span, output, measured_s if recorded_s is None else recorded_s
 

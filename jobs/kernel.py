@@ -140,6 +140,7 @@ def _request(state: RunState, rt: Runtime, view: str, step: int) -> ModelRequest
         tools=tuple(ToolSpec(t.name, t.description, t.schema) for t in rt.job.tools.values()),
         previous_calls=tuple(state.last_calls),
         last_result=state.last_result,
+        live=rt.live,
     )
 
 
@@ -185,10 +186,13 @@ def _call_model(
     try:
         response = rt.model.next(_request(state, rt, view, step))
     except ModelTimeout:
+        rt.live.abandon("the model call timed out")
         latency_ms = left_ms + 1
     except ModelStop as stop:
+        rt.live.abandon(stop.reason)
         return _model_stopped(state, rt, span, stop, rt.clock.now() - t0)
     except Exception as exc:  # a provider error is an observation; repeated, a tool_failure
+        rt.live.abandon(f"the model call failed: {type(exc).__name__}")
         failed_ms = ms(rt.clock.now() - t0)
         spend_time(state, rt.clock, failed_ms, rt.clock.now() - t0)
         rt.trace.end(

@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgspec
 
 from turnstile.errors import TurnstileError
 from turnstile.jobs.budget import est_tokens
+from turnstile.jobs.live import NO_LIVE, LiveSink
 from turnstile.jobs.outcomes import Outcome
 from turnstile.jobs.state import Call
 
@@ -48,6 +49,9 @@ class ModelRequest:
     # pairs each tool call with its result re-creates that one exchange from them.
     previous_calls: tuple[Call, ...] = ()
     last_result: Any = None
+    # Where the model may say its answer's words as they come (jobs/live.py): a provider
+    # adapter streams when it is on; what it says is never the turn's result.
+    live: LiveSink = field(default=NO_LIVE, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -183,8 +187,20 @@ class Scripted:
         self.latency_s = latency_s
 
     def next(self, request: ModelRequest) -> ModelResponse:
-        """The function's reply to this turn's view, reported at the fixed latency."""
-        return ModelResponse(self.fn(json.loads(request.view), request.step), self.latency_s)
+        """The function's reply to this turn's view, reported at the fixed latency; a final
+        answer's text is said to the live sink too, as a streaming model would say it."""
+        reply = self.fn(json.loads(request.view), request.step)
+        say_answer(request.live, reply)
+        return ModelResponse(reply, self.latency_s)
+
+
+def say_answer(live: LiveSink, reply: Any) -> None:
+    """A final answer's text said to the live sink at once: what a model that does not stream
+    word by word says, so a live reader sees the answer before the turn commits."""
+    if live.on and isinstance(reply, Mapping) and reply.get("type") == "final":
+        text = reply.get("text")
+        if isinstance(text, str) and text:
+            live.text(text)
 
 
 class Recorder:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from turnstile.jobs.calls import Gate, Unlimited
 from turnstile.jobs.clock import Clock
 from turnstile.jobs.job import Job
+from turnstile.jobs.live import NO_LIVE, LiveSink
 from turnstile.jobs.model import Model
 from turnstile.jobs.state import RunState
 from turnstile.jobs.trace import Trace
@@ -27,6 +28,7 @@ class Runtime:
     trace: Trace
     gate: Gate = field(default_factory=Unlimited)
     pool: ThreadPoolExecutor | None = None  # a process can share one across turns
+    live: LiveSink = NO_LIVE  # where the turn's live output goes (jobs/live.py)
     # Log a tool's unexpected exception with its traceback (once, where the run runs); a
     # replay, which re-runs the tools of a run that ran, says nothing more.
     log_tool_raises: bool = True

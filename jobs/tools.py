@@ -31,6 +31,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from turnstile.jobs.errors import JobDefinitionError, KernelError
+from turnstile.jobs.live import MAX_NOTE_CHARS, NO_LIVE, LiveSink
 
 MAX_RESULT_BYTES = 256 * 1024  # a result bigger than this is refused rather than carried in state
 MAX_RESULT_DEPTH = 64  # nesting beyond this is refused: no reader should have to recurse deeper
@@ -79,6 +80,16 @@ class ToolContext:
     key: str  # idempotency key: the same logical call always carries the same key
     timeout_s: float
     approved: bool = False  # a person approved exactly this call (name and arguments)
+    # Where the call's progress notes go while the turn runs (jobs/live.py), and the call's
+    # span id and tool name that tag them; not part of the call's identity.
+    live: LiveSink = field(default=NO_LIVE, compare=False, repr=False)
+    call: str = field(default="", compare=False, repr=False)
+    tool: str = field(default="", compare=False, repr=False)
+
+    def progress(self, note: str) -> None:
+        """Tell whoever watches the run live how far the call got (one line, at most 500
+        characters); the run's state and its events do not keep it."""
+        self.live.progress(self.call, self.tool, " ".join(str(note).split())[:MAX_NOTE_CHARS])
 
 
 @dataclass(frozen=True)

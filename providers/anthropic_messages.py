@@ -9,17 +9,22 @@ their sum; `output_tokens` includes thinking, which `output_tokens_details` brea
 from __future__ import annotations
 
 import functools
+import json
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
 import anthropic
+import httpx2
+import pydantic
 
+from turnstile.jobs.live import LiveSink
 from turnstile.jobs.model import ModelRequest, ModelResponse, ModelStop
 from turnstile.jobs.outcomes import Outcome
 from turnstile.providers import contract, sdk
 from turnstile.providers.endpoints import BUILT_IN_ROUTES, Route
 from turnstile.providers.prices import Price, Tokens
-from turnstile.providers.retry import Failure, retry_after_s, with_retries
+from turnstile.providers.retry import Failure, StreamCut, one_line, retry_after_s, with_retries
 from turnstile.providers.sdk import sdk_client
 
 PROVIDER = "anthropic"
@@ -35,12 +40,17 @@ def _body_error(exc: anthropic.APIStatusError) -> tuple[str, str]:
 
 
 def classify(exc: Exception, route: Route = BUILT_IN_ROUTES[PROVIDER]) -> Failure | None:
-    """What a failed attempt means for the run; `route` names the server in the reason."""
-    if isinstance(exc, anthropic.APITimeoutError):
+    """What a failed attempt means for the run; `route` names the server in the reason. A
+    stream cut mid-way is what a reply cut in transit is: retried."""
+    if isinstance(exc, anthropic.APITimeoutError | httpx2.TimeoutException):
         return Failure("timeout", "the call timed out")
     if isinstance(exc, anthropic.APIConnectionError):
         return Failure("retry", f"{route.name} unreachable: {exc}")
+    if isinstance(exc, StreamCut | httpx2.TransportError | json.JSONDecodeError):
+        return Failure("retry", f"{route.name}'s stream was cut: {one_line(exc)}")
     if not isinstance(exc, anthropic.APIStatusError):
+        if isinstance(exc, anthropic.APIError):  # an error event inside the stream
+            return Failure("retry", f"{route.name}'s stream failed: {one_line(exc)}")
         return None
     return _status_failure(exc, route)
 
@@ -124,6 +134,88 @@ def usage_of(message: Any) -> Tokens:
     )
 
 
+def streamed(lines: Iterable[str], live: LiveSink) -> Any:
+    """The message a stream of server-sent events adds up to, its final answer's words said to
+    `live` as they come. Each event is read as JSON to the end of the body (the SDK's models per
+    event cost a streamed call two thirds more CPU than an unstreamed one). A stream that ends
+    before its stop reason, says an error, or whose events do not add up to a message, is cut
+    (`StreamCut`): the words said are abandoned and the attempt fails as a reply cut in transit
+    does. The usage is `message_start`'s, with `message_delta`'s over it."""
+    added = _Added()
+    try:
+        for line in lines:
+            if line.startswith("data:"):
+                event = json.loads(line[5:])
+                words = added.add(event if isinstance(event, dict) else {})
+                if words:
+                    live.text(words)
+        return added.message()
+    except Exception:
+        if added.said:
+            live.abandon("the provider's stream was cut; the call is made again")
+        raise
+
+
+class _Added:
+    """A message added up from its events (as JSON objects)."""
+
+    def __init__(self) -> None:
+        self.message_: dict[str, Any] | None = None
+        self.inputs: dict[int, str] = {}  # a tool_use block's input JSON as it streams in
+        self.answers: dict[int, contract.AnswerText] = {}
+        self.said = False
+
+    def add(self, event: dict[str, Any]) -> str:
+        """Take one event in; the final answer's new words, if it brought any."""
+        kind = event.get("type")
+        if kind == "error":
+            raise StreamCut(f"the stream said an error: {str(event.get('error'))[:200]}")
+        if kind == "message_start":
+            self.message_ = dict(event["message"])
+            self.message_["content"] = []
+            return ""
+        message = self.message_
+        if message is None or kind not in _EVENTS:
+            return ""  # a ping, or an event this adapter does not need
+        index = int(event.get("index", 0))
+        if kind == "content_block_start":
+            message["content"].append(dict(event["content_block"]))
+        elif kind == "content_block_delta":
+            return self._delta(message["content"][index], index, event["delta"])
+        elif kind == "content_block_stop":
+            block = message["content"][index]
+            if block.get("type") == "tool_use":
+                block["input"] = json.loads(self.inputs.get(index) or "{}")
+        else:  # message_delta
+            message.update({k: v for k, v in (event.get("delta") or {}).items()})
+            usage = {k: v for k, v in (event.get("usage") or {}).items() if v is not None}
+            message["usage"] = {**(message.get("usage") or {}), **usage}
+        return ""
+
+    def _delta(self, block: dict[str, Any], index: int, delta: dict[str, Any]) -> str:
+        if delta.get("type") == "text_delta":
+            block["text"] = block.get("text", "") + delta.get("text", "")
+            return ""
+        if delta.get("type") != "input_json_delta":
+            return ""
+        self.inputs[index] = self.inputs.get(index, "") + delta.get("partial_json", "")
+        answer = self.answers.setdefault(index, contract.AnswerText())
+        words = answer.feed(block.get("name"), self.inputs[index])
+        self.said = self.said or bool(words)
+        return words
+
+    def message(self) -> Any:
+        if self.message_ is None or self.message_.get("stop_reason") is None:
+            raise StreamCut("the stream ended before its stop reason")
+        try:
+            return anthropic.types.Message.model_validate(self.message_)
+        except pydantic.ValidationError as exc:
+            raise StreamCut(f"the stream's events are not a message: {one_line(exc)}") from exc
+
+
+_EVENTS = ("content_block_start", "content_block_delta", "content_block_stop", "message_delta")
+
+
 class AnthropicMessages:
     """One Anthropic model behind the kernel's `Model` interface."""
 
@@ -139,15 +231,15 @@ class AnthropicMessages:
         messages, tools = request_messages(request), request_tools(request)
 
         def attempt(timeout_s: float) -> Any:
-            return client.messages.create(  # type: ignore[call-overload]
-                model=self.model,
-                system=contract.SYSTEM,
-                messages=messages,
-                tools=tools,
-                tool_choice={"type": "any"},
-                max_tokens=request.max_output_tokens,
-                timeout=timeout_s,
-            )
+            asked: dict[str, Any] = {
+                "model": self.model, "system": contract.SYSTEM, "messages": messages,
+                "tools": tools, "tool_choice": {"type": "any"},
+                "max_tokens": request.max_output_tokens, "timeout": timeout_s,
+            }  # fmt: skip
+            if not request.live.on:
+                return client.messages.create(**asked)
+            with client.messages.with_streaming_response.create(**asked, stream=True) as reply:
+                return streamed(reply.iter_lines(), request.live)
 
         classified = functools.partial(classify, route=self.route)
         message = with_retries(attempt, classified, timeout_s=request.timeout_s, spec=self.spec)

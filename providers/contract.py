@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jiter
+
 from turnstile.jobs.model import ModelRequest, ToolSpec
 from turnstile.jobs.replies import MALFORMED
 
@@ -183,3 +185,26 @@ def _reply_of(parsed: list[tuple[str, dict[str, Any]]]) -> Any:
     if len(tool_calls) == 1:
         return {"type": "tool", **tool_calls[0]}
     return {"type": "tools", "calls": tool_calls}
+
+
+class AnswerText:
+    """The words of a final answer as its function call's arguments stream in: each `feed` of
+    the arguments so far (JSON that may be cut anywhere) gives the part of its `text` not given
+    before, so the deltas join to the text the reply will hold. Other functions give nothing."""
+
+    def __init__(self) -> None:
+        self.said = 0
+
+    def feed(self, name: str | None, arguments: str) -> str:
+        if name != FINAL or not arguments:
+            return ""
+        try:
+            parsed = jiter.from_json(arguments.encode(), partial_mode="trailing-strings")
+        except ValueError:
+            return ""  # not an object (yet): the reply's parse will say what is wrong
+        text = parsed.get("text") if isinstance(parsed, dict) else None
+        if not isinstance(text, str) or len(text) <= self.said:
+            return ""
+        delta = text[self.said :]
+        self.said = len(text)
+        return delta

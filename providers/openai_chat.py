@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
+import httpx2
 import openai
+import pydantic
+from openai.types.chat import ChatCompletion
 
+from turnstile.jobs.live import LiveSink
 from turnstile.jobs.model import ModelRequest, ModelResponse, ModelStop
 from turnstile.jobs.outcomes import Outcome
 from turnstile.providers import contract, sdk
 from turnstile.providers.endpoints import BUILT_IN_ROUTES, Route
 from turnstile.providers.prices import Price, Tokens
-from turnstile.providers.retry import Failure, retry_after_s, with_retries
+from turnstile.providers.retry import Failure, StreamCut, one_line, retry_after_s, with_retries
 from turnstile.providers.sdk import sdk_client
 
 PROVIDER = "openai"
@@ -36,12 +41,17 @@ def _body_error(exc: openai.APIStatusError) -> tuple[str, str]:
 
 
 def classify(exc: Exception, route: Route = BUILT_IN_ROUTES[PROVIDER]) -> Failure | None:
-    """What a failed attempt means for the run; `route` names the server in the reason."""
-    if isinstance(exc, openai.APITimeoutError):
+    """What a failed attempt means for the run; `route` names the server in the reason. A
+    stream cut mid-way is what a reply cut in transit is: retried."""
+    if isinstance(exc, openai.APITimeoutError | httpx2.TimeoutException):
         return Failure("timeout", "the call timed out")
     if isinstance(exc, openai.APIConnectionError):
         return Failure("retry", f"{route.name} unreachable: {exc}")
+    if isinstance(exc, StreamCut | httpx2.TransportError | json.JSONDecodeError):
+        return Failure("retry", f"{route.name}'s stream was cut: {one_line(exc)}")
     if not isinstance(exc, openai.APIStatusError):
+        if isinstance(exc, openai.APIError):  # an error event inside the stream
+            return Failure("retry", f"{route.name}'s stream failed: {one_line(exc)}")
         return None
     return _status_failure(exc, route)
 
@@ -134,6 +144,98 @@ def usage_of(completion: Any) -> Tokens | None:
     )
 
 
+def streamed(lines: Iterable[str], live: LiveSink) -> ChatCompletion:
+    """The completion a stream of server-sent chunks adds up to, its final answer's words said
+    to `live` as they come. The lines are read to the end of the body, so the connection goes
+    back to the pool; each chunk is read as JSON, not as the SDK's model, which costs a turn
+    more than all the rest of its streaming. A stream that ends before its finish reason, says
+    an error, or whose chunks do not add up to a completion, is cut (`StreamCut`): the words
+    said are abandoned and the attempt fails as a reply cut in transit does. A finished stream
+    without a usage chunk is a completion without usage, as a server that reports none gives."""
+    added = _Added()
+    try:
+        for line in lines:
+            if not line.startswith("data:"):
+                continue  # an event name, a comment, the blank line between events
+            data = line[5:].strip()
+            if data == "[DONE]":
+                continue  # read on to the end of the body: the connection is kept
+            chunk = json.loads(data)
+            if not isinstance(chunk, dict):
+                raise StreamCut(f"a chunk that is not an object: {data[:100]}")
+            if chunk.get("error"):
+                raise StreamCut(f"the stream said an error: {str(chunk['error'])[:200]}")
+            delta = added.add(chunk)
+            if delta:
+                live.text(delta)
+        if added.finish is None:
+            raise StreamCut("the stream ended before its finish reason")
+        return added.completion()
+    except Exception:
+        if added.said:
+            live.abandon("the provider's stream was cut; the call is made again")
+        raise
+
+
+class _Added:
+    """A chat completion added up from its chunks (as JSON objects)."""
+
+    def __init__(self) -> None:
+        self.head: dict[str, Any] = {}
+        self.content: list[str] = []
+        self.refusal: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.answers: dict[int, contract.AnswerText] = {}
+        self.finish: str | None = None
+        self.usage: Any = None
+        self.said = False
+
+    def add(self, chunk: dict[str, Any]) -> str:
+        """Take one chunk in; the final answer's new words, if it brought any."""
+        if not self.head:
+            self.head = {k: chunk.get(k) for k in ("id", "created", "model")}
+        self.usage = chunk.get("usage") or self.usage
+        said = []
+        for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            self.content.append(delta.get("content") or "")
+            self.refusal.append(delta.get("refusal") or "")
+            for part in delta.get("tool_calls") or []:
+                index = int(part.get("index", 0))
+                call = self.calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+                call["id"] = part.get("id") or call["id"]
+                function = part.get("function") or {}
+                call["name"] += function.get("name") or ""
+                call["arguments"] += function.get("arguments") or ""
+                answer = self.answers.setdefault(index, contract.AnswerText())
+                said.append(answer.feed(call["name"], call["arguments"]))
+            self.finish = choice.get("finish_reason") or self.finish
+        words = "".join(said)
+        self.said = self.said or bool(words)
+        return words
+
+    def completion(self) -> ChatCompletion:
+        calls = [
+            {"id": c["id"], "type": "function",
+             "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for _, c in sorted(self.calls.items())
+        ]  # fmt: skip
+        message = {
+            "role": "assistant", "content": "".join(self.content) or None,
+            "refusal": "".join(self.refusal) or None, "tool_calls": calls or None,
+        }  # fmt: skip
+        try:
+            return ChatCompletion.model_validate({
+                **self.head, "object": "chat.completion",
+                "choices": [{"index": 0, "message": message, "finish_reason": self.finish}],
+                "usage": self.usage,
+            })  # fmt: skip
+        except pydantic.ValidationError as exc:
+            raise StreamCut(f"the stream's chunks are not a completion: {one_line(exc)}") from exc
+
+
 class OpenAIChat:
     """One model of an OpenAI-compatible server, behind the kernel's `Model` interface."""
 
@@ -150,14 +252,17 @@ class OpenAIChat:
         messages, tools = request_messages(request), request_tools(request)
 
         def attempt(timeout_s: float) -> Any:
-            return client.chat.completions.create(  # type: ignore[call-overload]
-                model=self.model,
-                messages=messages,
-                tools=tools,
-                tool_choice="required",
-                max_completion_tokens=request.max_output_tokens,
-                timeout=timeout_s,
-            )
+            asked: dict[str, Any] = {
+                "model": self.model, "messages": messages, "tools": tools,
+                "tool_choice": "required", "max_completion_tokens": request.max_output_tokens,
+                "timeout": timeout_s,
+            }  # fmt: skip
+            if not request.live.on:
+                return client.chat.completions.create(**asked)
+            with client.chat.completions.with_streaming_response.create(
+                **asked, stream=True, stream_options={"include_usage": True}
+            ) as reply:
+                return streamed(reply.iter_lines(), request.live)
 
         classified = functools.partial(classify, route=self.route)
         completion = with_retries(attempt, classified, timeout_s=request.timeout_s, spec=self.spec)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from turnstile.backoff import backoff_s
-from turnstile.jobs.model import ModelStop, ModelTimeout, ModelUnavailable
+from turnstile.jobs.model import ModelError, ModelStop, ModelTimeout, ModelUnavailable
 from turnstile.jobs.outcomes import Outcome, Resource
 
 T = TypeVar("T")
@@ -42,6 +42,16 @@ class Failure:
     detail: str = "model"
     wait_s: float | None = None
     rate_limited: bool = False  # the provider's rate limit (a 429), not an outage
+
+
+class StreamCut(ModelError):  # noqa: N818 - named for what happened to the stream
+    """A provider's stream that ended before it said everything, or said what is not its wire
+    format: the attempt failed as a reply cut in transit does, and is retried."""
+
+
+def one_line(exc: BaseException, limit: int = 200) -> str:
+    """An exception's text on one line, cut at `limit` characters."""
+    return " ".join(str(exc).split())[:limit] or type(exc).__name__
 
 
 RateLimited = Callable[[str, float | None], None]  # (model string, the wait asked for, if any)

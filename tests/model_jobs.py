@@ -16,6 +16,7 @@ DESK_MODEL = "openai:gpt-4.1-mini"
 @tool(facts=("state", "owner"))
 def find_ticket(ctx: ToolContext, ticket: str) -> dict[str, Any]:
     """Read a help-desk ticket: its state and its owner."""
+    ctx.progress(f"reading ticket {ticket}")  # seen live (docs/live.md), kept nowhere
     return {"status": "ok", "ticket": ticket, "state": "open", "owner": "ana"}
 
 

@@ -75,6 +75,19 @@ class Settings(BaseSettings):
     # ledger's period buckets that have ended.
     retention_interval_s: float = Field(default=60.0, gt=0)
 
+    # Live output (docs/live.md): a turn's answer as the model writes it, its tool calls
+    # starting and ending and their progress notes, in a stream per run apart from its
+    # events. On: a provider model is called streaming (usage and result as without).
+    live_output: bool = True
+    # The live stream's bound, in entries (XADD MAXLEN ~): a reader that never reads costs
+    # the store at most this, the worker and the server nothing.
+    live_max_entries: int = Field(default=2000, ge=10)
+    # The answer's words are written at most this often, or sooner when this many characters
+    # wait (about thirty tokens): a reader sees them within tens of ms, the store a few
+    # dozen writes a second per turn at most.
+    live_flush_ms: int = Field(default=30, ge=1, le=1000)
+    live_flush_chars: int = Field(default=120, ge=1)
+
     ledger_grace_s: float = Field(default=60.0, ge=0)
     redis_timeout_s: float = Field(default=5.0, gt=0)
     # How long a starting worker waits for its store and broker to answer before it exits

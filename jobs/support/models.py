@@ -14,7 +14,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from turnstile.jobs.errors import ParamsError
-from turnstile.jobs.model import Model, ModelRequest, ModelResponse, Scripted, is_provider_model
+from turnstile.jobs.live import LiveSink
+from turnstile.jobs.model import (
+    Model,
+    ModelRequest,
+    ModelResponse,
+    Scripted,
+    is_provider_model,
+    say_answer,
+)
 
 DEFAULT_MODEL_LATENCY_S = 1.5
 
@@ -68,9 +76,25 @@ class PolicyModel:
         }
 
     def next(self, request: ModelRequest) -> ModelResponse:
-        if self.sleep_s:
-            time.sleep(self.sleep_s)  # a drill: a provider that hangs and ignores its timeout
-        return ModelResponse(self.reply(json.loads(request.view)), self.latency_s)
+        reply = self.reply(json.loads(request.view))
+        if self.sleep_s:  # a drill: a provider that hangs and ignores its timeout
+            write_slowly(request.live, reply, self.sleep_s)
+        else:
+            say_answer(request.live, reply)
+        return ModelResponse(reply, self.latency_s)
+
+
+def write_slowly(live: LiveSink, reply: Any, sleep_s: float) -> None:
+    """Sleep `sleep_s`; a final answer's words said live one by one over that time, as a
+    streaming model writes them (what the console's live page shows being written)."""
+    text = reply.get("text") if isinstance(reply, dict) and reply.get("type") == "final" else None
+    if not live.on or not isinstance(text, str) or not text:
+        time.sleep(sleep_s)
+        return
+    words = text.split(" ")
+    for index, word in enumerate(words):
+        time.sleep(sleep_s / len(words))
+        live.text(word if index == len(words) - 1 else f"{word} ")
 
 
 def same_call(view: Any, i: int) -> dict[str, Any]:

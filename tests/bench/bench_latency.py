@@ -26,6 +26,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -108,6 +109,7 @@ def measure(
     runs: int,
     *,
     extra: dict[str, str],
+    submitted: Callable[[Any, str, str], None] | None = None,
 ) -> Figures:
     """One configuration on fresh servers: submit `runs` at once, sample until all end."""
     with (
@@ -140,18 +142,13 @@ def measure(
             sampler = threading.Thread(target=sample, daemon=True)
             started = time.monotonic()
             sampler.start()
-            ids = [
-                client.submit(
-                    tenant,
-                    USER,
-                    "support",
-                    GOAL,
-                    {"model": MODELS["openai"]},
-                    budget=BUDGET,
-                    queue=queue,
-                )
-                for _ in range(runs)
-            ]
+            ids = []
+            for _ in range(runs):
+                ids.append(client.submit(tenant, USER, "support", GOAL,
+                                         {"model": MODELS["openai"]}, budget=BUDGET,
+                                         queue=queue))  # fmt: skip
+                if submitted is not None:  # e.g. bench_live: the run read live from now on
+                    submitted(client, tenant, ids[-1])
             stopped = keys.by_status(tenant, "stopped")  # one read a poll, not one per run
             while int(client.client.scard(stopped)) < runs:
                 time.sleep(0.05)

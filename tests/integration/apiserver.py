@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -107,10 +107,11 @@ def sse_events(
     *,
     last_event_id: str | None = None,
     stop_after: int | None = None,
+    until: Callable[[tuple[str, str, str]], bool] | None = None,
     timeout_s: float = 60.0,
 ) -> list[tuple[str, str, str]]:
     """(id, event, data) of each event on an SSE stream, until the server closes it, or the
-    client hangs up after `stop_after` events."""
+    client hangs up after `stop_after` events or after the first event `until` is true of."""
     headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
     out: list[tuple[str, str, str]] = []
     fields: dict[str, str] = {}
@@ -122,6 +123,8 @@ def sse_events(
                 if "data" in fields:
                     out.append((fields.get("id", ""), fields.get("event", ""), fields["data"]))
                     if stop_after is not None and len(out) >= stop_after:
+                        return out
+                    if until is not None and until(out[-1]):
                         return out
                 fields = {}
             elif not line.startswith(":"):

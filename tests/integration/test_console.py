@@ -186,6 +186,27 @@ def test_log_in_with_a_key_and_out(
     assert console.page.url.startswith(f"{console.base}/login")
 
 
+def test_the_run_page_shows_the_answer_being_written_before_its_turn_commits(
+    *, redis_url: str, api: ApiServer, client: Client, console: Console, queue: str, unique: str
+) -> None:
+    """The run page shows the turn being written from the run's live output: the tools of a
+    turn running with their end, then the final answer's words while its model call still
+    runs (the run not yet stopped), and the box gone once that turn commits."""
+    tenant = f"t-{unique}"
+    console.login(make_key(redis_url, tenant))
+    run_id = _submit(client, tenant, queue, {"model_sleep_s": 1.5})
+    console.go(f"/runs/{run_id}")
+    words = console.page.locator("#writing-text")
+    playwright.expect(words).to_contain_text("Refund", timeout=TIMEOUT_MS)
+    seen = words.inner_text()
+    assert _status(client, tenant, run_id) != "stopped", "the words came after the commit"
+    assert "Refund issued; confirmation emailed.".startswith(seen.strip())
+    console.shot("run-being-written")
+    playwright.expect(console.page.locator("#status")).to_have_text("stopped", timeout=TIMEOUT_MS)
+    playwright.expect(console.page.locator("#writing")).to_be_hidden()
+    assert "Refund issued" in console.page.inner_text("#answer")
+
+
 def test_a_run_finishes_live(
     *, redis_url: str, api: ApiServer, client: Client, console: Console, queue: str, unique: str
 ) -> None:

@@ -92,6 +92,7 @@ def test_an_outside_job_runs_on_a_provider_model_through_workers(
         running_workers(redis_url, [queue], 1, env={**jobs_env, **wire.env}),
     ):
         run_id = client.submit(tenant, USER, "desk", GOAL, params, queue=queue)
+        said = [e.data for e in client.events(run_id, live=True, timeout_s=60) if e.live]
         wait_until(lambda: settled(client, [run_id]), timeout_s=60, what="the desk run to end")
         received = wire.received()
     state = client.state(run_id)
@@ -103,6 +104,13 @@ def test_an_outside_job_runs_on_a_provider_model_through_workers(
     assert tool_statuses(events) == [
         ("find_ticket", "ok"), ("ticket_history", "tool_raised"), ("close_ticket", "ok"),
     ]  # fmt: skip
+    # Its live output, read as it ran, as any job's: the tools' start, progress (find_ticket's
+    # own note) and end, each tagged with its turn, and the answer's words, streamed.
+    assert [(d["type"], d["tool"]) for d in said if d["type"] == "progress"] == [
+        ("progress", "find_ticket")
+    ]
+    assert next(d for d in said if d["type"] == "progress")["note"] == "reading ticket T-1"
+    assert "".join(d["text"] for d in said if d["type"] == "text") == state.answer
     assert state.facts["state"] == "open" and state.facts["closed"] is True
     assert state.usage.tokens == TURNS * (USAGE["input"] + USAGE["output"])
 

@@ -17,6 +17,7 @@ from tests.wire.wire import MODELS, Wire, wire_server
 from turnstile.jobs.budget import Budget
 from turnstile.jobs.clock import ActiveClock, SimClock
 from turnstile.jobs.kernel import Continue, Finished, Move, Runtime, exposure, turn
+from turnstile.jobs.live import NO_LIVE, LiveSink
 from turnstile.jobs.model import Replay, responses_from_spans
 from turnstile.jobs.outcomes import Outcome
 from turnstile.jobs.runs import new_run
@@ -53,8 +54,9 @@ class Run:
     those of `providers`, as a worker's Settings would hand them over."""
 
     def __init__(
-        self, ledger: Ledger, unique: str, provider: str, providers: ProviderConfig, **budget: Any
-    ) -> None:
+        self, ledger: Ledger, unique: str, provider: str, providers: ProviderConfig,
+        live: LiveSink = NO_LIVE, **budget: Any,
+    ) -> None:  # fmt: skip
         self.ledger, self.tenant = ledger, f"t-{unique}"
         self.shop = InMemoryShop()
         self.job = support_job(self.shop)
@@ -73,6 +75,7 @@ class Run:
             model=model_for_run(self.job, params, providers),
             clock=clock,
             trace=Trace(clock),
+            live=live,
         )
 
     def turn(self) -> Move:
@@ -120,9 +123,9 @@ class Run:
 def run_on(ledger: Ledger, unique: str) -> Iterator[Any]:
     made: list[Run] = []
 
-    def start(wire: Wire, **budget: Any) -> Run:
+    def start(wire: Wire, live: LiveSink = NO_LIVE, **budget: Any) -> Run:
         config = ProviderConfig(environ=wire.env)  # the SDK's variables, pointing at the wire
-        made.append(Run(ledger, f"{unique}-{len(made)}", wire.provider, config, **budget))
+        made.append(Run(ledger, f"{unique}-{len(made)}", wire.provider, config, live, **budget))
         return made[-1]
 
     yield start

@@ -69,7 +69,9 @@ class Wire:
         tokens = cost = 0
         answered = exchanges(self.provider, self.scenario)[: len(self.received())]
         for exchange in answered[:count]:
-            delivered = exchange["status"] == 200 and not exchange.get("cut")
+            # A cut reply or a stream spoilt half-way never gave its usage to the client.
+            spoilt = exchange.get("cut") or exchange.get("malformed")
+            delivered = exchange["status"] == 200 and not spoilt
             usage = exchange["body"].get("usage") if delivered else None
             if not usage:
                 continue
@@ -95,21 +97,28 @@ class Wire:
 @contextmanager
 def wire_server(
     provider: str, scenario: str = "", *, delay_s: float = 0.0, by_turn: bool = False,
-    script: dict[str, Any] | None = None,
+    script: dict[str, Any] | list[dict[str, Any]] | None = None,
+    chunk_delay_s: float = 0.0,
 ) -> Iterator[Wire]:  # fmt: skip
     """The provider's endpoint answering the scenario's exchanges, each after `delay_s`; with
     `by_turn`, each request gets its run's turn's exchange (many runs at once). A `script`
     object instead of a scenario: `{"agent": {...}}` (any job's tools, see agent.py) or
-    `{"always": exchange}`."""
+    `{"always": exchange}`, or a list of exchanges like a scenario's. A request that asks to
+    stream is answered in the format's streaming wire format (streaming.py), each frame
+    `chunk_delay_s` after the one before."""
     if script is not None:
         with tempfile.TemporaryDirectory(prefix="turnstile-wire-") as folder:
             path = Path(folder) / "script.json"
             path.write_text(json.dumps(script))
-            with _serving(provider, scenario, path, delay_s, by_turn) as wire:
+            with _serving(
+                provider, scenario, path, delay_s, by_turn, chunk_delay_s=chunk_delay_s
+            ) as wire:
                 yield wire
         return
-    with _serving(provider, scenario, FIXTURES / provider / f"{scenario}.json", delay_s,
-                  by_turn) as wire:  # fmt: skip
+    fixture = FIXTURES / provider / f"{scenario}.json"
+    with _serving(
+        provider, scenario, fixture, delay_s, by_turn, chunk_delay_s=chunk_delay_s
+    ) as wire:
         yield wire
 
 
@@ -121,9 +130,15 @@ def down(status: int = 503) -> dict[str, Any]:
 
 @contextmanager
 def _serving(
-    provider: str, scenario: str, script: Path, delay_s: float, by_turn: bool
+    provider: str,
+    scenario: str,
+    script: Path,
+    delay_s: float,
+    by_turn: bool,
+    *,
+    chunk_delay_s: float = 0.0,
 ) -> Iterator[Wire]:
-    mode = ["by-turn"] if by_turn else []
+    mode = ["by-turn" if by_turn else "in-order", str(chunk_delay_s)]
     process = subprocess.Popen(
         [sys.executable, "-m", "tests.wire.wire_server", str(script), str(delay_s), *mode],
         cwd=ROOT,

@@ -1,12 +1,14 @@
 """A provider's HTTP endpoint in a process of its own, answering from recorded exchanges.
 
-    python -m tests.wire.wire_server SCRIPT.json [DELAY_S] [by-turn]
+    python -m tests.wire.wire_server SCRIPT.json [DELAY_S] [by-turn|in-order] [CHUNK_DELAY_S]
 
 It serves `POST /v1/chat/completions` (OpenAI) and `POST /v1/messages` (Anthropic): each request
 takes the next exchange of the script, a JSON list of {"status", "headers", "body", "delay_s",
 "cut"},
 and is answered with exactly that status, those headers and that body, after the delay (the
-exchange's own, else DELAY_S); a `cut` exchange sends half its body and closes. A script that
+exchange's own, else DELAY_S); a `cut` exchange sends half its body and closes. A request that
+asks to stream (`"stream": true`) gets a 200 body in its format's streaming wire format, a frame
+every CHUNK_DELAY_S (streaming.py; `cut`, `no_usage`, `malformed` spoil it). A script that
 is an object instead is `{"always": EXCHANGE}`, that exchange for every request (a provider
 that is down), or `{"agent": {...}}`, replies made from each request for any job (agent.py). The
 requests it received are served back at `GET /_requests`, with the time each arrived, so a test
@@ -33,6 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from tests.wire import streaming
 from tests.wire.agent import Agent
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/messages")
@@ -99,7 +102,10 @@ class Script:
     """The exchanges in order; or, `by_turn`, each request answered by the exchange of its
     run's turn, so that many runs can share one server at once (the benchmarks)."""
 
-    def __init__(self, exchanges: Any, delay_s: float = 0.0, *, by_turn: bool = False) -> None:
+    def __init__(
+        self, exchanges: Any, delay_s: float = 0.0, *, by_turn: bool = False,
+        chunk_delay_s: float = 0.0,
+    ) -> None:  # fmt: skip
         self.exchanges: list[dict[str, Any]] = exchanges if isinstance(exchanges, list) else []
         self.always: dict[str, Any] | None = None
         self.agent: Agent | None = None
@@ -111,32 +117,85 @@ class Script:
         elif isinstance(exchanges, dict):
             self.agent = Agent.of(exchanges["agent"])
         self.delay_s, self.by_turn = delay_s, by_turn
+        self.chunk_delay_s = chunk_delay_s
         self.received: list[dict[str, Any]] = []
         self.lock = threading.Lock()
 
-    def take(self, path: str, body: Any, headers: dict[str, str]) -> dict[str, Any] | None:
+    def take(
+        self, path: str, body: Any, headers: dict[str, str]
+    ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        """The exchange that answers the request, and its record at /_requests."""
         with self.lock:
             wait_s = self.bucket.take() if self.bucket is not None else None
             if wait_s is not None:
                 self.received.append({"path": path, "t": time.monotonic(), "limited": True})
-                return limited(wait_s)
+                return limited(wait_s), self.received[-1]
             if self.always is not None or self.agent is not None:
                 number = len(self.received) + 1
                 self.received.append(
                     {"path": path, "body": body, "headers": headers, "t": time.monotonic()}
                 )
                 if self.always is not None:
-                    return self.always
+                    return self.always, self.received[-1]
                 assert self.agent is not None
-                return {"status": 200, "body": self.agent.reply(path, body, number)}
+                reply = {"status": 200, "body": self.agent.reply(path, body, number)}
+                return reply, self.received[-1]
             index = turn_of(body) if self.by_turn else len(self.received)
             if self.by_turn:  # thousands of requests: their count, not their bodies
-                self.received.append({"path": path, "t": time.monotonic()})
+                streams = isinstance(body, dict) and bool(body.get("stream"))
+                self.received.append({"path": path, "t": time.monotonic(), "stream": streams})
             else:
                 self.received.append(
                     {"path": path, "body": body, "headers": headers, "t": time.monotonic()}
                 )
-            return self.exchanges[index] if index < len(self.exchanges) else None
+            found = self.exchanges[index] if index < len(self.exchanges) else None
+            return found, self.received[-1]
+
+
+def stream(
+    handler: BaseHTTPRequestHandler, script: Script, frames: list[bytes],
+    exchange: dict[str, Any], record: dict[str, Any],
+) -> None:  # fmt: skip
+    """Stream frames chunked, each `chunk_delay_s` after the one before; a `cut` exchange's
+    connection closes mid-body. Each frame's send time (wall clock) is kept for /_requests
+    as `sent`."""
+    cut = exchange.get("cut")
+    delay_s = float(exchange.get("chunk_delay_s", script.chunk_delay_s))
+    handler.send_response(200)
+    handler.send_header("content-type", "text/event-stream")
+    handler.send_header("transfer-encoding", "chunked")
+    handler.end_headers()
+    sent: list[float] = []
+    with script.lock:
+        record["sent"] = sent
+    try:
+        for frame in frames:
+            if delay_s:
+                time.sleep(delay_s)
+            handler.wfile.write(b"%x\r\n%s\r\n" % (len(frame), frame))
+            handler.wfile.flush()
+            sent.append(time.time())
+        if not cut:
+            handler.wfile.write(b"0\r\n\r\n")
+    except (BrokenPipeError, ConnectionResetError):
+        return
+    handler.close_connection = bool(cut)
+
+
+def respond(
+    handler: Any, script: Script, path: str, body: Any, *, exchange: dict[str, Any],
+    record: dict[str, Any],
+) -> None:  # fmt: skip
+    """The exchange's answer: streamed when the request asked to stream, cut, or whole."""
+    if isinstance(body, dict) and body.get("stream") and int(exchange["status"]) == 200:
+        stream(handler, script, streaming.frames(path, exchange, body), exchange, record)
+    elif exchange.get("cut"):
+        handler._cut(int(exchange["status"]), exchange["body"])
+    else:
+        try:
+            handler._send(int(exchange["status"]), exchange["body"], exchange.get("headers"))
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the client gave up waiting: what a hung provider looks like to it
 
 
 def handler(script: Script) -> type[BaseHTTPRequestHandler]:
@@ -183,28 +242,33 @@ def handler(script: Script) -> type[BaseHTTPRequestHandler]:
                 return
             keys = ("authorization", "x-api-key", "x-stainless-retry-count", "anthropic-version")
             seen = {k: v for k, v in self.headers.items() if k.lower() in keys}
-            exchange = script.take(path, body, seen)
+            exchange, record = script.take(path, body, seen)
             if exchange is None:
                 self._send(500, {"error": {"message": "the script has no more exchanges"}})
                 return
             time.sleep(float(exchange.get("delay_s", script.delay_s)))
-            if exchange.get("cut"):
-                self._cut(int(exchange["status"]), exchange["body"])
-                return
-            try:
-                self._send(int(exchange["status"]), exchange["body"], exchange.get("headers"))
-            except (BrokenPipeError, ConnectionResetError):
-                return  # the client gave up waiting: what a hung provider looks like to it
+            respond(self, script, path, body, exchange=exchange, record=record)
 
     return Handler
+
+
+class Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that closed its connection (an SDK done with a stream before its last
+        empty chunk) is not an error of the server's."""
+        if isinstance(sys.exc_info()[1], ConnectionResetError | BrokenPipeError):
+            return
+        super().handle_error(request, client_address)
 
 
 def main() -> None:
     delay_s = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
     by_turn = len(sys.argv) > 3 and sys.argv[3] == "by-turn"
-    script = Script(json.loads(Path(sys.argv[1]).read_text()), delay_s, by_turn=by_turn)
-    ThreadingHTTPServer.request_queue_size = 1024  # hundreds of calls connect at once
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler(script))
+    chunk_delay_s = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
+    script = Script(json.loads(Path(sys.argv[1]).read_text()), delay_s, by_turn=by_turn,
+                    chunk_delay_s=chunk_delay_s)  # fmt: skip
+    Server.request_queue_size = 1024  # hundreds of calls connect at once
+    server = Server(("127.0.0.1", 0), handler(script))
     server.daemon_threads = True
     print(server.server_address[1], flush=True)
     server.serve_forever()

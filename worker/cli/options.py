@@ -102,6 +102,12 @@ Cursor = Annotated[
     typer.Option("--cursor", envvar="TURNSTILE_CURSOR", show_default=False,
                  help="Continue a listing: the next_cursor a page gave."),
 ]  # fmt: skip
+WatchLive = Annotated[
+    bool,
+    typer.Option("--live", envvar="TURNSTILE_WATCH_LIVE",
+                 help="Also the run's live output: the answer as the model writes it, tool "
+                      "calls starting and ending, their progress notes."),
+]  # fmt: skip
 WatchTimeout = Annotated[
     float | None,
     typer.Option("--timeout-s", envvar="TURNSTILE_WATCH_TIMEOUT_S", min=0, show_default=False,

@@ -26,6 +26,7 @@ from turnstile.worker.cli.options import (
     RunId,
     StatusFilter,
     Tenant,
+    WatchLive,
     WatchTimeout,
 )
 from turnstile.worker.cli.render import describe, observation_line, span_status
@@ -147,16 +148,20 @@ def watch(
     tenant: Tenant = None,
     timeout_s: WatchTimeout = None,
     as_json: JsonFlag = False,
+    live: WatchLive = False,
 ) -> None:
     """Follow a run's events live until it stops. Each event is shown after it was read back
-    from the store, so what is watched is what is stored. --json: one event per line."""
+    from the store, so what is watched is what is stored. --json: one event per line. --live:
+    the answer's words as the model writes them too, and the tools' progress."""
     c = conn.client
     tenant, _ = decisions.resolve(c, run_id, tenant)
-    stream = _fenced(c, views.follow(c, tenant, run_id, timeout_s=timeout_s))
+    stream = _fenced(c, views.follow(c, tenant, run_id, timeout_s=timeout_s, live=live))
     try:
         if as_json:
             for eid, event in stream:
                 typer.echo(json.dumps({"id": eid, **event}))
+        elif live:
+            _watch_live(stream)
         else:
             _watch_display(stream)
     except KeyboardInterrupt:
@@ -172,6 +177,45 @@ def _fenced(
         if event.get("type") in ("finished", "decision", "suspended"):
             c.store.fence(f"event {eid} of the run is")
         yield eid, event
+
+
+def _watch_live(stream: Iterator[tuple[str, dict[str, Any]]]) -> None:
+    """Plain lines, the answer's words printed as they come on a line of their own: a turn's
+    attempt abandoned ends that line and says so, and its next attempt's words start anew."""
+    writing = False  # a line of words is open
+
+    def line(text: str) -> None:
+        nonlocal writing
+        if writing:
+            typer.echo("")
+            writing = False
+        typer.echo(text)
+
+    for _, event in stream:
+        if not event.get("live"):
+            line(describe(event))
+        elif event.get("type") == "text":
+            if not writing:
+                typer.echo(f"  writing (turn {event.get('turn')}): ", nl=False)
+                writing = True
+            typer.echo(str(event.get("text", "")), nl=False)
+        else:
+            line(f"  {live_line(event)}")
+
+
+def live_line(event: dict[str, Any]) -> str:
+    """One live entry that is not words, as `turnstile watch --live` shows it."""
+    kind, call, tool = event.get("type"), event.get("call", ""), event.get("tool", "")
+    if kind == "tool_started":
+        return f"{call} {tool} started"
+    if kind == "tool_ended":
+        return f"{call} {tool} ended {event.get('status', '')}"
+    if kind == "progress":
+        return f"{call} {tool}: {one_line(str(event.get('note', '')))}"
+    if kind == "abandoned":
+        return (f"turn {event.get('turn')} attempt {event.get('attempt')} abandoned: "
+                f"{event.get('reason', '')}")  # fmt: skip
+    return str(kind)
 
 
 def _watch_display(stream: Iterator[tuple[str, dict[str, Any]]]) -> None:

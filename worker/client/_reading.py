@@ -15,7 +15,9 @@ import redis
 from turnstile.errors import InvalidEventIdError, RunNotFoundError, WaitTimeoutError
 from turnstile.jobs.outcomes import Status
 from turnstile.jobs.state import RunState
+from turnstile.worker.store import live as live_store
 from turnstile.worker.store import run_reads
+from turnstile.worker.store.live import Cursor
 from turnstile.worker.store.runs import RunStore
 
 EVENT_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")  # a stream entry id, as `RunEvent.id` gives
@@ -28,11 +30,14 @@ class RunEvent:
     """One stored event of a run, as `Client.events` yields it: its stream `id` (pass it as
     `after` to resume after it), its `type` (`submitted`, `turn`, `suspended`, `decision`,
     `parked`, `resumed`, `cancel_requested`, `finished`, ...) and the whole stored event as
-    `data`, the same JSON the HTTP API's event stream carries."""
+    `data`, the same JSON the HTTP API's event stream carries. Read with `live=True`, also
+    the run's live output (`live` is then true: `text`, `tool_started`, `tool_ended`,
+    `progress`, `abandoned`, see docs/live.md), and `id` is a cursor over both streams."""
 
     id: str
     type: str
     data: dict[str, Any]
+    live: bool = False
 
 
 class Reading:
@@ -104,13 +109,28 @@ class Reading:
         *,
         tenant: str | None = None,
         timeout_s: float | None = None,
+        live: bool = False,
     ) -> Iterator[RunEvent]:
         """The run's stored events in stored order, from the first (or the one after `after`,
         a `RunEvent.id`), then the new ones as they are committed, until its `finished` event
         (the iteration ends after it) or `timeout_s` passes. What is yielded was read back
         from the store, so it has been persisted. A suspended or parked run is followed for
         as long as it takes (or `timeout_s`). The run is looked up now: an unknown run raises
-        RunNotFoundError here, not at the first event."""
+        RunNotFoundError here, not at the first event.
+
+        With `live=True`, the run's live output comes between its events as it is written: the
+        answer's words as the model writes them (`text`: drop a turn's text on `abandoned`),
+        tool calls starting and ending, their progress notes. Its ids resume the same way
+        (`after`), in the middle of a turn too; the committed `turn` event is the truth."""
+        if live:
+            cursor = Cursor.parse(after) if isinstance(after, str) else Cursor()
+            if cursor is None:
+                raise InvalidEventIdError(
+                    f"bad event id {after!r}: a RunEvent.id, such as 1764547200000-0/17645472-3"
+                )
+            tenant, _ = self.run_hash(run_id, tenant)
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            return self._follow_live(tenant, run_id, cursor, deadline)
         if after is not None and not (isinstance(after, str) and EVENT_ID.match(after)):
             raise InvalidEventIdError(
                 f"bad event id {after!r}: a RunEvent.id, such as 1764547200000-0"
@@ -118,6 +138,32 @@ class Reading:
         tenant, _ = self.run_hash(run_id, tenant)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         return self._follow(tenant, run_id, after or run_reads.NO_EVENT, deadline)
+
+    def _follow_live(
+        self, tenant: str, run_id: str, cursor: Cursor, deadline: float | None
+    ) -> Iterator[RunEvent]:
+        stopped = False
+        watched_at = 0.0
+        while True:
+            if time.monotonic() - watched_at >= 1.0:  # a turn that starts now writes its output
+                watched_at = time.monotonic()
+                live_store.watch(self.client, tenant, run_id)
+            block: int | None = None if stopped else self.block_ms
+            if deadline is not None and block is not None:
+                block = max(1, min(block, int((deadline - time.monotonic()) * 1000)))
+            entries = live_store.read(
+                self.client, tenant, run_id, cursor, count=200, block_ms=block
+            )
+            for entry in entries:
+                cursor = cursor.past(entry)
+                yield RunEvent(str(cursor), entry.type, entry.data, entry.live)
+                if entry.type == "finished" and not entry.live:
+                    return
+            if entries:
+                continue
+            if stopped or (deadline is not None and time.monotonic() >= deadline):
+                return
+            stopped = run_reads.status(self.client, tenant, run_id) == Status.STOPPED.value
 
     def _follow(
         self, tenant: str, run_id: str, last: str, deadline: float | None

@@ -34,6 +34,7 @@ from turnstile.worker.http.schemas import (
 )
 from turnstile.worker.ops import decisions, views
 from turnstile.worker.store import controls, fields, run_index
+from turnstile.worker.store.live import Cursor
 
 PROBLEMS: dict[int | str, dict[str, Any]] = {
     status: {"model": ProblemBody, "content": {"application/problem+json": {}}}
@@ -163,6 +164,13 @@ def list_runs(
     return RunPage(runs=got.rows, next_cursor=got.next_cursor)
 
 
+LIVE_QUERY = (
+    "Also the run's live output between its events: the answer's words as the model writes"
+    " them, tool calls starting and ending, their progress notes, an attempt abandoned. Each"
+    " frame's id is then `<event id>/<live id>`, resumable with Last-Event-ID."
+)
+
+
 @router.get(
     "/v1/runs/{run_id}/events", tags=["runs"],
     response_class=StreamingResponse,
@@ -172,19 +180,26 @@ def list_runs(
 )  # fmt: skip
 def run_events(
     *, run_id: RunIdPath, key: Caller, ctx: Ctx,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=45)] = None,
-    after: Annotated[str | None, Query(max_length=45, description="Same as Last-Event-ID.")] = None,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=90)] = None,
+    after: Annotated[str | None, Query(max_length=90, description="Same as Last-Event-ID.")] = None,
+    live: Annotated[bool, Query(description=LIVE_QUERY)] = False,
 ) -> StreamingResponse:  # fmt: skip
     """The run's events in stored order, live, each `id:` its stream entry id; resumable with
-    Last-Event-ID; the stream ends after the `finished` event."""
+    Last-Event-ID; the stream ends after the `finished` event. With `live=1`, the run's live
+    output between them (docs/live.md)."""
     tenant = run_tenant(ctx, key, run_id)
     # Both are checked, though the header wins: a browser's EventSource reconnects to the same
     # URL (its ?after=) with the newest id it saw as Last-Event-ID.
-    resume_after = sse.check_event_id(after)
-    start = sse.check_event_id(last_event_id) if last_event_id is not None else resume_after
+    check = sse.check_cursor if live else sse.check_event_id
+    resume_after = check(after)
+    start = check(last_event_id) if last_event_id is not None else resume_after
     slot = ctx.slots.open(key.id)
-    frames = sse.stream(ctx.streams, tenant, run_id, after=start, block_ms=ctx.slots.block_ms,
-                        slot=slot)  # fmt: skip
+    if isinstance(start, Cursor):
+        frames = sse.live_stream(ctx.streams, tenant, run_id, after=start,
+                                 block_ms=ctx.slots.block_ms, slot=slot)  # fmt: skip
+    else:
+        frames = sse.stream(ctx.streams, tenant, run_id, after=start,
+                            block_ms=ctx.slots.block_ms, slot=slot)  # fmt: skip
     return StreamingResponse(
         frames, media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},

@@ -10,6 +10,7 @@ stopped, resumed past its `finished` event, closes at once.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import AsyncIterator
 from typing import Protocol
 
@@ -19,7 +20,8 @@ import redis.asyncio as aioredis
 
 from turnstile.jobs.outcomes import Status
 from turnstile.worker.http.problems import Problem
-from turnstile.worker.store import follow
+from turnstile.worker.store import follow, live
+from turnstile.worker.store.live import Cursor
 
 # ASCII digits only (`\d` takes any script's digits), each part at most a uint64, as a
 # stream id is: anything else would be refused by the store after the stream had begun.
@@ -37,6 +39,23 @@ def check_event_id(value: str | None) -> str:
     if not parts or any(int(p) > UINT64_MAX for p in parts.groups()):
         raise Problem(400, "invalid_event_id", "Last-Event-ID must be a stream id like 1700-0")
     return value
+
+
+def check_cursor(value: str | None) -> Cursor:
+    """Where a live stream resumes: the id a live stream's frame carried (`<event id>/<live
+    id>`), or an event id alone (a plain stream's: the live entries from the first); 400 for
+    anything else, before any of the stream is sent."""
+    if value is None or value == "":
+        return Cursor()
+    cursor = Cursor.parse(value)
+    if cursor is None or any(
+        int(p) > UINT64_MAX for part in (cursor.events, cursor.live) for p in part.split("-")
+    ):
+        raise Problem(
+            400, "invalid_event_id",
+            "Last-Event-ID must be a live stream's id like 1700-0/1701-3, or a stream id",
+        )  # fmt: skip
+    return cursor
 
 
 def frame(entry_id: str, kind: str, data: str) -> str:
@@ -84,6 +103,54 @@ async def stream(
         yield 'event: error\ndata: {"code":"stream_refused"}\n\n'
     finally:
         await slot.close()
+
+
+async def live_stream(
+    r: aioredis.Redis, tenant: str, run_id: str, *, after: Cursor, block_ms: int, slot: Renewal
+) -> AsyncIterator[str]:
+    """`stream`, with the run's live output between its events (`?live=1`): each frame's
+    `id:` is the cursor over both streams after it (`<event id>/<live id>`), so a client that
+    reconnects with it as Last-Event-ID gets exactly what came after, in the middle of a turn
+    too. A live entry's data carries `"live": true`; the committed `turn` event is the truth."""
+    try:
+        yield f"retry: {min(block_ms, 3000)}\n\n"
+        async for chunk in _live_frames(r, tenant, run_id, after, block_ms=block_ms, slot=slot):
+            yield chunk
+    except (redis.ConnectionError, redis.TimeoutError):
+        yield 'event: error\ndata: {"code":"store_unavailable"}\n\n'
+    except redis.ResponseError:
+        yield 'event: error\ndata: {"code":"stream_refused"}\n\n'
+    finally:
+        await slot.close()
+
+
+async def _live_frames(
+    r: aioredis.Redis, tenant: str, run_id: str, cursor: Cursor, *, block_ms: int, slot: Renewal
+) -> AsyncIterator[str]:
+    checked = False  # the run was seen stopped: one more read, then the end
+    watched_at = 0.0
+    while True:
+        if time.monotonic() - watched_at >= 1.0:  # a turn that starts now writes its output
+            watched_at = time.monotonic()
+            await live.watch_async(r, tenant, run_id)
+        block = None if checked else block_ms
+        entries = await live.read_async(r, tenant, run_id, cursor, count=BATCH, block_ms=block)
+        await slot.renew()
+        for entry in entries:
+            cursor = cursor.past(entry)
+            kind = entry.type if re.fullmatch(r"[a-z_]{1,40}", entry.type) else "message"
+            yield frame(str(cursor), kind, entry.raw)
+            if kind == "finished" and not entry.live:
+                return
+        if entries:
+            continue
+        if checked:
+            return
+        # As `_frames`: a run seen stopped has its `finished` event stored already.
+        if await follow.status(r, tenant, run_id) in (None, Status.STOPPED.value):
+            checked = True
+            continue
+        yield ": still running\n\n"
 
 
 async def _frames(

@@ -89,10 +89,12 @@ def follow(
     run_id: str,
     *,
     timeout_s: float | None = None,
+    live: bool = False,
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     """The run's events from the first, then live as they are appended, until the run stops
-    (its `finished` event) or `timeout_s` passes: `Client.events`, as (id, event) pairs."""
-    for event in c.events(run_id, tenant=tenant, timeout_s=timeout_s):
+    (its `finished` event) or `timeout_s` passes: `Client.events`, as (id, event) pairs; with
+    `live`, its live output between them (each such event has `"live": true`)."""
+    for event in c.events(run_id, tenant=tenant, timeout_s=timeout_s, live=live):
         yield event.id, event.data
 
 

@@ -20,6 +20,7 @@ from turnstile.jobs.clock import ActiveClock
 from turnstile.jobs.conversations import start
 from turnstile.jobs.errors import StateFormatError, UnknownJobError
 from turnstile.jobs.kernel import turn
+from turnstile.jobs.live import NO_LIVE
 from turnstile.jobs.moves import Finished, Move, finish
 from turnstile.jobs.outcomes import Outcome, Resource
 from turnstile.jobs.recording import Answering, answering
@@ -32,10 +33,12 @@ from turnstile.worker.runtime.commits import Took, Writer, parse
 from turnstile.worker.runtime.eager import Chain
 from turnstile.worker.runtime.gates import GATES, Turn, through
 from turnstile.worker.runtime.holds import LedgerGate, settlements
+from turnstile.worker.runtime.live import StoreSink
 from turnstile.worker.runtime.results import StepResult
 from turnstile.worker.runtime.services import Services
 from turnstile.worker.scheduling.limits import hold_id, time_limits
 from turnstile.worker.settings import Settings
+from turnstile.worker.store import live as live_store
 from turnstile.worker.store.runs import Loaded, now_iso
 
 log = structlog.get_logger("turnstile.step")
@@ -141,8 +144,9 @@ class Step:
             self.services.store, self.msg,
             hold_id(state.run_id, before.steps + 1, self.msg.version) + ":x", hard_s,
         )  # fmt: skip
+        sink = self._live(state)
         runtime = Runtime(job=job, model=this.model, clock=clock, trace=trace, gate=gate,
-                          pool=self.services.pool)  # fmt: skip
+                          pool=self.services.pool, live=sink or NO_LIVE)  # fmt: skip
         try:
             with (
                 self.services.heartbeat.beating(self._renew_lease),
@@ -152,6 +156,8 @@ class Step:
                 if self.answered is not None:  # an evaluation's call not in its recording
                     move = self.answered.settle(state, move)
         except SoftTimeLimitExceeded:
+            if sink is not None:
+                sink.abandon("the turn outlived its time limit")
             state, move = self._out_of_time(writer.loaded)
             if writer.followups_seen:  # the state as loaded, with what this turn took in
                 writer.followups_seen = 0
@@ -161,6 +167,8 @@ class Step:
             actual = state.usage - before
         finally:
             runtime.close()
+            if sink is not None:
+                sink.close()  # its last words before its commit
         if gate.reserved is not None:
             this.holds.append((gate.reservation_id, gate.reserved))
         if this.drawn is not None and self.services.buckets is not None:
@@ -187,6 +195,22 @@ class Step:
         if isinstance(move, Finished):
             exporter.export_run_end(writer.traceparent, state, spec)
         return done
+
+    def _live(self, state: RunState) -> StoreSink | None:
+        """The turn's live sink (worker/runtime/live.py), tagged with this delivery's attempt
+        at the turn; None when live output is off or nobody reads the run live now (then the
+        model is not streamed: the turn costs what it does with live output off, and one
+        EXISTS)."""
+        if not self.settings.live_output:
+            return None
+        if not live_store.watched(self.services.store.client, state.tenant, state.run_id):
+            return None
+        assert self.writer is not None
+        return StoreSink(
+            self.services.store.client, self.settings, tenant=state.tenant,
+            run_id=state.run_id, turn=state.usage.steps + 1,
+            attempt=max(1, self.writer.loaded.attempts),
+        )  # fmt: skip
 
     def _renew_lease(self) -> None:
         self.services.store.renew(

@@ -32,6 +32,18 @@ def events(tenant: str, run_id: str) -> str:
     return _t(tenant, f"events:{run_id}")
 
 
+def live(tenant: str, run_id: str) -> str:
+    """Stream: the run's live output (worker/store/live.py), apart from its events: bounded,
+    expiring, never the truth."""
+    return _t(tenant, f"live:{run_id}")
+
+
+def live_readers(tenant: str, run_id: str) -> str:
+    """String with a time to live: someone reads the run's live output (worker/store/live.py);
+    set again by each reader as it reads, gone a little after the last one left."""
+    return _t(tenant, f"live-readers:{run_id}")
+
+
 def runs(tenant: str) -> str:
     """Sorted set: the tenant's run ids by creation time (ms)."""
     return _t(tenant, "runs")

@@ -191,6 +191,6 @@ def expire_call(tenant: str, run_id: str, *, outcome: str, cutoff_ms: int) -> Sc
     return ScriptCall(
         [keys.run(tenant, run_id), keys.events(tenant, run_id), keys.runs(tenant),
          keys.by_status(tenant, Status.STOPPED.value), keys.by_outcome(tenant, outcome or "none"),
-         keys.leases(tenant), keys.inflight(tenant)],
+         keys.leases(tenant), keys.inflight(tenant), keys.live(tenant, run_id)],
         [run_id, cutoff_ms, outcome],
     )  # fmt: skip

@@ -40,6 +40,8 @@ log = structlog.get_logger("turnstile.console")
 # Event types the run page listens for on its live stream (an SSE event is named by its type).
 LIVE_EVENTS = ("submitted", "turn", "suspended", "decision", "parked", "resumed",
                "cancel_requested", "finished", "error", "message")  # fmt: skip
+# The run's live output (docs/live.md): the turn being written, its tools and their progress.
+LIVE_OUTPUT = ("text", "tool_started", "tool_ended", "progress", "abandoned")
 
 router = APIRouter()
 
@@ -82,22 +84,29 @@ def run(request: Request, run_id: str, viewer: Seen, partial: bool = False) -> R
     page = views.run_page(con.api.client, run_id, tenant)
     template = "_run_body.html" if partial else "run.html"
     return render(request, template, viewer=viewer, page=page, run_id=run_id,
-                  live_events=LIVE_EVENTS, shown=views.shown, compact=views.compact)  # fmt: skip
+                  live_events=LIVE_EVENTS, live_output=LIVE_OUTPUT, shown=views.shown,
+                  compact=views.compact)  # fmt: skip
 
 
 @router.get("/runs/{run_id}/events")
 def run_events(
     request: Request, run_id: str, viewer: Seen,
-    after: Annotated[str | None, Query(max_length=45)] = None,
+    after: Annotated[str | None, Query(max_length=90)] = None, live: bool = False,
 ) -> Response:  # fmt: skip
-    """The run's events live, as the API's SSE stream sends them, for the run page."""
+    """The run's events live, as the API's SSE stream sends them, for the run page; with
+    `live`, its live output between them, as `?live=1` of the API's."""
     con = console_of(request)
     tenant = run_tenant_of(con, viewer, run_id)
-    last = request.headers.get("last-event-id")
-    start = sse.check_event_id(last) if last else sse.check_event_id(after)
+    last = request.headers.get("last-event-id") or after
     slot = con.api.slots.open(viewer.key.id)
-    frames = sse.stream(con.api.streams, tenant, run_id, after=start,
-                        block_ms=con.api.slots.block_ms, slot=slot)  # fmt: skip
+    block_ms = con.api.slots.block_ms
+    if live:
+        cursor = sse.check_cursor(last)
+        frames = sse.live_stream(con.api.streams, tenant, run_id, after=cursor,
+                                 block_ms=block_ms, slot=slot)  # fmt: skip
+    else:
+        frames = sse.stream(con.api.streams, tenant, run_id, after=sse.check_event_id(last),
+                            block_ms=block_ms, slot=slot)  # fmt: skip
     return StreamingResponse(
         frames, media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},

@@ -164,6 +164,7 @@ class RunPage:
     budget: list[dict[str, Any]]
     timeline: list[dict[str, Any]]  # every event: a turn, or another event's fields
     last_event_id: str
+    steps: int = 0  # its turns committed: live output of a later turn is one being written
 
 
 def run_page(c: Client, run_id: str, tenant: str) -> RunPage:
@@ -190,7 +191,8 @@ def run_page(c: Client, run_id: str, tenant: str) -> RunPage:
                              "fields": rest})  # fmt: skip
     plan = [{"id": s.id, "tool": s.tool, "depends_on": s.depends_on, "status": s.status}
             for s in state.plan]  # fmt: skip
-    return RunPage(view, state.goal, plan, rows, timeline, stream[-1][0] if stream else "0-0")
+    last = stream[-1][0] if stream else "0-0"
+    return RunPage(view, state.goal, plan, rows, timeline, last, state.usage.steps)
 
 
 # -- the approvals inbox ---------------------------------------------------------------------

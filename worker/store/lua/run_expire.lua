@@ -1,5 +1,5 @@
 --[[
-Remove one finished run whose retention ran out: its hash, its event stream and its entries in
+Remove one finished run whose retention ran out: its hash, its event and live streams, its entries in
 the tenant's indexes, at once. Only a run that is stopped, with the outcome the caller read,
 and that ended (updated_ms) at or before the cutoff is removed; anything else is left as it is.
 A runs-index entry with no hash behind it (nothing else can leave one) is removed too.
@@ -13,6 +13,7 @@ KEYS
   5 outcome set     turnstile:{T}:outcome:<outcome the caller read> (any tenant key if none)
   6 leases zset     turnstile:{T}:leases
   7 inflight hash   turnstile:{T}:inflight
+  8 live stream     turnstile:{T}:live:<id>
 ARGV
   1 run id
   2 cutoff (server ms): the run must have ended at or before it
@@ -31,7 +32,7 @@ if status then
     return 0
   end
 end
-redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[8])
 redis.call('ZREM', KEYS[3], run_id)
 redis.call('SREM', KEYS[4], run_id)
 if ARGV[3] ~= '' then

@@ -70,6 +70,57 @@ function followRun() {
     }
   };
   for (const type of live.dataset.types.split(" ")) source.addEventListener(type, onEvent);
+  const writing = beingWritten(Number(live.dataset.steps || 0));
+  for (const type of live.dataset.output.split(" ")) source.addEventListener(type, writing.said);
+  source.addEventListener("turn", writing.committed);
+}
+
+// The turn being written: its answer's words as the model writes them and its tools with
+// their progress, from the run's live output (docs/live.md). A turn's committed event ends
+// it; an abandoned attempt's words are dropped; a turn already committed is not shown.
+function beingWritten(steps) {
+  const box = document.getElementById("writing");
+  const text = document.getElementById("writing-text");
+  const tools = document.getElementById("writing-tools");
+  const note = document.getElementById("writing-note");
+  const turnName = document.getElementById("writing-turn");
+  let committed = steps, turn = 0;
+  const clear = () => { text.textContent = ""; tools.textContent = ""; note.textContent = ""; };
+  const toolItem = (data) => {
+    let item = tools.querySelector(`li[data-call="${CSS.escape(data.call || "")}"]`);
+    if (!item) {
+      item = document.createElement("li");
+      item.dataset.call = data.call || "";
+      item.append(document.createElement("span"), document.createElement("em"));
+      tools.appendChild(item);
+    }
+    return item;
+  };
+  const said = (message) => {
+    let data;
+    try { data = JSON.parse(message.data); } catch (e) { return; }
+    if (!(data.turn > committed)) return;  // a turn already committed: its event tells it
+    if (data.turn !== turn) { turn = data.turn; clear(); }
+    box.hidden = false;
+    turnName.textContent = `turn ${turn}, attempt ${data.attempt}`;
+    if (message.type === "text") text.textContent += data.text || "";
+    else if (message.type === "abandoned") {
+      text.textContent = "";
+      note.textContent = `attempt ${data.attempt} abandoned: ${data.reason || ""}`;
+    } else {
+      const item = toolItem(data);
+      const [what, how] = item.children;
+      if (message.type === "tool_started") what.textContent = `${data.call} ${data.tool}: running`;
+      else if (message.type === "tool_ended") what.textContent = `${data.call} ${data.tool}: ${data.status}`;
+      else how.textContent = ` ${data.note || ""}`;
+      item.className = message.type;
+    }
+  };
+  const done = (message) => {
+    try { committed = Math.max(committed, JSON.parse(message.data).step || 0); } catch (e) { return; }
+    if (turn <= committed) { box.hidden = true; clear(); }
+  };
+  return { said, committed: done };
 }
 
 document.addEventListener("DOMContentLoaded", () => {
