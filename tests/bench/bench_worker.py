@@ -51,6 +51,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import redis
 
 from tests.bench.noop_app import HARD_LIMIT_S, SOFT_LIMIT_S
@@ -62,6 +63,7 @@ from turnstile.worker.broker import amqp
 from turnstile.worker.broker.producer import sender
 from turnstile.worker.client._client import Client
 from turnstile.worker.dev.embedded import EmbeddedServer
+from turnstile.worker.names import ANY_QUEUE
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 from turnstile.worker.store.connect import connect
@@ -162,10 +164,31 @@ class Round:
     step_trips: int  # the steps' round trips to the store
     tool_trips: int  # the job's tools'
     gaps: dict[str, list[float]]  # seconds from a commit to the next turn, eager and queued
+    stall_s: float  # the longest a slot stood free with nothing starting or ending (any process)
+    cpu_s: float  # the worker processes' CPU time (user + system) over the timed window
 
     @property
     def rate(self) -> float:
         return self.turns / self.seconds
+
+    @property
+    def cpu_ms_per_turn(self) -> float:
+        return 1000 * self.cpu_s / max(1, self.turns)
+
+
+def cpu_s(procs: list[subprocess.Popen[bytes]]) -> float:
+    """CPU seconds so far of these worker processes and their pool processes: the machine is
+    shared, and CPU time is what load disturbs least."""
+    total = 0.0
+    for p in procs:
+        try:
+            root = psutil.Process(p.pid)
+            for proc in [root, *root.children(recursive=True)]:
+                times = proc.cpu_times()
+                total += times.user + times.system
+        except psutil.NoSuchProcess:
+            continue
+    return total
 
 
 def support_round(
@@ -183,7 +206,10 @@ def support_round(
     first, and each run is submitted when the one before has ended (an idle system)."""
     queue, tenant = f"s-{uuid.uuid4().hex[:6]}", f"bench-{uuid.uuid4().hex[:6]}"
     counts = Path(tempfile.mkdtemp(dir=work))
-    config = Settings(redis_url=store.url, broker_url=broker_url, durability=Durability(durability))
+    config = Settings(
+        redis_url=store.url, broker_url=broker_url, durability=Durability(durability),
+        submit_queues=ANY_QUEUE,  # the workers start after the runs are queued
+    )  # fmt: skip
     client = Client(connect(store.url, config), config, sender(config))
     stopped = keys.by_status(tenant, "stopped")
     if not one_at_a_time:
@@ -192,6 +218,7 @@ def support_round(
     env = _env(broker_url, store.url, counts, store.port, durability=durability, eager=eager)
     procs = _workers("turnstile.worker.runtime.app:app", queue, env, 2, work / f"{queue}.log")
     try:
+        cpu_before = cpu_s(procs)
         started = time.perf_counter()
         for n in range(1, runs + 1) if one_at_a_time else [runs]:
             if one_at_a_time:
@@ -199,6 +226,7 @@ def support_round(
             while int(client.client.scard(stopped)) < n:
                 time.sleep(0.002 if one_at_a_time else 0.01)
         seconds = time.perf_counter() - started
+        cpu = cpu_s(procs) - cpu_before
     finally:
         _stop(procs)
         if amqp.is_amqp(broker_url):  # deleted at the end: a later round's dispatcher may
@@ -215,6 +243,7 @@ def support_round(
     return Round(
         seconds, turns, sum(t["round_trips"] for t in totals),
         sum(t["tool_round_trips"] for t in totals), gaps,
+        max((t.get("idle_with_free_slots_s", 0.0) for t in totals), default=0.0), cpu,
     )  # fmt: skip
 
 
@@ -325,6 +354,8 @@ def main() -> None:
     rates: dict[Config, list[float]] = {c: [] for c in configs}
     trips: dict[Config, list[tuple[float, float]]] = {c: [] for c in configs}
     gaps: dict[Config, dict[str, list[float]]] = {c: {"eager": [], "queued": []} for c in configs}
+    stalls: dict[Config, list[float]] = {c: [] for c in configs}
+    cpu: dict[Config, list[float]] = {c: [] for c in configs}
     policies = sorted({setting(d)[1] for d in durabilities} | {"everysec"})
     with contextlib.ExitStack() as stack:
         stack.callback(_delete_amqp_queues)  # however the rounds end
@@ -359,6 +390,8 @@ def main() -> None:
                 trips[c].append((measured.step_trips / per_turn, measured.tool_trips / per_turn))
                 for path in ("eager", "queued"):
                     gaps[c][path] += measured.gaps[path]
+                stalls[c].append(measured.stall_s)
+                cpu[c].append(measured.cpu_ms_per_turn)
             length = round(turns_by[configs[0]] / args.runs)
             noop_seconds = noop_round(servers["everysec"][0], args.runs, length, work)
             noop_rate = args.runs * length / noop_seconds
@@ -374,7 +407,10 @@ def main() -> None:
                     broker.url, store, args.idle_runs, work, durability=durability, eager=e,
                     one_at_a_time=True,
                 ).gaps  # fmt: skip
-    report(Measured(durabilities, configs, label, ratios, rates, trips, gaps, idle, args.idle_runs))
+    report(
+        Measured(durabilities, configs, label, ratios, rates, trips, gaps, idle, args.idle_runs,
+                 stalls, cpu)
+    )  # fmt: skip
 
 
 @dataclass
@@ -388,6 +424,8 @@ class Measured:
     gaps: dict[Config, dict[str, list[float]]]
     idle: dict[str, dict[str, list[float]]]
     idle_runs: int
+    stalls: dict[Config, list[float]]  # per round, the longest a slot stood free unused (s)
+    cpu: dict[Config, list[float]]  # per round, the workers' CPU ms per turn
 
 
 def report(m: Measured) -> None:
@@ -398,8 +436,11 @@ def report(m: Measured) -> None:
         steps = statistics.median(t[0] for t in m.trips[c])
         tools = statistics.median(t[1] for t in m.trips[c])
         line = (
-            f"{m.label[c]}: median {statistics.median(m.rates[c]):.1f} turns/s; store round"
-            f" trips per turn {steps:.2f} (goal <= 2.0 eager), the job's tools' {tools:.2f}"
+            f"{m.label[c]}: median {statistics.median(m.rates[c]):.1f} turns/s, "
+            f"{statistics.median(m.cpu[c]):.2f} ms worker CPU per turn (goal <= 1.2); store round"
+            f" trips per turn {steps:.2f} (goal <= 1.6), the job's tools' {tools:.2f}; "
+            f"longest a slot stood free unused {max(m.stalls[c]):.3f} s (goal <= 0.2; per round"
+            f" {', '.join(f'{x:.3f}' for x in m.stalls[c])})"
         )
         if c != base:
             per_round = [r / b for r, b in zip(m.rates[c], m.rates[base], strict=True)]

@@ -22,8 +22,10 @@ from turnstile.worker.runtime.pools import patch_if_green
 # `-P gevent`: monkeypatch first, as `turnstile worker` does, before socket or threading load.
 GREEN = patch_if_green(sys.argv[1:], dict(os.environ))
 
+import itertools  # noqa: E402
 import json  # noqa: E402
 import threading  # noqa: E402
+import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -36,6 +38,9 @@ from turnstile.worker.observability import metrics  # noqa: E402
 PORT = int(os.environ.get("BENCH_COUNT_PORT", "0"))
 OUT = Path(os.environ.get("BENCH_COUNT_DIR", "."))
 counts = {"round_trips": 0, "tool_round_trips": 0, "background_round_trips": 0, "tasks": 0}
+# (monotonic time, +1 a task starts / -1 one ends) in this pool process: where slots stood free
+# while nothing started (the green pool's stall, issue 36).
+slots: list[tuple[float, int]] = []
 gaps: dict[str, list[float]] = {"eager": [], "queued": []}  # seconds from a commit to the next turn
 # The main process's own threads: on prefork their calls are in no pool process's counts; a
 # green worker runs its turns in the main process, and counts them apart there.
@@ -79,16 +84,39 @@ def _reset(**kwargs: Any) -> None:
     )  # what the parent counted before the fork is not ours
     gaps["eager"].clear()
     gaps["queued"].clear()
+    slots.clear()
+
+
+@signals.task_prerun.connect
+def _task_start(**kwargs: Any) -> None:
+    slots.append((time.monotonic(), 1))
 
 
 @signals.task_postrun.connect
 def _task_done(**kwargs: Any) -> None:
     counts["tasks"] += 1
+    slots.append((time.monotonic(), -1))
 
 
 @signals.worker_process_shutdown.connect
 def _write(**kwargs: Any) -> None:
-    (OUT / f"{os.getpid()}.json").write_text(json.dumps({**counts, "gaps": gaps}))
+    (OUT / f"{os.getpid()}.json").write_text(
+        json.dumps({**counts, "gaps": gaps, "idle_with_free_slots_s": idle_with_free_slots()})
+    )
+
+
+def idle_with_free_slots() -> float:
+    """The longest time, before this process's last task started, in which a slot stood free
+    and no task started or ended: with the work all queued first, a slot free that long is a
+    consumer not reading the queue."""
+    concurrency = int(os.environ.get("TURNSTILE_CONCURRENCY", "1")) if GREEN else 1
+    last_start = max((t for t, d in slots if d > 0), default=0.0)
+    longest, in_flight = 0.0, 0
+    for (t, d), (t_next, _) in itertools.pairwise(slots):
+        in_flight += d
+        if t_next <= last_start and in_flight < concurrency:
+            longest = max(longest, t_next - t)
+    return longest
 
 
 @signals.worker_shutdown.connect
