@@ -6,7 +6,7 @@ the client round trips to the store per turn, beyond the broker's own.
         [--durability none,none@always,aof,replica]
         [--task-events] [--pool prefork|gevent] [--concurrency N]
         [--brokers redis,amqp] [--amqp-url amqp://guest:guest@127.0.0.1:5672//]
-        [--stores single,cluster]
+        [--stores single,cluster] [--profile DIR]
 
 Broker and store are two servers, both with AOF; the round trips are counted on the client
 for the store's port only. Work is enqueued first and
@@ -76,6 +76,7 @@ READY_S = 180.0
 AMQP_QUEUES: list[tuple[str, str]] = []  # (url, queue) made on RabbitMQ, deleted at the end
 TASK_EVENTS = ["0"]  # TURNSTILE_TASK_EVENTS for both workloads' workers (--task-events)
 POOL = ["prefork", "1"]  # both workloads' pool and its concurrency (--pool, --concurrency)
+PROFILE: list[str] = []  # --profile DIR: the support workers run under cProfile, saved there
 ZERO_LATENCY = {
     "model_latency_s": 0,
     "tool_latency_s": {
@@ -139,6 +140,8 @@ def _env(
         env["TURNSTILE_EAGER_TURNS"] = eager
     if store:
         env["TURNSTILE_REDIS_URL"] = store
+        if PROFILE:
+            env["BENCH_PROFILE_DIR"] = PROFILE[0]
     return env
 
 
@@ -330,7 +333,13 @@ def main() -> None:
     parser.add_argument(
         "--stores", default="single", help="single, cluster or both (comma-separated)"
     )
+    parser.add_argument(
+        "--profile", default=None, help="a directory: the support workers' cProfile output"
+    )
     args = parser.parse_args()
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+        PROFILE[:] = [str(Path(args.profile).resolve())]
     TASK_EVENTS[0] = "1" if args.task_events else "0"
     POOL[:] = [args.pool, str(args.concurrency)]
     durabilities = [d.strip() for d in args.durability.split(",") if d.strip()]

@@ -22,6 +22,7 @@ from turnstile.worker.runtime.pools import patch_if_green
 # `-P gevent`: monkeypatch first, as `turnstile worker` does, before socket or threading load.
 GREEN = patch_if_green(sys.argv[1:], dict(os.environ))
 
+import cProfile  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
 import threading  # noqa: E402
@@ -36,6 +37,11 @@ from celery.__main__ import main as celery_main  # noqa: E402
 from turnstile.worker.observability import metrics  # noqa: E402
 
 PORT = int(os.environ.get("BENCH_COUNT_PORT", "0"))
+# BENCH_PROFILE_DIR: each pool process (a green worker: its main process) runs under cProfile
+# and writes `<pid>.prof` there when it shuts down (bench_worker --profile).
+PROFILE_DIR = os.environ.get("BENCH_PROFILE_DIR")
+# Timed on the thread's CPU clock: waits on sockets and locks cost nothing, as in the CPU per turn.
+profiler = cProfile.Profile(time.thread_time) if PROFILE_DIR else None
 OUT = Path(os.environ.get("BENCH_COUNT_DIR", "."))
 counts = {"round_trips": 0, "tool_round_trips": 0, "background_round_trips": 0, "tasks": 0}
 # (monotonic time, +1 a task starts / -1 one ends) in this pool process: where slots stood free
@@ -85,6 +91,8 @@ def _reset(**kwargs: Any) -> None:
     gaps["eager"].clear()
     gaps["queued"].clear()
     slots.clear()
+    if profiler is not None:
+        profiler.enable()
 
 
 @signals.task_prerun.connect
@@ -98,8 +106,17 @@ def _task_done(**kwargs: Any) -> None:
     slots.append((time.monotonic(), -1))
 
 
+@signals.worker_ready.connect
+def _profile_green(**kwargs: Any) -> None:
+    if GREEN and profiler is not None:
+        profiler.enable()
+
+
 @signals.worker_process_shutdown.connect
 def _write(**kwargs: Any) -> None:
+    if profiler is not None and PROFILE_DIR:
+        profiler.disable()
+        profiler.dump_stats(str(Path(PROFILE_DIR) / f"{os.getpid()}.prof"))
     (OUT / f"{os.getpid()}.json").write_text(
         json.dumps({**counts, "gaps": gaps, "idle_with_free_slots_s": idle_with_free_slots()})
     )
