@@ -269,9 +269,9 @@ def gap_line(label: str, gaps: dict[str, list[float]]) -> str:
     return "; ".join(parts) + ")"
 
 
-def noop_round(broker: EmbeddedServer, chains: int, length: int, work: Path) -> float:
+def noop_round(broker: EmbeddedServer, chains: int, length: int, work: Path) -> tuple[float, float]:
     """Seconds for `chains` chains of `length` no-op tasks, sent with a step's time limits,
-    timed the same way as the support runs."""
+    timed the same way as the support runs, and the workers' CPU seconds over that time."""
     queue = f"n-{uuid.uuid4().hex[:6]}"
     counts = Path(tempfile.mkdtemp(dir=work))
     noop_app.conf.update(broker_url=broker.url)
@@ -284,10 +284,11 @@ def noop_round(broker: EmbeddedServer, chains: int, length: int, work: Path) -> 
     env = _env(broker.url, None, counts, 0)
     procs = _workers("tests.bench.noop_app:app", queue, env, 2, work / f"{queue}.log")
     try:
+        cpu_before = cpu_s(procs)
         started = time.perf_counter()
         while int(done.get(f"bench:done:{queue}") or 0) < chains:
             time.sleep(0.01)
-        return time.perf_counter() - started
+        return time.perf_counter() - started, cpu_s(procs) - cpu_before
     finally:
         _stop(procs)
 
@@ -365,6 +366,7 @@ def main() -> None:
     gaps: dict[Config, dict[str, list[float]]] = {c: {"eager": [], "queued": []} for c in configs}
     stalls: dict[Config, list[float]] = {c: [] for c in configs}
     cpu: dict[Config, list[float]] = {c: [] for c in configs}
+    noop_cpu_ms: list[float] = []  # the no-op workers' CPU per task, per round
     policies = sorted({setting(d)[1] for d in durabilities} | {"everysec"})
     with contextlib.ExitStack() as stack:
         stack.callback(_delete_amqp_queues)  # however the rounds end
@@ -402,8 +404,9 @@ def main() -> None:
                 stalls[c].append(measured.stall_s)
                 cpu[c].append(measured.cpu_ms_per_turn)
             length = round(turns_by[configs[0]] / args.runs)
-            noop_seconds = noop_round(servers["everysec"][0], args.runs, length, work)
+            noop_seconds, noop_cpu = noop_round(servers["everysec"][0], args.runs, length, work)
             noop_rate = args.runs * length / noop_seconds
+            noop_cpu_ms.append(1000 * noop_cpu / (args.runs * length))
             ratios.append(rates[configs[0]][-1] / noop_rate)
             print(f"{i + 1:>5} " + " ".join(f"{rates[c][-1]:>18.1f}" for c in configs)
                   + f" {noop_rate:>14.1f} {ratios[-1]:>6.2f}")  # fmt: skip
@@ -418,7 +421,7 @@ def main() -> None:
                 ).gaps  # fmt: skip
     report(
         Measured(durabilities, configs, label, ratios, rates, trips, gaps, idle, args.idle_runs,
-                 stalls, cpu)
+                 stalls, cpu, noop_cpu_ms)
     )  # fmt: skip
 
 
@@ -435,12 +438,17 @@ class Measured:
     idle_runs: int
     stalls: dict[Config, list[float]]  # per round, the longest a slot stood free unused (s)
     cpu: dict[Config, list[float]]  # per round, the workers' CPU ms per turn
+    noop_cpu_ms: list[float]  # per round, the no-op workers' CPU ms per task
 
 
 def report(m: Measured) -> None:
     print(f"median ratio ({m.label[m.configs[0]]} over the no-op chain) "
           f"{statistics.median(m.ratios):.2f} (goal >= 1.0)")  # fmt: skip
     base = m.configs[0]
+    print(f"no-op chain: {statistics.median(m.noop_cpu_ms):.2f} ms worker CPU per task; "
+          f"{m.label[base]}'s CPU per turn over it: median "
+          f"{statistics.median(t / n for t, n in zip(m.cpu[base], m.noop_cpu_ms, strict=True)):.2f}"
+          )  # fmt: skip
     for c in m.configs:
         steps = statistics.median(t[0] for t in m.trips[c])
         tools = statistics.median(t[1] for t in m.trips[c])
