@@ -44,9 +44,23 @@ PROFILE_DIR = os.environ.get("BENCH_PROFILE_DIR")
 profiler = cProfile.Profile(time.thread_time) if PROFILE_DIR else None
 OUT = Path(os.environ.get("BENCH_COUNT_DIR", "."))
 counts = {"round_trips": 0, "tool_round_trips": 0, "background_round_trips": 0, "tasks": 0}
-# (monotonic time, +1 a task starts / -1 one ends) in this pool process: where slots stood free
-# while nothing started (the green pool's stall, issue 36).
-slots: list[tuple[float, int]] = []
+# (monotonic time, +1 a task starts / -1 one ends, seconds the main thread had run or waited for
+# a core so far) in this pool process: where slots stood free while the process sat idle (the
+# green pool's stall, issue 36), told apart from a machine too loaded to run it.
+slots: list[tuple[float, int, float]] = []
+SCHEDSTAT = Path("/proc/thread-self/schedstat")
+
+
+def _busy_s() -> float:
+    """Seconds this thread has run on a core, plus waited for one (Linux schedstat): a gap
+    in which this grows little is one in which the process sat idle."""
+    try:
+        ran, waited = SCHEDSTAT.read_text().split()[:2]
+    except (OSError, ValueError):
+        return 0.0
+    return (int(ran) + int(waited)) / 1e9
+
+
 gaps: dict[str, list[float]] = {"eager": [], "queued": []}  # seconds from a commit to the next turn
 # The main process's own threads: on prefork their calls are in no pool process's counts; a
 # green worker runs its turns in the main process, and counts them apart there.
@@ -97,13 +111,13 @@ def _reset(**kwargs: Any) -> None:
 
 @signals.task_prerun.connect
 def _task_start(**kwargs: Any) -> None:
-    slots.append((time.monotonic(), 1))
+    slots.append((time.monotonic(), 1, _busy_s()))
 
 
 @signals.task_postrun.connect
 def _task_done(**kwargs: Any) -> None:
     counts["tasks"] += 1
-    slots.append((time.monotonic(), -1))
+    slots.append((time.monotonic(), -1, _busy_s()))
 
 
 @signals.worker_ready.connect
@@ -123,16 +137,17 @@ def _write(**kwargs: Any) -> None:
 
 
 def idle_with_free_slots() -> float:
-    """The longest time, before this process's last task started, in which a slot stood free
-    and no task started or ended: with the work all queued first, a slot free that long is a
-    consumer not reading the queue."""
+    """The longest time, before this process's last task started, in which a slot stood free,
+    no task started or ended, and the process neither ran nor waited for a core: with the work
+    all queued first, a slot free that long is a consumer not reading the queue (a process
+    descheduled on a loaded machine, or busy with one long turn, is not idle)."""
     concurrency = int(os.environ.get("TURNSTILE_CONCURRENCY", "1")) if GREEN else 1
-    last_start = max((t for t, d in slots if d > 0), default=0.0)
+    last_start = max((t for t, d, _ in slots if d > 0), default=0.0)
     longest, in_flight = 0.0, 0
-    for (t, d), (t_next, _) in itertools.pairwise(slots):
+    for (t, d, busy), (t_next, _, busy_next) in itertools.pairwise(slots):
         in_flight += d
         if t_next <= last_start and in_flight < concurrency:
-            longest = max(longest, t_next - t)
+            longest = max(longest, (t_next - t) - (busy_next - busy))
     return longest
 
 
