@@ -456,7 +456,8 @@ def report(m: Measured) -> None:
             f"{m.label[c]}: median {statistics.median(m.rates[c]):.1f} turns/s, "
             f"{statistics.median(m.cpu[c]):.2f} ms worker CPU per turn (goal <= 1.2); store round"
             f" trips per turn {steps:.2f} (goal <= 1.6), the job's tools' {tools:.2f}; "
-            f"longest a slot stood free unused {max(m.stalls[c]):.3f} s (goal <= 0.2; per round"
+            f"longest a slot stood free, the worker idle, {max(m.stalls[c]):.3f} s (goal <= 0.2;"
+            f" per round"
             f" {', '.join(f'{x:.3f}' for x in m.stalls[c])})"
         )
         if c != base:
