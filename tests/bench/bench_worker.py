@@ -6,7 +6,7 @@ the client round trips to the store per turn, beyond the broker's own.
         [--durability none,none@always,aof,replica]
         [--task-events] [--pool prefork|gevent] [--concurrency N]
         [--brokers redis,amqp] [--amqp-url amqp://guest:guest@127.0.0.1:5672//]
-        [--stores single,cluster] [--profile DIR]
+        [--stores single,cluster] [--profile DIR] [--kombu-poller]
 
 Broker and store are two servers, both with AOF; the round trips are counted on the client
 for the store's port only. Work is enqueued first and
@@ -76,6 +76,7 @@ READY_S = 180.0
 AMQP_QUEUES: list[tuple[str, str]] = []  # (url, queue) made on RabbitMQ, deleted at the end
 TASK_EVENTS = ["0"]  # TURNSTILE_TASK_EVENTS for both workloads' workers (--task-events)
 POOL = ["prefork", "1"]  # both workloads' pool and its concurrency (--pool, --concurrency)
+KOMBU_POLLER = [False]  # --kombu-poller: kombu's own poller, without the wake-up on an ack
 PROFILE: list[str] = []  # --profile DIR: the support workers run under cProfile, saved there
 ZERO_LATENCY = {
     "model_latency_s": 0,
@@ -142,6 +143,8 @@ def _env(
         env["TURNSTILE_REDIS_URL"] = store
         if PROFILE:
             env["BENCH_PROFILE_DIR"] = PROFILE[0]
+        if KOMBU_POLLER[0]:
+            env["BENCH_KOMBU_POLLER"] = "1"
     return env
 
 
@@ -337,7 +340,12 @@ def main() -> None:
     parser.add_argument(
         "--profile", default=None, help="a directory: the support workers' cProfile output"
     )
+    parser.add_argument(
+        "--kombu-poller", action="store_true",
+        help="the support workers on kombu's own poller (the green pool's stall, for comparison)",
+    )  # fmt: skip
     args = parser.parse_args()
+    KOMBU_POLLER[0] = args.kombu_poller
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
         PROFILE[:] = [str(Path(args.profile).resolve())]

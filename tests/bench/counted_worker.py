@@ -66,6 +66,19 @@ gaps: dict[str, list[float]] = {"eager": [], "queued": []}  # seconds from a com
 # green worker runs its turns in the main process, and counts them apart there.
 BACKGROUND = ("turnstile-sweeper", "turnstile-dispatcher")
 
+if os.environ.get("BENCH_KOMBU_POLLER"):  # bench_worker --kombu-poller: the stall, as it was
+    from kombu.transport.redis import MultiChannelPoller
+
+    from turnstile.worker.broker import transport
+
+    _init = transport.Transport.__init__
+
+    def _kombu_poller(self: Any, *args: Any, **kwargs: Any) -> None:
+        _init(self, *args, **kwargs)
+        self.cycle = MultiChannelPoller()
+
+    transport.Transport.__init__ = _kombu_poller  # type: ignore[method-assign]
+
 _send: Any = redis.connection.AbstractConnection.send_packed_command
 
 
