@@ -43,6 +43,7 @@ _OPENINGS = {
     Outcome.CANCELLED: "Your request was cancelled.",
     Outcome.SUPERSEDED: "We stopped working on this request to take up your newer message.",
     Outcome.ERROR: "Something went wrong on our side; a person will look at it.",
+    Outcome.DIVERGED: "This evaluation run stopped where it left its recording.",
 }
 
 

@@ -27,6 +27,14 @@ from turnstile.jobs.mcp import McpServer, check_servers
 from turnstile.jobs.model import Model, is_model, is_provider_model, spec_problem
 from turnstile.jobs.state import Call, RunState
 from turnstile.jobs.tools import Tool
+from turnstile.jobs.versions import (
+    Migration,
+    NoPath,
+    check_migrations,
+    derived,
+    fingerprint,
+    version_problem,
+)
 
 
 class Permit(StrEnum):
@@ -184,6 +192,16 @@ class Job:
     # MCP servers whose tools the model is offered besides `tools` (jobs/mcp.py): declared
     # here, connected by the worker; nothing a run carries chooses one.
     mcp: Sequence[McpServer] = ()
+    # The job's version (jobs/versions.py): declared, or derived from its tools, params schema
+    # and state format when left empty. Each run is pinned to the version that created it.
+    version: str = ""
+    # Migrations of a run's state from named earlier versions to this one, run at the run's
+    # next turn boundary; empty: runs are pinned (they finish on the version they began on).
+    migrate: Mapping[str, Migration] = field(default_factory=dict)
+    # A run of a version this job neither serves nor migrates, when it migrates others: it
+    # waits for a worker of its version, or ends.
+    no_path: NoPath = NoPath.WAIT
+    fingerprint: str = field(init=False, default="")
     _params_validator: Draft202012Validator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -227,6 +245,30 @@ class Job:
         object.__setattr__(
             self, "_params_validator", Draft202012Validator(msgspec.to_builtins(self.params_schema))
         )
+        self._check_version()
+
+    def _check_version(self) -> None:
+        print_ = fingerprint(self.tools, self.params_schema, tuple(s.name for s in self.mcp))
+        object.__setattr__(self, "fingerprint", print_)
+        if self.version == "":
+            object.__setattr__(self, "version", derived(print_))
+        else:
+            problem = version_problem(self.version)
+            if problem:
+                raise JobDefinitionError(f"job {self.name!r}: {problem}")
+        problem = check_migrations(self.name, self.migrate)
+        if problem:
+            raise JobDefinitionError(problem)
+        if self.version in self.migrate:
+            raise JobDefinitionError(
+                f"job {self.name!r}: migrate names its own version {self.version!r}"
+            )
+        try:
+            object.__setattr__(self, "no_path", NoPath(self.no_path))
+        except ValueError:
+            raise JobDefinitionError(
+                f"job {self.name!r}: no_path must be 'wait' or 'end', not {self.no_path!r}"
+            ) from None
 
     def _check_models(self) -> None:
         model = self.model

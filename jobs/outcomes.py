@@ -22,6 +22,7 @@ class Outcome(StrEnum):
     CANCELLED = "cancelled"
     SUPERSEDED = "superseded"  # a newer message of its conversation interrupted it
     ERROR = "error"
+    DIVERGED = "diverged"  # an evaluation run met a call its recording does not have
 
 
 TERMINAL: frozenset[Outcome] = frozenset(Outcome) - {Outcome.NEEDS_APPROVAL, Outcome.NEEDS_BUDGET}

@@ -54,4 +54,5 @@ def new_run(
         budget=budget,
         memory=list(memory or []),
         extendable=sorted(set(job.extendable) | set(extendable)),
+        job_version=job.version,
     )

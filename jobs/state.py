@@ -87,6 +87,28 @@ class FollowUp(msgspec.Struct, kw_only=True, omit_defaults=True):
     id: str | None = None  # the submission that carried it
 
 
+class RecordedCall(msgspec.Struct, kw_only=True):
+    """One tool call a run recorded: its turn, tool, arguments and observation."""
+
+    turn: int
+    tool: str
+    args: dict[str, Any]
+    observation: Any
+
+
+class Origin(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Where a forked run came from: the run and the turn after which it was forked (0: its
+    start). An evaluation run's also names its evaluation, the mode for a call the recording
+    does not have, and the origin's recorded calls (jobs/recording.py)."""
+
+    run_id: str
+    tenant: str
+    turn: int
+    evaluation: str | None = None
+    mode: str | None = None  # replay-reads | stop-on-divergence (jobs/recording.py Mode)
+    calls: list[RecordedCall] = msgspec.field(default_factory=list)
+
+
 class RunState(msgspec.Struct, kw_only=True):
     """Everything about a run, saved whole after every turn: who asked for what (tenant,
     user, job, goal, params), its budget and usage, its `status` (running, suspended, parked,
@@ -129,6 +151,10 @@ class RunState(msgspec.Struct, kw_only=True):
     memory: list[str] = msgspec.field(default_factory=list)  # notes recalled at the start
     conversation: str | None = None  # the tenant's conversation key, if it belongs to one
     followups: list[FollowUp] = msgspec.field(default_factory=list)  # merged user messages
+    origin: Origin | None = None  # a fork's: the run and turn it started from (recording.py)
+    # The version of its job the run is pinned to (jobs/versions.py): set at submit, changed
+    # only by a migration; "" for a run made before versions were recorded.
+    job_version: str = ""
 
     @property
     def held(self) -> HeldCall | HeldBudget | None:

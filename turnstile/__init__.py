@@ -4,8 +4,8 @@
 
 Defining a job imports no Celery, connects to nothing and registers nothing: a job is found
 by the worker through the `turnstile.jobs` entry-point group or `TURNSTILE_JOBS`. The client
-(`connect_client`, `Client`, `Settings`) is imported on first use and builds no Celery app of
-the caller's: it sends through a private producer.
+(`connect_client`, `Client`, `Settings`; `fork_run` and its `Variant`) is imported on first
+use and builds no Celery app of the caller's: it sends through a private producer.
 
 Every error Turnstile raises on purpose is a `TurnstileError` (turnstile/errors.py); each
 public kind is exported here: kernel, model, ledger, provider, store, submission, decision
@@ -82,6 +82,7 @@ if TYPE_CHECKING:
     from turnstile.worker.client._client import Client, connect_client
     from turnstile.worker.client._reading import RunEvent
     from turnstile.worker.ops.errors import ControlError, DrainTimeoutError
+    from turnstile.worker.ops.fork import Variant, fork_run
     from turnstile.worker.registry import Registry
     from turnstile.worker.settings import Settings
     from turnstile.worker.store.runs import NotDurableError, StoreUnavailable
@@ -144,10 +145,12 @@ __all__ = [
     "ToolOutput",
     "TurnstileError",
     "UnknownJobError",
+    "Variant",
     "Verdict",
     "WaitTimeoutError",
     "arguments_schema",
     "connect_client",
+    "fork_run",
     "render_view",
     "tool",
 ]
@@ -157,6 +160,8 @@ _LAZY = {
     "Client": "turnstile.worker.client._client",
     "RunEvent": "turnstile.worker.client._reading",
     "connect_client": "turnstile.worker.client._client",
+    "fork_run": "turnstile.worker.ops.fork",
+    "Variant": "turnstile.worker.ops.fork",
     "ControlError": "turnstile.worker.ops.errors",
     "DrainTimeoutError": "turnstile.worker.ops.errors",
     "LedgerConflict": _LEDGER_ERRORS,

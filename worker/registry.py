@@ -240,6 +240,8 @@ def describe_plugin(plugin: Plugin) -> dict[str, Any]:
         **row,
         "status": "ok",
         "description": job.description,
+        "version": job.version,  # declared, or derived from its tools, params and state format
+        "migrates_from": sorted(job.migrate),
         "params_schema": msgspec.to_builtins(job.params_schema),
         "dimensions": list(job.dimensions),
         "budget": msgspec.to_builtins(job.budget),

@@ -57,6 +57,10 @@ class Settings(BaseSettings):
     pickup_lease_s: float = Field(default=60.0, gt=0)
     inflight_lease_s: float = Field(default=15.0, gt=0)
     sweep_interval_s: float = Field(default=5.0, gt=0)
+    # A worker's claim of its jobs' versions lapses this long after its last heartbeat (a
+    # third of it): a killed worker stops counting as serving its versions within it, and a
+    # run waiting for a version is taken back within a third of it once a worker serves it.
+    version_ttl_s: float = Field(default=15.0, gt=0)
     # A step whose delivery has killed its worker this many times ends the run `error`.
     max_step_attempts: int = Field(default=3, ge=1)
     # Backoff for a step that finds the store or the ledger unreachable.

@@ -27,7 +27,7 @@ import pytest
 import redis
 
 from tests.budget_jobs import SPEC
-from tests.integration.apiserver import ApiServer, make_key, running_api
+from tests.integration.apiserver import ApiServer, http, make_key, running_api
 from tests.integration.workers import (
     WorkerProcess,
     client_for,
@@ -40,7 +40,10 @@ from turnstile.worker.client._client import Client
 from turnstile.worker.http import apikeys
 from turnstile.worker.http.apikeys import Role
 from turnstile.worker.http.console.session import SECRET, SESSION_COOKIE
+from turnstile.worker.ops import evaluate as evaluation
+from turnstile.worker.ops.fork import Variant
 from turnstile.worker.store import http_keys, keys
+from turnstile.worker.store import versions as job_versions
 
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = [
@@ -662,3 +665,64 @@ def test_an_approval_with_an_empty_digest_approves_nothing(
     console.shot("empty-digest")
     assert _status(client, tenant, run_id) == "suspended"
     assert client.state(run_id).decisions == []
+
+
+def test_the_evaluation_pages_show_each_run_beside_its_original(
+    *, redis_url: str, api: ApiServer, client: Client, console: Console, queue: str, unique: str
+) -> None:
+    """Two recorded runs evaluated with a larger refund (replay-reads): the evaluation tenant's
+    list shows 2 of 2 runs; its page shows each original beside its variant run, completed,
+    diverging at turn 3, with 2 writes held; another tenant's key gets a not-found page."""
+    tenant, judge = f"t-{unique}", f"ev-{unique}"
+    originals = [_submit(client, tenant, queue, {"model_latency_s": 0}) for _ in range(2)]
+    wait_until(lambda: all(_status(client, tenant, r) == "stopped" for r in originals),
+               what="the originals to end")  # fmt: skip
+    made = evaluation.start(
+        client, evaluation.Selection(tenant=tenant), Variant(params={"amount_cents": 5000}),
+        mode="replay-reads", eval_tenant=judge, queue=queue,
+    )  # fmt: skip
+    wait_until(lambda: evaluation.report(client, made.eval_id)["status"] == "done",
+               what="the evaluation to end")  # fmt: skip
+    console.login(make_key(redis_url, judge))
+    console.go("/evals")
+    row = console.page.locator(f"tr[data-eval='{made.eval_id}']")
+    assert "2 of 2" in row.inner_text() and row.locator(".status").inner_text() == "done"
+    console.shot("evals")
+    console.press(row.locator("a"))
+    summary = console.page.inner_text("#summary")
+    assert "2 of 2 runs, 0 outcomes changed, 2 diverged, 2 writes held" in summary
+    for origin in originals:
+        shown = console.page.locator(f"tr[data-origin='{origin}']")
+        assert shown.locator(".outcome").inner_text() == "completed"
+        assert shown.locator(".diverged").inner_text() == "3"
+    console.shot("eval")
+    console.press("header .who button")
+    console.login(make_key(redis_url, f"x-{unique}"))
+    reply = console.go(f"/evals/{made.eval_id}")
+    assert reply.status == 404
+
+
+def test_the_queues_page_shows_each_job_versions_runs_and_workers(
+    *, redis_url: str, api: ApiServer, client: Client, console: Console, queue: str, unique: str
+) -> None:
+    """The queues page lists each job version with its live runs and the workers that serve
+    it: the pool's own jobs, and a version a worker claimed in the store, gone once released."""
+    job, version, worker = f"j-{unique}", "v9", f"wv-{unique}"
+    claims = [(job, version, "f" * 32)]
+    assert job_versions.claim(client.client, worker, claims, 60_000) is None
+    try:
+        console.login(make_key(redis_url, f"ops-{unique}", Role.OPERATOR, name=f"ops-{unique}"))
+        console.go("/queues")
+        row = f"table.versions tr[data-job='{job}'][data-version='{version}']"
+        assert console.page.inner_text(f"{row} td.workers") == worker
+        assert console.page.inner_text(f"{row} td.waiting") == "0"
+        assert console.page.locator("table.versions tr[data-job='spender']").count() >= 1
+        console.shot("versions")
+        with http(api, make_key(redis_url, f"ops-{unique}", Role.OPERATOR)) as web:
+            got = web.get(f"/v1/jobs/{job}/versions/{version}").json()
+            assert (got["workers"], got["in_flight"]) == ([worker], 0)
+            assert web.get(f"/v1/jobs/{job}/versions/v%20bad").status_code == 422
+    finally:
+        job_versions.release(client.client, worker, claims)
+    console.go("/queues")
+    assert console.page.locator(f"table.versions tr[data-job='{job}']").count() == 0

@@ -64,10 +64,12 @@ TURNSTILE = {
     "ToolOutput",
     "TurnstileError",
     "UnknownJobError",
+    "Variant",
     "Verdict",
     "WaitTimeoutError",
     "arguments_schema",
     "connect_client",
+    "fork_run",
     "render_view",
     "tool",
 }

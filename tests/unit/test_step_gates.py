@@ -47,12 +47,14 @@ def test_a_turn_every_gate_lets_go_goes_on() -> None:
 
 
 def test_the_gates_order_is_the_one_the_step_documents() -> None:
-    """A cancel, an interrupt, a pause and the model come before admission; the soft ceilings
-    and the rate limit look at the hold admission took, in that order."""
+    """A cancel, an interrupt, a pause, the run's job version and the model come before
+    admission; the soft ceilings and the rate limit look at the hold admission took, in that
+    order."""
     assert (
         gates.cancel_requested,
         gates.interrupted,
         gates.paused,
+        gates.versioned,
         gates.model_built,
         gates.admission,
         gates.soft_ceilings,

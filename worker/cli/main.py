@@ -12,6 +12,7 @@ from turnstile.worker.cli.common import OneLineGroup, register
 from turnstile.worker.cli.deadletters import dead_letters_app
 from turnstile.worker.cli.decisions import COMMANDS as DECISIONS
 from turnstile.worker.cli.dev import COMMANDS as DEV
+from turnstile.worker.cli.evaluate import eval_app, fork
 from turnstile.worker.cli.http import api, keys_app
 from turnstile.worker.cli.jobs import jobs
 from turnstile.worker.cli.limits import limits_app
@@ -37,6 +38,7 @@ app.add_typer(tenants_app, name="tenants")
 app.add_typer(limits_app, name="limits")
 app.add_typer(keys_app, name="keys")
 app.add_typer(memory_app, name="memory")
+app.add_typer(eval_app, name="eval")
 
 
 def _job_dimensions() -> tuple[str, ...]:
@@ -53,7 +55,7 @@ def _store_client(url: str) -> redis.Redis:
     return connect(url, Settings(redis_url=url))
 
 
-register(app, QUEUES + DECISIONS + RUNS)  # the operator commands, in this order
+register(app, QUEUES + DECISIONS + RUNS + (fork,))  # the operator commands, in this order
 for command in (api, *DEV, worker, jobs, submit, mcp):
     app.command()(command)
 

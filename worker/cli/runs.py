@@ -85,14 +85,22 @@ def status(
     if view.get("outcome"):  # the code, its detail, and the reason in words, on one line
         code = f"{view['outcome']} ({view['detail']})" if view.get("detail") else view["outcome"]
         view = {**view, "outcome": f"{code}: {view['reason']}" if view.get("reason") else code}
-    for key in ("run_id", "tenant", "status", "outcome", "queue", "priority", "job", "user",
-                "version", "cancel_requested_by", "answer", "message"):  # fmt: skip
+    for key in ("run_id", "tenant", "status", "outcome", "queue", "priority", "job",
+                "job_version", "user", "version", "cancel_requested_by", "answer",
+                "message"):  # fmt: skip
         if view.get(key) not in (None, ""):
             table.add_row(key, escape(str(view[key])))
+    if view.get("status") == "parked" and view.get("reason"):  # a pause, a drain, a version
+        table.add_row("parked", escape(str(view["reason"])))
     if view.get("waiting"):
         w = view["waiting"]
         table.add_row("waiting", escape(f"for the rate limit of {w['endpoint']} ({w['limit']}) "
                                         f"until {w['until']}"))  # fmt: skip
+    if view.get("origin"):
+        o = view["origin"]
+        said = f"{o['run_id']} at turn {o['turn']}"
+        table.add_row("forked from", escape(said + (f" (evaluation {o['evaluation']})"
+                                                    if o.get("evaluation") else "")))  # fmt: skip
     if view.get("last_result") is not None:
         table.add_row("last result", escape(observation_line(view["last_result"])))
     usage, budget = view["usage"], view["budget"]
@@ -192,12 +200,19 @@ def trace(
     conn: Connection, run_id: RunId, tenant: Tenant = None, as_json: JsonFlag = False
 ) -> None:
     """A run's span tree, turn by turn, and its post-mortem."""
-    _, spans = views.spans(conn.client, run_id, tenant)
+    tenant, spans = views.spans(conn.client, run_id, tenant)
     summary = postmortem(spans)
+    origin = views.origin(conn.client, tenant, run_id)
     if as_json:
-        echo_json({"run_id": run_id, "spans": msgspec.to_builtins(spans), "postmortem": summary})
+        echo_json({"run_id": run_id, "origin": origin, "spans": msgspec.to_builtins(spans),
+                   "postmortem": summary})  # fmt: skip
         return
     console = Console()
+    if origin is not None:  # a fork: the run and the turn it started from
+        said = f"forked from {origin['run_id']} at turn {origin['turn']}"
+        if origin.get("evaluation"):
+            said += f" (evaluation {origin['evaluation']}, {origin.get('mode')})"
+        console.print(escape(said), highlight=False, soft_wrap=True)
     for depth, span in span_tree(spans):
         extra = {k: span.attrs[k] for k in ("args", "input_tokens", "output_tokens", "model",
                                             "fallback") if k in span.attrs}  # fmt: skip

@@ -286,6 +286,38 @@ class Submitting(Sending, Memory):
             return self._join(new, held_before=found.owner is not None)
         return self._create(new)
 
+    def submit_state(
+        self,
+        state: RunState,
+        *,
+        queue: str = "default",
+        priority: int = DEFAULT_PRIORITY,
+        event: Mapping[str, Any] | None = None,
+    ) -> Submitted:
+        """A run that starts from a state built elsewhere (a fork's: worker/ops/fork.py), under
+        the state's run id, checked as any submission is (its names, its budget against its
+        tenant's ceilings, its model's price, its queue) before anything is written; `event`
+        goes into its `submitted` event. Idempotent on the run id and the state's origin."""
+        priority = check_priority(priority)
+        try:
+            for kind, name in (("tenant", state.tenant), ("user", state.user_id),
+                               ("queue", queue)):  # fmt: skip
+                check_name(kind, name)
+            check_run_id(state.run_id)
+        except InvalidNameError as exc:
+            raise SubmissionNameError(str(exc)) from exc
+        new = self._submission(
+            state, queue=queue, priority=priority, conversation=None, policy=None,
+            idempotent=True,
+        )  # fmt: skip
+        origin = msgspec.to_builtins(state.origin) if state.origin is not None else None
+        new.digest = fingerprint(
+            [new.digest, origin and {k: origin.get(k) for k in ("run_id", "turn", "evaluation")}]
+        )
+        found = before_writing(self.client, queue, state.tenant, state.run_id)
+        self._check_found(new, found)
+        return self._create(new, event)
+
     def _submission(
         self, state: RunState, *, queue: str, priority: int, conversation: str | None,
         policy: str | None, idempotent: bool,
@@ -327,13 +359,14 @@ class Submitting(Sending, Memory):
         if found.fingerprint is not None and found.fingerprint != new.digest:
             raise SubmissionConflictError(f"run {run_id!r} exists with a different submission")
 
-    def _create(self, new: Submission) -> Submitted:
+    def _create(self, new: Submission, event: Mapping[str, Any] | None = None) -> Submitted:
         """Store the run (not of a conversation), then send its first step."""
         state, run_id = new.state, new.state.run_id
         if claim_run_id(self.client, run_id, state.tenant) != state.tenant:
             # another tenant took the id since it was read
             raise SubmissionConflictError(f"run id {run_id!r} belongs to another tenant")
-        created, stored = self.store.create(**self._new_run(new, {"at": now_iso()}).fields())
+        first = {"at": now_iso(), **(event or {})}
+        created, stored = self.store.create(**self._new_run(new, first).fields())
         if not created and stored != new.digest:
             raise SubmissionConflictError(f"run {run_id!r} exists with a different submission")
         msg = StepMessage(state.tenant, run_id, 1, new.queue)

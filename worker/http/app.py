@@ -20,6 +20,7 @@ from turnstile.worker.http import (
     context,
     docs,
     problems,
+    routes_evals,
     routes_limits,
     routes_ops,
     routes_runs,
@@ -147,6 +148,7 @@ def create_app(config: Settings, api_settings: ApiSettings | None = None) -> Fas
     app.state.api = api
     problems.install(app)
     app.include_router(routes_runs.router)
+    app.include_router(routes_evals.router)
     app.include_router(routes_ops.router)
     app.include_router(routes_limits.router)
     app.include_router(webhooks.router)

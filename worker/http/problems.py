@@ -32,7 +32,12 @@ from turnstile.errors import (
 from turnstile.jobs.errors import KernelError, UnknownJobError
 from turnstile.ledger.errors import LedgerError, LedgerInputError
 from turnstile.worker.broker.amqp import BrokerError
-from turnstile.worker.ops.errors import ControlError, QueueBrokenError
+from turnstile.worker.ops.errors import (
+    ControlError,
+    EvaluationNotFoundError,
+    ForkRefusedError,
+    QueueBrokenError,
+)
 from turnstile.worker.scheduling.ratelimits import RateLimitError
 from turnstile.worker.store import values
 
@@ -95,8 +100,10 @@ ANSWERS: tuple[tuple[type[Exception], int, str], ...] = (
     (redis.TimeoutError, 503, "store_unavailable"),
     (BrokerError, 503, "broker_unavailable"),  # a RabbitMQ broker's queue depth, unread
     (RunNotFoundError, 404, "run_not_found"),
+    (EvaluationNotFoundError, 404, "evaluation_not_found"),
     (ConversationBusyError, 409, "conversation_busy"),  # the detail names the active run
     (SubmissionConflictError, 409, "run_id_conflict"),
+    (ForkRefusedError, 422, "fork_refused"),  # a turn outside the run, a run in flight, ...
     (QueueNotAllowedError, 403, "queue_not_allowed"),
     (SubmissionError, 422, "invalid_submission"),  # "unknown_job" when that is the cause
     (DecisionRefusedError, 409, "decision_refused"),

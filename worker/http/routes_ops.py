@@ -11,6 +11,8 @@ import msgspec
 import redis
 from fastapi import APIRouter, Path, Query, Request
 
+from turnstile.jobs.job import JOB_NAME
+from turnstile.jobs.versions import VERSION
 from turnstile.worker.client._client import Client
 from turnstile.worker.http.apikeys import ApiKey
 from turnstile.worker.http.bodies import JsonRoute
@@ -19,6 +21,7 @@ from turnstile.worker.http.problems import Problem
 from turnstile.worker.http.routes_runs import PROBLEMS
 from turnstile.worker.http.schemas import CeilingBody, ControlBody, LedgerView
 from turnstile.worker.ops import flags, queues, subjects
+from turnstile.worker.ops import versions as job_versions
 from turnstile.worker.ops.errors import ControlError, QueueBrokenError
 from turnstile.worker.ops.flags import Flagged, Resumed
 from turnstile.worker.ops.subjects import Subject
@@ -114,6 +117,21 @@ def queue_backlog(queue: QueuePath, _: Operator, ctx: Ctx) -> dict[str, Any]:
         raise Problem(404, "not_found", str(exc)) from None
     except QueueBrokenError as exc:
         raise Problem(503, "queue_broken", str(exc)) from None
+
+
+JobPath = Annotated[str, Path(pattern=f"^{JOB_NAME.pattern}$", description="The job.")]
+VersionPath = Annotated[str, Path(pattern=f"^{VERSION.pattern}$", description="The job's version.")]
+
+
+@router.get("/v1/jobs/{job}/versions/{version}", tags=["operators"])
+def job_version(job: JobPath, version: VersionPath, _: Operator, ctx: Ctx) -> dict[str, Any]:
+    """One version of a job: its live runs (running, suspended, parked, waiting for a worker
+    of it; `in_flight` counts them all) and the workers serving it. What an autoscaler of a
+    Deployment of that version reads: nothing in flight, and its pods may go (docs/versions.md).
+    A version nobody serves or runs is all zeros."""
+    found = [v for v in job_versions.versions(ctx.client) if (v.job, v.version) == (job, version)]
+    view = found[0] if found else job_versions.VersionView(job, version)
+    return {**dataclasses.asdict(view), "in_flight": view.in_flight}
 
 
 def _by(key: ApiKey, body: ControlBody | None) -> str:

@@ -140,6 +140,30 @@ class Metrics:
             buckets=STEP_BUCKETS_S,
             registry=registry,
         )
+        # Deploys (jobs/versions.py): runs that wait for a worker of their job's version, and
+        # runs migrated to the worker's.
+        self.version_waits: Counter = Counter(
+            "turnstile_version_waits_total",
+            "Steps parked because no worker that took them serves their run's job version "
+            "(the run waits for one: `turnstile jobs versions`).",
+            ["job", "version"],
+            registry=registry,
+        )
+        self.version_waiting: Gauge = Gauge(
+            "turnstile_version_waiting_runs",
+            "Runs parked waiting for a worker of their job's version, as the last heartbeat of "
+            "a worker that serves it saw them (a version no live worker serves is not counted "
+            "here: `turnstile jobs versions` shows it).",
+            ["job", "version"],
+            multiprocess_mode="mostrecent",
+            registry=registry,
+        )
+        self.migrations: Counter = Counter(
+            "turnstile_migrations_total",
+            "Runs migrated from one version of their job to another, by result (ok, error).",
+            ["job", "from_version", "result"],
+            registry=registry,
+        )
         self.provider_429: Counter = Counter(
             "turnstile_provider_rate_limited_total",
             "429 answers from a provider on an endpoint with limits (each empties the bucket "
@@ -246,6 +270,28 @@ def rate_deferred(endpoint: str, limit: str, wait_s: float) -> None:
     if m is not None:
         m.rate_deferred.labels(endpoint, limit).inc()
         m.rate_wait.labels(endpoint).observe(max(0.0, wait_s))
+
+
+def version_waiting(job: str, version: str) -> None:
+    """A step parked: its run waits for a worker of that version of its job."""
+    m = _state.metrics
+    if m is not None:
+        m.version_waits.labels(job, version).inc()
+
+
+def versions_waiting(counts: dict[tuple[str, str], int]) -> None:
+    """A version heartbeat's count of the runs waiting for each job version it serves."""
+    m = _state.metrics
+    if m is not None:
+        for (job, version), n in counts.items():
+            m.version_waiting.labels(job, version).set(n)
+
+
+def migrated(job: str, from_version: str, result: str) -> None:
+    """A run's state was migrated from `from_version` (result ok), or its migration raised."""
+    m = _state.metrics
+    if m is not None:
+        m.migrations.labels(job, from_version, result).inc()
 
 
 def provider_rate_limited(endpoint: str) -> None:

@@ -33,6 +33,7 @@ from turnstile.jobs.job import Job
 from turnstile.jobs.kernel import Runtime, finish, turn
 from turnstile.jobs.model import Replay, responses_from_spans
 from turnstile.jobs.outcomes import Outcome, Status
+from turnstile.jobs.recording import answering
 from turnstile.jobs.state import FollowUp, RunState
 from turnstile.jobs.tools import Tool, ToolContext
 from turnstile.jobs.trace import Span, Trace
@@ -135,12 +136,13 @@ class _Replaying:
         model = Replay(responses_from_spans(recorded))
         clock = SimClock(self.state.usage.elapsed_ms / 1000)
         took = {s.id: s.duration_s for s in recorded if s.kind == "tool" and s.t1 is not None}
-        runtime = Runtime(job=self.job, model=model, clock=clock, trace=Trace(clock),
+        answered = answering(self.job, self.state)  # an evaluation run's tools, as it had them
+        runtime = Runtime(job=answered.job, model=model, clock=clock, trace=Trace(clock),
                           gate=_gate_as_recorded(event, after),
                           log_tool_raises=False, recorded_s=took.get)  # fmt: skip
         self.turns += 1
         try:
-            turn(self.state, runtime)
+            answered.settle(self.state, turn(self.state, runtime))
         except IndexError:
             self.note(f"turn {event.get('step')}: the model was asked more often than recorded")
             return

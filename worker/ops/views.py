@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 from turnstile.errors import TurnstileError
+from turnstile.jobs.errors import StateFormatError
 from turnstile.jobs.outcomes import Status
 from turnstile.jobs.state import RunState
 from turnstile.jobs.trace import Span
@@ -43,6 +44,7 @@ def run_view(c: Client, run_id: str, tenant: str | None = None) -> dict[str, Any
         "reason": stored.get(fields.REASON, ""), "queue": stored.get(fields.QUEUE, ""),
         "priority": stored_priority(stored.get(fields.PRIORITY)),
         "job": stored.get(fields.JOB, ""), "user": stored.get(fields.USER, ""),
+        "job_version": state.job_version,
         "version": int(stored.get(fields.VERSION) or 0),
         "created_ms": int(stored.get(fields.CREATED_MS) or 0),
         "updated_ms": int(stored.get(fields.UPDATED_MS) or 0),
@@ -54,6 +56,7 @@ def run_view(c: Client, run_id: str, tenant: str | None = None) -> dict[str, Any
         "last_result": state.last_result,
         "events": len(stream), "last_event": stream[-1][1]["type"] if stream else None,
         "waiting": waiting(stored.get(fields.STATUS, ""), stream),
+        "origin": origin_of(state),  # a fork's: the run and turn it started from
     }  # fmt: skip
 
 
@@ -94,6 +97,23 @@ def follow(
 
 
 # -- trace ----------------------------------------------------------------------------------
+
+
+def origin(c: Client, tenant: str, run_id: str) -> dict[str, Any] | None:
+    """Where a forked run came from (run_id, tenant, turn, and an evaluation's id and mode),
+    from its state; None for a run that is not a fork."""
+    try:
+        return origin_of(RunState.from_json(c.store.hash(tenant, run_id).get(fields.STATE, "")))
+    except StateFormatError:
+        return None
+
+
+def origin_of(state: RunState) -> dict[str, Any] | None:
+    if state.origin is None:
+        return None
+    out: dict[str, Any] = msgspec.to_builtins(state.origin)
+    out.pop("calls", None)  # an evaluation's recording: data for its tools, not for a reader
+    return out
 
 
 def spans(c: Client, run_id: str, tenant: str | None = None) -> tuple[str, list[Span]]:

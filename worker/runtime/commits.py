@@ -5,7 +5,7 @@ out goes through the store's `leave`; every other change through its `commit`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -94,6 +94,8 @@ class Writer:
     followups_seen: int = 0  # merged messages the load found and this turn's state took in
     next_limits: tuple[float, float] | None = None  # the next step's (soft, hard), once known
     took: Took | None = None  # the run's next turn, once a commit claimed it
+    # Events a gate recorded for the turn's first write (a migration): see `_with_prelude`.
+    prelude: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def settings(self) -> Settings:
@@ -137,8 +139,8 @@ class Writer:
         return self.services.store.leave(
             tenant=self.msg.tenant, run_id=self.msg.run_id, version=self.msg.version,
             old_status=self.loaded.status or "running", state=state, reason=reason,
-            events=events or [], settlements=settlements or [], clear=clear or [],
-            followups_seen=self.followups_seen,
+            events=self._with_prelude(events or []), settlements=settlements or [],
+            clear=clear or [], followups_seen=self.followups_seen,
         )  # fmt: skip
 
     def fail(self, reason: str, state: RunState | None = None) -> Committed:
@@ -148,9 +150,11 @@ class Writer:
             finish(state, Outcome.ERROR, reason)
         return self.leave(state, reason=reason)
 
-    def park(self, state: RunState) -> Committed:
+    def park(self, state: RunState, why: str = "") -> Committed:
+        """Park the run (status parked, its hold given back): for a flag of its tenant's or its
+        queue's, or for `why` (a run waiting for a worker of its job's version)."""
         loaded = self.loaded
-        why = (
+        why = why or (
             "tenant paused"
             if loaded.tenant_paused
             else "queue paused"
@@ -236,7 +240,14 @@ class Writer:
             self.took = Took(self.following, token, committed.claimed)
         return committed
 
+    def _with_prelude(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The events a gate recorded ahead of this write (a migration's), then the write's:
+        the first write of the turn carries them, whichever it is."""
+        prelude, self.prelude = self.prelude, []
+        return [*prelude, *events]
+
     def _change(self, state: RunState, **kw: Any) -> Change:
+        kw["events"] = self._with_prelude(list(kw.get("events") or []))
         return Change(
             tenant=self.msg.tenant,
             run_id=self.msg.run_id,

@@ -6,6 +6,7 @@ not answer go. A gate that ends or waits has committed what it decided (through 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from turnstile.jobs.model import Model
 from turnstile.jobs.moves import Suspended, finish
 from turnstile.jobs.outcomes import Outcome, Resource
 from turnstile.jobs.state import RunState
+from turnstile.jobs.versions import Meeting, meets, migrated
 from turnstile.providers.errors import ProviderConfigError
 from turnstile.providers.runs import model_for_run
 from turnstile.worker.observability import metrics
@@ -32,7 +34,9 @@ from turnstile.worker.runtime.results import StepResult
 from turnstile.worker.runtime.services import Services
 from turnstile.worker.scheduling import ratelimits
 from turnstile.worker.scheduling.limits import hold_id
+from turnstile.worker.store import versions as job_versions
 from turnstile.worker.store.runs import excerpt, now_iso
+from turnstile.worker.store.versions import WAITING_FOR_VERSION
 
 log = structlog.get_logger("turnstile.step")
 
@@ -115,6 +119,58 @@ def paused(turn: Turn) -> Verdict:
         return GO
     turn.writer.park(turn.state)
     return Wait(StepResult.PARKED)
+
+
+def versioned(turn: Turn) -> Verdict:
+    """The run's job version against this worker's (jobs/versions.py): the same version goes;
+    one the job migrates from is migrated here, the migration recorded with the turn's first
+    write; any other waits, parked, for a worker of its version (one that registers requeues
+    it, scheduling/versions.py), or ends when the job says a run without a path ends. A
+    migration that raises ends the run `error` with its text, its hold given back."""
+    state, job = turn.state, turn.job
+    meeting = meets(state.job_version, here=job.version, migrate=job.migrate, no_path=job.no_path)
+    if meeting is Meeting.SAME:
+        if not state.job_version:
+            state.job_version = job.version  # a run made before versions: pinned from now on
+        return GO
+    if meeting is Meeting.MIGRATE:
+        return _migrate(turn)
+    wanted = state.job_version
+    if meeting is Meeting.NO_PATH:
+        reason = (f"job {job.name!r} version {job.version!r} has no migration from the run's "
+                  f"version {wanted!r}")  # fmt: skip
+        finish(state, Outcome.ERROR, reason, "version.no_path")
+        turn.writer.commit(state, job, [])
+        return End(StepResult.BROKEN)
+    log.info("version_waiting", job=job.name, version=wanted, here=job.version)
+    metrics.version_waiting(job.name, wanted)
+    committed = turn.writer.park(state, why=f"{WAITING_FOR_VERSION} {wanted} of job {job.name}")
+    if committed.kind == "ok":  # lost, the full pass of a heartbeat finds it all the same
+        with contextlib.suppress(Exception):
+            job_versions.mark_waiting(turn.services.store.client, state.tenant, state.run_id)
+    return Wait(StepResult.PARKED)
+
+
+def _migrate(turn: Turn) -> Verdict:
+    state, job = turn.state, turn.job
+    source = state.job_version
+    log.info("run_migrating", job=job.name, from_version=source, to_version=job.version)
+    try:
+        turn.state = migrated(state, job.migrate[source], to=job.version)
+    except Exception as exc:  # the job's code: its text ends the run, nothing else
+        text = " ".join(str(exc).split())
+        reason = excerpt(f"the migration from version {source} raised {type(exc).__name__}"
+                         + (f": {text}" if text else ""), 300)  # fmt: skip
+        log.error("migration_failed", reason=reason, exc_info=True)
+        metrics.migrated(job.name, source, "error")
+        finish(state, Outcome.ERROR, reason, "version.migration")
+        turn.writer.commit(state, job, [])
+        return End(StepResult.BROKEN)
+    metrics.migrated(job.name, source, "ok")
+    log.info("run_migrated", job=job.name, from_version=source, to_version=job.version)
+    turn.writer.prelude.append({"type": "migrated", "from": source, "to": job.version,
+                                "step": turn.state.usage.steps, "at": now_iso()})  # fmt: skip
+    return GO
 
 
 def model_built(turn: Turn) -> Verdict:
@@ -264,12 +320,13 @@ def _defer(turn: Turn, drawn: ratelimits.Draw, event: dict[str, Any]) -> Verdict
     return Wait(StepResult.DEFERRED)
 
 
-# The order of a turn's gates. The first four need nothing of the turn's size; admission
+# The order of a turn's gates. The first five need nothing of the turn's size; admission
 # sizes it and takes its hold, which the last two look at.
 GATES: tuple[Gate, ...] = (
     cancel_requested,  # a cancel asked for while a turn ran: ends `cancelled`
     interrupted,  # a newer run of its conversation: ends `superseded`
     paused,  # its tenant or queue paused, or the queue draining: parks
+    versioned,  # its job version not this worker's: migrates, or parks until one serves it
     model_built,  # its model cannot be built here: ends `error`
     admission,  # the run's own budget, then the tenant's ledger: ends `budget_exhausted`
     soft_ceilings,  # past a soft ceiling the run may extend: suspends `needs_budget`

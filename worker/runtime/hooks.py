@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -14,6 +15,7 @@ import structlog
 from celery import signals
 
 from turnstile.errors import StoreMismatchError, StoreUnavailableError
+from turnstile.ledger.client import Ledger
 from turnstile.worker.broker import layout, producer
 from turnstile.worker.mcp.toolbox import McpConfigError, load_secrets
 from turnstile.worker.observability import metrics
@@ -24,11 +26,14 @@ from turnstile.worker.runtime.services import WorkerServices
 from turnstile.worker.scheduling import dispatcher as fair_dispatcher
 from turnstile.worker.scheduling import fair
 from turnstile.worker.scheduling.sweeper import Sweeper
+from turnstile.worker.scheduling.versions import Requeuer
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import queues as served_queues
+from turnstile.worker.store import versions as job_versions
 from turnstile.worker.store.connect import UNAVAILABLE, connect
 from turnstile.worker.store.connect import check as store_check
 from turnstile.worker.store.durability import DurabilityRefusedError, check_server
+from turnstile.worker.store.runs import RunStore
 from turnstile.worker.store.values import server_ms
 
 log = structlog.get_logger("turnstile.worker")
@@ -364,6 +369,92 @@ class MetricsHook(Hook):
         metrics.process_dead(pid or os.getpid())
 
 
+def claims(registry: Registry) -> list[tuple[str, str, str]]:
+    """(job, version, fingerprint) of every job this worker can run."""
+    jobs = (registry.get(name) for name in registry.names())
+    return [(job.name, job.version, job.fingerprint) for job in jobs]
+
+
+FULL_PASS_EVERY = 12  # a minute with the default TTL
+
+
+class VersionsHook(Hook):
+    """The job versions this worker serves, claimed in the store as it starts (a version a live
+    worker serves under another definition stops it, in one line), renewed on a heartbeat of
+    a third of TURNSTILE_VERSION_TTL_S that also takes back the runs waiting for one of them
+    (scheduling/versions.py), and given up as it stops (worker/store/versions.py)."""
+
+    def __init__(self, worker: WorkerServices) -> None:
+        self.worker = worker
+        self.config = worker.settings
+        self.stop = threading.Event()
+        self.name = f"{socket.gethostname()}.{os.getpid()}"
+        self.claimed: list[tuple[str, str, str]] = []
+
+    @property
+    def ttl_ms(self) -> int:
+        return int(self.config.version_ttl_s * 1000)
+
+    def worker_init(self, **kwargs: Any) -> None:
+        if self.config.redis_url is None:
+            return
+        self.name = f"{socket.gethostname()}.{os.getpid()}"
+        self.claimed = claims(self.worker.jobs())
+        try:
+            client = connect(self.config.redis_url, self.config)
+            try:
+                refusal = job_versions.claim(client, self.name, self.claimed, self.ttl_ms)
+            finally:
+                client.close()
+        except Exception as exc:  # the store is down: the heartbeat claims them when it is back
+            log.warning("versions_unclaimed", error=str(exc))
+            return
+        if refusal is not None:
+            raise SystemExit(f"error: {refusal}")
+        log.info("versions_claimed", worker=self.name,
+                 versions=[f"{j}@{v}" for j, v, _ in self.claimed])  # fmt: skip
+
+    def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
+        if self.config.redis_url is None:
+            return
+        self.stop.clear()
+        _with_store(self.config, self.stop, "turnstile-versions", self._beat)
+
+    def _beat(self, client: redis.Redis) -> None:
+        config, registry = self.config, self.worker.jobs()
+        requeuer = Requeuer(
+            RunStore(client, Ledger(client, grace_s=config.ledger_grace_s)),
+            Ledger(client, grace_s=config.ledger_grace_s), config,
+            fair.route(client, config, self.worker.send), registry.get,
+        )  # fmt: skip
+        served = {(job, version) for job, version, _ in self.claimed}
+        beats = 0
+        while True:
+            try:
+                job_versions.renew(client, self.name, self.claimed, self.ttl_ms)
+                # Every FULL_PASS_EVERY beats, every parked run: a mark lost to a kill between
+                # a park and its mark is found there.
+                requeuer.requeue_served(served, full=beats % FULL_PASS_EVERY == 0)
+                beats += 1
+            except Exception as exc:  # the store may be down: the next beat tries again
+                log.warning("versions_heartbeat_failed", error=str(exc))
+            if self.stop.wait(self.config.version_ttl_s / 3):
+                break
+        with contextlib.suppress(Exception):
+            job_versions.release(client, self.name, self.claimed)
+
+    def worker_shutdown(self, **kwargs: Any) -> None:
+        self.stop.set()
+        if self.config.redis_url is None or not self.claimed:
+            return
+        with contextlib.suppress(Exception):  # a killed worker's claims lapse with their TTL
+            client = connect(self.config.redis_url, self.config)
+            try:
+                job_versions.release(client, self.name, self.claimed)
+            finally:
+                client.close()
+
+
 class ExitCodeHook(Hook):
     """The exit status a shutdown signal announced (1 for a cold shutdown). Celery's worker
     exits 0 after a cold shutdown all the same (WorkController.terminate keeps no exit code),
@@ -408,5 +499,6 @@ def worker_hooks(worker: WorkerServices) -> list[Hook]:
         McpHook(worker),
         MetricsHook(config),
         StopClaimingHook(worker),
+        VersionsHook(worker),
         ExitCodeHook(),
     ]

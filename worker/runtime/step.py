@@ -22,6 +22,7 @@ from turnstile.jobs.errors import StateFormatError, UnknownJobError
 from turnstile.jobs.kernel import turn
 from turnstile.jobs.moves import Finished, Move, finish
 from turnstile.jobs.outcomes import Outcome, Resource
+from turnstile.jobs.recording import Answering, answering
 from turnstile.jobs.runtime import Runtime
 from turnstile.jobs.state import RunState
 from turnstile.jobs.trace import Trace
@@ -55,6 +56,7 @@ class Step:
     # redelivered after a kill is the same message but another delivery.
     token: str = ""
     writer: Writer | None = None  # this turn's writes, once its load let it go
+    answered: Answering | None = None  # an evaluation run's tools, answering from a recording
 
     def __post_init__(self) -> None:
         self.token = self.token or f"{self.chain.delivery}.{secrets.token_hex(4)}"
@@ -98,11 +100,14 @@ class Step:
         except (StateFormatError, UnknownJobError) as exc:
             writer.fail(str(exc))
             return StepResult.BROKEN
+        self.answered = answering(job, state)  # the job itself, for a run with no recording
+        job = self.answered.job
         structlog.contextvars.bind_contextvars(step=state.usage.steps + 1)
         start(state)  # a run of a conversation that waited for its turn: it has come
         limits = time_limits(state, self.settings)
         this = Turn(writer, state, job, limits, eager=self.claimed is not None)
-        # A cancel, an interrupt, a pause, the model, admission, soft ceilings, rate limits.
+        # A cancel, an interrupt, a pause, the job version, the model, admission, soft
+        # ceilings, rate limits.
         stopped = through(this, GATES)
         if stopped is not None:
             return stopped.result
@@ -144,6 +149,8 @@ class Step:
                 pools.soft_limit(soft_s, SoftTimeLimitExceeded),
             ):
                 move = turn(state, runtime, view=this.view)
+                if self.answered is not None:  # an evaluation's call not in its recording
+                    move = self.answered.settle(state, move)
         except SoftTimeLimitExceeded:
             state, move = self._out_of_time(writer.loaded)
             if writer.followups_seen:  # the state as loaded, with what this turn took in

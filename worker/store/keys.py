@@ -14,6 +14,7 @@ TENANTS = f"{PREFIX}:tenants"  # every tenant that has runs: the sweeper's start
 SWEEP_LOCK = f"{PREFIX}:sweeper:lock"
 RETENTION_LOCK = f"{PREFIX}:retention:lock"  # one retention pass at a time, once an interval
 RUN_TENANTS = f"{PREFIX}:run-tenants"  # hash: run id -> tenant, so a run id alone finds its run
+EVAL_TENANTS = f"{PREFIX}:eval-tenants"  # hash: evaluation id -> its tenant (store/evals.py)
 FENCE = f"{PREFIX}:fence"  # counter: a reader's own write, to wait for what it read (store.fence)
 
 
@@ -57,6 +58,22 @@ def conversation_waiting(tenant: str, key: str) -> str:
     return _t(tenant, f"conv-waiting:{key}")
 
 
+def evaluation(tenant: str, eval_id: str) -> str:
+    """Hash: an evaluation of the tenant's: `spec` (JSON: the variant, the mode, the origins
+    chosen), `status` (submitting, submitted), `created_at`."""
+    return _t(tenant, f"eval:{eval_id}")
+
+
+def evaluation_runs(tenant: str, eval_id: str) -> str:
+    """Hash: an evaluation's runs, origin run id -> the evaluation's run of it."""
+    return _t(tenant, f"eval-runs:{eval_id}")
+
+
+def evaluations(tenant: str) -> str:
+    """Sorted set: the tenant's evaluation ids by creation time (ms)."""
+    return _t(tenant, "evals")
+
+
 def leases(tenant: str) -> str:
     """Sorted set: run id scored by when its lease lapses (server ms)."""
     return _t(tenant, "leases")
@@ -84,6 +101,12 @@ QUEUES = f"{PREFIX}:queues"  # every queue that has been used, controlled or ser
 # Hash: queue -> when a worker last started on it (ms): the queues the workers serve, which a
 # client may submit to by default (worker/store/queues.py).
 SERVED_QUEUES = f"{PREFIX}:queues:served"
+# Sorted set: "<job>|<version>|<fingerprint>|<worker>" by when its heartbeat lapses (ms): the
+# job versions each live worker serves (store/versions.py).
+JOB_VERSIONS = f"{PREFIX}:job-versions"
+# Set: "<tenant>|<run id>" of the runs parked for a worker of their job's version, so a worker's
+# heartbeat looks at them and not at every parked run (scheduling/versions.py).
+VERSION_WAITING = f"{PREFIX}:version-waiting"
 # Hash: queue -> what the dispatcher last met on it ("<ms>|<error>"), while it is broken.
 BROKEN_QUEUES = f"{PREFIX}:queues:broken"
 

@@ -53,8 +53,9 @@ def tenants(
 @router.get("/queues")
 def queues(request: Request, viewer: Seen) -> Response:
     viewer.require_operator()
-    return render(request, "queues.html", viewer=viewer,
-                  queues=views.queue_views(console_of(request).api.client))  # fmt: skip
+    client = console_of(request).api.client
+    return render(request, "queues.html", viewer=viewer, queues=views.queue_views(client),
+                  versions=views.version_views(client))  # fmt: skip
 
 
 def _control_of(kind: str, verb: str, name: str) -> Subject:

@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from turnstile.errors import TurnstileError
 from turnstile.worker.http import apikeys
-from turnstile.worker.http.console import controls, runs
+from turnstile.worker.http.console import controls, evals, runs
 from turnstile.worker.http.console.render import (
     Back,
     Console,
@@ -193,7 +193,12 @@ def create(api: Api, settings: ConsoleSettings | None = None) -> FastAPI:
     console = FastAPI(openapi_url=None, docs_url=None, redoc_url=None, redirect_slashes=False)
     console.state.console = Console(api, settings, Sessions(api.redis, settings), templates())
     console.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
-    for pages in (router, runs.router, controls.router):  # in the order they were written
+    for pages in (
+        router,
+        runs.router,
+        controls.router,
+        evals.router,
+    ):  # in the order they were written
         console.include_router(pages)
     console.add_exception_handler(Exception, _on_unexpected)
     console.add_exception_handler(RequestValidationError, _on_validation)

@@ -17,6 +17,7 @@ from turnstile.ledger.keys import journal_key
 from turnstile.worker.client._client import Client
 from turnstile.worker.http.listing import check_cursor
 from turnstile.worker.ops import decisions, listing, queues, subjects, views
+from turnstile.worker.ops import versions as job_versions
 from turnstile.worker.ops.listing import RunRow
 from turnstile.worker.store import controls, fields, run_index
 from turnstile.worker.store.values import text
@@ -286,3 +287,8 @@ def tenant_views(c: Client, tenant: str | None) -> list[TenantView]:
 
 def queue_views(c: Client) -> list[queues.QueueView]:
     return queues.queues(c)
+
+
+def version_views(c: Client) -> list[job_versions.VersionView]:
+    """Each job version's live runs and the workers serving it (`turnstile jobs versions`)."""
+    return job_versions.versions(c)
