@@ -4,7 +4,8 @@ the gevent pool at high concurrency, with 1 and 2 worker processes; and the same
 workers with a zero-latency model, for the ratio.
 
     uv run python -m tests.bench.bench_latency [--runs 1000] [--prefork-runs 40]
-        [--concurrency 500] [--latency-s 1.0] [--processes 1,2]
+        [--concurrency 500] [--latency-s 1.0] [--processes 1,2] [--skip-prefork]
+        [--skip-zero] [--leases deployed|tests]
 
 Per configuration: turns/s (committed turns over the time from the first submission to the
 last run ending), turns in flight (sampled every 0.1 s: mean and peak), and the PSS of all
@@ -36,10 +37,19 @@ from tests.integration.workers import WorkerProcess, client_for
 from tests.wire.wire import MODELS, wire_server
 from turnstile.jobs.support.scenarios import GOAL, USER
 from turnstile.worker.dev.embedded import EmbeddedServer
+from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 
 BUDGET = {"max_tokens": 40_000, "max_tool_calls": 8}
 PREFORK_DEFAULT_CONCURRENCY = 2  # `turnstile worker`'s default
+# The leases and sweep a deployed worker has (Settings' defaults), in place of the test
+# harness's short ones: with thousands of steps queued at once, a 3 s pickup lease lapses
+# before the step's turn comes, and the sweeper sends it again (work done twice).
+DEPLOYED_LEASES = {
+    "TURNSTILE_PICKUP_LEASE_S": str(Settings.model_fields["pickup_lease_s"].default),
+    "TURNSTILE_INFLIGHT_LEASE_S": str(Settings.model_fields["inflight_lease_s"].default),
+    "TURNSTILE_SWEEP_INTERVAL_S": str(Settings.model_fields["sweep_interval_s"].default),
+}
 
 
 @dataclass
@@ -192,19 +202,27 @@ def main() -> None:
     parser.add_argument("--processes", default="1,2")
     parser.add_argument("--skip-prefork", action="store_true")
     parser.add_argument(
+        "--skip-zero", action="store_true", help="no zero-latency gevent run (no ratio)"
+    )
+    parser.add_argument(
+        "--leases", choices=["deployed", "tests"], default="deployed",
+        help="the workers' leases and sweep: Settings' defaults, or the tests' short ones",
+    )  # fmt: skip
+    parser.add_argument(
         "--dispatch-depth", type=int, default=None, help="TURNSTILE_DISPATCH_DEPTH for workers"
     )
     args = parser.parse_args()
     results: list[dict[str, Any]] = []
     for processes in (int(p) for p in args.processes.split(",")):
-        configs = [("gevent", args.concurrency, args.latency_s, args.runs),
-                   ("gevent", args.concurrency, 0.0, args.runs)]  # fmt: skip
+        configs = [("gevent", args.concurrency, args.latency_s, args.runs)]
+        if not args.skip_zero:
+            configs.append(("gevent", args.concurrency, 0.0, args.runs))
         if not args.skip_prefork:
             configs.append(
                 ("prefork", PREFORK_DEFAULT_CONCURRENCY, args.latency_s, args.prefork_runs)
             )
         for pool, concurrency, latency_s, runs in configs:
-            extra = {}
+            extra = dict(DEPLOYED_LEASES) if args.leases == "deployed" else {}
             if args.dispatch_depth is not None:
                 extra["TURNSTILE_DISPATCH_DEPTH"] = str(args.dispatch_depth)
             figures = measure(pool, processes, concurrency, latency_s, runs, extra=extra)

@@ -6,7 +6,7 @@ the client round trips to the store per turn, beyond the broker's own.
         [--durability none,none@always,aof,replica]
         [--task-events] [--pool prefork|gevent] [--concurrency N]
         [--brokers redis,amqp] [--amqp-url amqp://guest:guest@127.0.0.1:5672//]
-        [--stores single,cluster]
+        [--stores single,cluster] [--profile DIR] [--kombu-poller]
 
 Broker and store are two servers, both with AOF; the round trips are counted on the client
 for the store's port only. Work is enqueued first and
@@ -51,6 +51,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import redis
 
 from tests.bench.noop_app import HARD_LIMIT_S, SOFT_LIMIT_S
@@ -62,6 +63,7 @@ from turnstile.worker.broker import amqp
 from turnstile.worker.broker.producer import sender
 from turnstile.worker.client._client import Client
 from turnstile.worker.dev.embedded import EmbeddedServer
+from turnstile.worker.names import ANY_QUEUE
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 from turnstile.worker.store.connect import connect
@@ -74,6 +76,8 @@ READY_S = 180.0
 AMQP_QUEUES: list[tuple[str, str]] = []  # (url, queue) made on RabbitMQ, deleted at the end
 TASK_EVENTS = ["0"]  # TURNSTILE_TASK_EVENTS for both workloads' workers (--task-events)
 POOL = ["prefork", "1"]  # both workloads' pool and its concurrency (--pool, --concurrency)
+KOMBU_POLLER = [False]  # --kombu-poller: kombu's own poller, without the wake-up on an ack
+PROFILE: list[str] = []  # --profile DIR: the support workers run under cProfile, saved there
 ZERO_LATENCY = {
     "model_latency_s": 0,
     "tool_latency_s": {
@@ -137,6 +141,10 @@ def _env(
         env["TURNSTILE_EAGER_TURNS"] = eager
     if store:
         env["TURNSTILE_REDIS_URL"] = store
+        if PROFILE:
+            env["BENCH_PROFILE_DIR"] = PROFILE[0]
+        if KOMBU_POLLER[0]:
+            env["BENCH_KOMBU_POLLER"] = "1"
     return env
 
 
@@ -162,10 +170,31 @@ class Round:
     step_trips: int  # the steps' round trips to the store
     tool_trips: int  # the job's tools'
     gaps: dict[str, list[float]]  # seconds from a commit to the next turn, eager and queued
+    stall_s: float  # the longest a slot stood free with nothing starting or ending (any process)
+    cpu_s: float  # the worker processes' CPU time (user + system) over the timed window
 
     @property
     def rate(self) -> float:
         return self.turns / self.seconds
+
+    @property
+    def cpu_ms_per_turn(self) -> float:
+        return 1000 * self.cpu_s / max(1, self.turns)
+
+
+def cpu_s(procs: list[subprocess.Popen[bytes]]) -> float:
+    """CPU seconds so far of these worker processes and their pool processes: the machine is
+    shared, and CPU time is what load disturbs least."""
+    total = 0.0
+    for p in procs:
+        try:
+            root = psutil.Process(p.pid)
+            for proc in [root, *root.children(recursive=True)]:
+                times = proc.cpu_times()
+                total += times.user + times.system
+        except psutil.NoSuchProcess:
+            continue
+    return total
 
 
 def support_round(
@@ -183,7 +212,10 @@ def support_round(
     first, and each run is submitted when the one before has ended (an idle system)."""
     queue, tenant = f"s-{uuid.uuid4().hex[:6]}", f"bench-{uuid.uuid4().hex[:6]}"
     counts = Path(tempfile.mkdtemp(dir=work))
-    config = Settings(redis_url=store.url, broker_url=broker_url, durability=Durability(durability))
+    config = Settings(
+        redis_url=store.url, broker_url=broker_url, durability=Durability(durability),
+        submit_queues=ANY_QUEUE,  # the workers start after the runs are queued
+    )  # fmt: skip
     client = Client(connect(store.url, config), config, sender(config))
     stopped = keys.by_status(tenant, "stopped")
     if not one_at_a_time:
@@ -192,6 +224,7 @@ def support_round(
     env = _env(broker_url, store.url, counts, store.port, durability=durability, eager=eager)
     procs = _workers("turnstile.worker.runtime.app:app", queue, env, 2, work / f"{queue}.log")
     try:
+        cpu_before = cpu_s(procs)
         started = time.perf_counter()
         for n in range(1, runs + 1) if one_at_a_time else [runs]:
             if one_at_a_time:
@@ -199,6 +232,7 @@ def support_round(
             while int(client.client.scard(stopped)) < n:
                 time.sleep(0.002 if one_at_a_time else 0.01)
         seconds = time.perf_counter() - started
+        cpu = cpu_s(procs) - cpu_before
     finally:
         _stop(procs)
         if amqp.is_amqp(broker_url):  # deleted at the end: a later round's dispatcher may
@@ -215,6 +249,7 @@ def support_round(
     return Round(
         seconds, turns, sum(t["round_trips"] for t in totals),
         sum(t["tool_round_trips"] for t in totals), gaps,
+        max((t.get("idle_with_free_slots_s", 0.0) for t in totals), default=0.0), cpu,
     )  # fmt: skip
 
 
@@ -237,9 +272,9 @@ def gap_line(label: str, gaps: dict[str, list[float]]) -> str:
     return "; ".join(parts) + ")"
 
 
-def noop_round(broker: EmbeddedServer, chains: int, length: int, work: Path) -> float:
+def noop_round(broker: EmbeddedServer, chains: int, length: int, work: Path) -> tuple[float, float]:
     """Seconds for `chains` chains of `length` no-op tasks, sent with a step's time limits,
-    timed the same way as the support runs."""
+    timed the same way as the support runs, and the workers' CPU seconds over that time."""
     queue = f"n-{uuid.uuid4().hex[:6]}"
     counts = Path(tempfile.mkdtemp(dir=work))
     noop_app.conf.update(broker_url=broker.url)
@@ -252,10 +287,11 @@ def noop_round(broker: EmbeddedServer, chains: int, length: int, work: Path) -> 
     env = _env(broker.url, None, counts, 0)
     procs = _workers("tests.bench.noop_app:app", queue, env, 2, work / f"{queue}.log")
     try:
+        cpu_before = cpu_s(procs)
         started = time.perf_counter()
         while int(done.get(f"bench:done:{queue}") or 0) < chains:
             time.sleep(0.01)
-        return time.perf_counter() - started
+        return time.perf_counter() - started, cpu_s(procs) - cpu_before
     finally:
         _stop(procs)
 
@@ -301,7 +337,18 @@ def main() -> None:
     parser.add_argument(
         "--stores", default="single", help="single, cluster or both (comma-separated)"
     )
+    parser.add_argument(
+        "--profile", default=None, help="a directory: the support workers' cProfile output"
+    )
+    parser.add_argument(
+        "--kombu-poller", action="store_true",
+        help="the support workers on kombu's own poller (the green pool's stall, for comparison)",
+    )  # fmt: skip
     args = parser.parse_args()
+    KOMBU_POLLER[0] = args.kombu_poller
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+        PROFILE[:] = [str(Path(args.profile).resolve())]
     TASK_EVENTS[0] = "1" if args.task_events else "0"
     POOL[:] = [args.pool, str(args.concurrency)]
     durabilities = [d.strip() for d in args.durability.split(",") if d.strip()]
@@ -325,6 +372,9 @@ def main() -> None:
     rates: dict[Config, list[float]] = {c: [] for c in configs}
     trips: dict[Config, list[tuple[float, float]]] = {c: [] for c in configs}
     gaps: dict[Config, dict[str, list[float]]] = {c: {"eager": [], "queued": []} for c in configs}
+    stalls: dict[Config, list[float]] = {c: [] for c in configs}
+    cpu: dict[Config, list[float]] = {c: [] for c in configs}
+    noop_cpu_ms: list[float] = []  # the no-op workers' CPU per task, per round
     policies = sorted({setting(d)[1] for d in durabilities} | {"everysec"})
     with contextlib.ExitStack() as stack:
         stack.callback(_delete_amqp_queues)  # however the rounds end
@@ -359,9 +409,12 @@ def main() -> None:
                 trips[c].append((measured.step_trips / per_turn, measured.tool_trips / per_turn))
                 for path in ("eager", "queued"):
                     gaps[c][path] += measured.gaps[path]
+                stalls[c].append(measured.stall_s)
+                cpu[c].append(measured.cpu_ms_per_turn)
             length = round(turns_by[configs[0]] / args.runs)
-            noop_seconds = noop_round(servers["everysec"][0], args.runs, length, work)
+            noop_seconds, noop_cpu = noop_round(servers["everysec"][0], args.runs, length, work)
             noop_rate = args.runs * length / noop_seconds
+            noop_cpu_ms.append(1000 * noop_cpu / (args.runs * length))
             ratios.append(rates[configs[0]][-1] / noop_rate)
             print(f"{i + 1:>5} " + " ".join(f"{rates[c][-1]:>18.1f}" for c in configs)
                   + f" {noop_rate:>14.1f} {ratios[-1]:>6.2f}")  # fmt: skip
@@ -374,7 +427,10 @@ def main() -> None:
                     broker.url, store, args.idle_runs, work, durability=durability, eager=e,
                     one_at_a_time=True,
                 ).gaps  # fmt: skip
-    report(Measured(durabilities, configs, label, ratios, rates, trips, gaps, idle, args.idle_runs))
+    report(
+        Measured(durabilities, configs, label, ratios, rates, trips, gaps, idle, args.idle_runs,
+                 stalls, cpu, noop_cpu_ms)
+    )  # fmt: skip
 
 
 @dataclass
@@ -388,18 +444,29 @@ class Measured:
     gaps: dict[Config, dict[str, list[float]]]
     idle: dict[str, dict[str, list[float]]]
     idle_runs: int
+    stalls: dict[Config, list[float]]  # per round, the longest a slot stood free unused (s)
+    cpu: dict[Config, list[float]]  # per round, the workers' CPU ms per turn
+    noop_cpu_ms: list[float]  # per round, the no-op workers' CPU ms per task
 
 
 def report(m: Measured) -> None:
     print(f"median ratio ({m.label[m.configs[0]]} over the no-op chain) "
           f"{statistics.median(m.ratios):.2f} (goal >= 1.0)")  # fmt: skip
     base = m.configs[0]
+    print(f"no-op chain: {statistics.median(m.noop_cpu_ms):.2f} ms worker CPU per task; "
+          f"{m.label[base]}'s CPU per turn over it: median "
+          f"{statistics.median(t / n for t, n in zip(m.cpu[base], m.noop_cpu_ms, strict=True)):.2f}"
+          )  # fmt: skip
     for c in m.configs:
         steps = statistics.median(t[0] for t in m.trips[c])
         tools = statistics.median(t[1] for t in m.trips[c])
         line = (
-            f"{m.label[c]}: median {statistics.median(m.rates[c]):.1f} turns/s; store round"
-            f" trips per turn {steps:.2f} (goal <= 2.0 eager), the job's tools' {tools:.2f}"
+            f"{m.label[c]}: median {statistics.median(m.rates[c]):.1f} turns/s, "
+            f"{statistics.median(m.cpu[c]):.2f} ms worker CPU per turn (goal <= 1.2); store round"
+            f" trips per turn {steps:.2f} (goal <= 1.6), the job's tools' {tools:.2f}; "
+            f"longest a slot stood free, the worker idle, {max(m.stalls[c]):.3f} s (goal <= 0.2;"
+            f" per round"
+            f" {', '.join(f'{x:.3f}' for x in m.stalls[c])})"
         )
         if c != base:
             per_round = [r / b for r, b in zip(m.rates[c], m.rates[base], strict=True)]

@@ -22,8 +22,11 @@ from turnstile.worker.runtime.pools import patch_if_green
 # `-P gevent`: monkeypatch first, as `turnstile worker` does, before socket or threading load.
 GREEN = patch_if_green(sys.argv[1:], dict(os.environ))
 
+import cProfile  # noqa: E402
+import itertools  # noqa: E402
 import json  # noqa: E402
 import threading  # noqa: E402
+import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -34,12 +37,47 @@ from celery.__main__ import main as celery_main  # noqa: E402
 from turnstile.worker.observability import metrics  # noqa: E402
 
 PORT = int(os.environ.get("BENCH_COUNT_PORT", "0"))
+# BENCH_PROFILE_DIR: each pool process (a green worker: its main process) runs under cProfile
+# and writes `<pid>.prof` there when it shuts down (bench_worker --profile).
+PROFILE_DIR = os.environ.get("BENCH_PROFILE_DIR")
+# Timed on the thread's CPU clock: waits on sockets and locks cost nothing, as in the CPU per turn.
+profiler = cProfile.Profile(time.thread_time) if PROFILE_DIR else None
 OUT = Path(os.environ.get("BENCH_COUNT_DIR", "."))
 counts = {"round_trips": 0, "tool_round_trips": 0, "background_round_trips": 0, "tasks": 0}
+# (monotonic time, +1 a task starts / -1 one ends, seconds the main thread had run or waited for
+# a core so far) in this pool process: where slots stood free while the process sat idle (the
+# green pool's stall, issue 36), told apart from a machine too loaded to run it.
+slots: list[tuple[float, int, float]] = []
+SCHEDSTAT = Path("/proc/thread-self/schedstat")
+
+
+def _busy_s() -> float:
+    """Seconds this thread has run on a core, plus waited for one (Linux schedstat): a gap
+    in which this grows little is one in which the process sat idle."""
+    try:
+        ran, waited = SCHEDSTAT.read_text().split()[:2]
+    except (OSError, ValueError):
+        return 0.0
+    return (int(ran) + int(waited)) / 1e9
+
+
 gaps: dict[str, list[float]] = {"eager": [], "queued": []}  # seconds from a commit to the next turn
 # The main process's own threads: on prefork their calls are in no pool process's counts; a
 # green worker runs its turns in the main process, and counts them apart there.
 BACKGROUND = ("turnstile-sweeper", "turnstile-dispatcher")
+
+if os.environ.get("BENCH_KOMBU_POLLER"):  # bench_worker --kombu-poller: the stall, as it was
+    from kombu.transport.redis import MultiChannelPoller
+
+    from turnstile.worker.broker import transport
+
+    _init = transport.Transport.__init__
+
+    def _kombu_poller(self: Any, *args: Any, **kwargs: Any) -> None:
+        _init(self, *args, **kwargs)
+        self.cycle = MultiChannelPoller()
+
+    transport.Transport.__init__ = _kombu_poller  # type: ignore[method-assign]
 
 _send: Any = redis.connection.AbstractConnection.send_packed_command
 
@@ -79,16 +117,51 @@ def _reset(**kwargs: Any) -> None:
     )  # what the parent counted before the fork is not ours
     gaps["eager"].clear()
     gaps["queued"].clear()
+    slots.clear()
+    if profiler is not None:
+        profiler.enable()
+
+
+@signals.task_prerun.connect
+def _task_start(**kwargs: Any) -> None:
+    slots.append((time.monotonic(), 1, _busy_s()))
 
 
 @signals.task_postrun.connect
 def _task_done(**kwargs: Any) -> None:
     counts["tasks"] += 1
+    slots.append((time.monotonic(), -1, _busy_s()))
+
+
+@signals.worker_ready.connect
+def _profile_green(**kwargs: Any) -> None:
+    if GREEN and profiler is not None:
+        profiler.enable()
 
 
 @signals.worker_process_shutdown.connect
 def _write(**kwargs: Any) -> None:
-    (OUT / f"{os.getpid()}.json").write_text(json.dumps({**counts, "gaps": gaps}))
+    if profiler is not None and PROFILE_DIR:
+        profiler.disable()
+        profiler.dump_stats(str(Path(PROFILE_DIR) / f"{os.getpid()}.prof"))
+    (OUT / f"{os.getpid()}.json").write_text(
+        json.dumps({**counts, "gaps": gaps, "idle_with_free_slots_s": idle_with_free_slots()})
+    )
+
+
+def idle_with_free_slots() -> float:
+    """The longest time, before this process's last task started, in which a slot stood free,
+    no task started or ended, and the process neither ran nor waited for a core: with the work
+    all queued first, a slot free that long is a consumer not reading the queue (a process
+    descheduled on a loaded machine, or busy with one long turn, is not idle)."""
+    concurrency = int(os.environ.get("TURNSTILE_CONCURRENCY", "1")) if GREEN else 1
+    last_start = max((t for t, d, _ in slots if d > 0), default=0.0)
+    longest, in_flight = 0.0, 0
+    for (t, d, busy), (t_next, _, busy_next) in itertools.pairwise(slots):
+        in_flight += d
+        if t_next <= last_start and in_flight < concurrency:
+            longest = max(longest, (t_next - t) - (busy_next - busy))
+    return longest
 
 
 @signals.worker_shutdown.connect

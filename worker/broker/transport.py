@@ -9,6 +9,12 @@ said once in the log (`queue_broken`), and looked at again every BROKEN_RECHECK_
 worker goes on reading its other queues (kombu would raise out of the event loop, and the
 worker, and every worker restarted on that queue, would exit).
 
+And a worker on the green pool takes a message as soon as a slot frees. Its consumer is Celery's
+`synloop`, which calls `drain_events(timeout=2.0)`; kombu's poller stops reading the queues
+while the channel's prefetch credit is used up, and nothing then woke the wait when a turn's ack
+gave the credit back: the worker sat with free slots for up to 2 s (issue 36). `Poller` wakes
+that wait on the ack (a byte down a pipe it also polls), and the consumer reads again at once.
+
 `Transport` is the app's `broker_transport` on Redis (worker/broker/app.py), for a worker and a
 client's producer alike (its channels keep one client per pool for every publish and ack). This
 module loads kombu, never Celery's worker side: the consumer's guards are intake.py's.
@@ -18,9 +24,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from queue import Empty
 from typing import Any, cast
 
@@ -90,6 +97,76 @@ def _body_problem(body: Any, encoding: Any) -> str | None:
     return None
 
 
+class Poller(kombu_redis.MultiChannelPoller):
+    """kombu's poller of a transport's channels, whose wait is woken when an ack gives a
+    channel its prefetch credit back.
+
+    With the credit used up, kombu leaves the channel's BRPOP out of the wait (or sleeps when
+    nothing else is polled), and a consumer without an event loop (Celery's `synloop`, the green
+    pool's) waited out its whole timeout with slots free. While a channel has no credit, the
+    wait here also polls a pipe that `wake` writes to; the poll returns, and the next one sends
+    the BRPOP again. A consumer with an event loop (prefork's `asynloop`) never waits here: its
+    hub runs `on_poll_start` on every tick, and the pool's replies are ticks."""
+
+    # The pipe, made at the first wait without credit (a producer's transport never has one).
+    _wake: tuple[int, int] | None = None
+    _waiting = False
+
+    _channels: set[Any]
+    _fd_to_chan: dict[int, Any]
+    _paused_brpop: dict[int, Any]
+    poller: Any
+
+    def _starved(self) -> bool:
+        return any(c.active_queues and not c.qos.can_consume() for c in self._channels)
+
+    def wake(self) -> None:
+        """A slot freed: end a wait that no message would end (from any greenlet or thread)."""
+        if self._waiting and self._wake is not None:
+            with suppress(OSError):  # a full pipe already wakes the wait
+                os.write(self._wake[1], b"\0")
+
+    @property
+    def fds(self) -> dict[int, Any]:
+        fds: dict[int, Any] = {fd: chan for fd, chan in self._fd_to_chan.items()
+                               if fd not in self._paused_brpop}  # fmt: skip
+        if self._waiting and self._wake is not None:
+            fds[self._wake[0]] = None  # not an empty set: kombu polls instead of sleeping
+        return fds
+
+    def get(self, callback: Any, timeout: float | None = None) -> None:
+        if not self._starved():
+            cast(Any, super()).get(callback, timeout)
+            return
+        if self._wake is None:
+            self._wake = os.pipe()
+            for fd in self._wake:
+                os.set_blocking(fd, False)
+            self.poller.register(self._wake[0], self.eventflags)
+        self._waiting = True
+        try:
+            cast(Any, super()).get(callback, timeout)
+        finally:
+            self._waiting = False
+            with suppress(OSError):
+                while os.read(self._wake[0], 512):
+                    pass
+
+    def handle_event(self, fileno: int, event: int) -> Any:
+        if self._wake is not None and fileno == self._wake[0]:
+            return None  # the pipe is drained after the wait
+        return super().handle_event(fileno, event)
+
+    def close(self) -> None:
+        super().close()
+        if self._wake is not None:
+            with suppress(KeyError, ValueError, OSError):
+                self.poller.unregister(self._wake[0])
+            for fd in self._wake:
+                os.close(fd)
+            self._wake = None
+
+
 class Channel(kombu_redis.Channel):
     """kombu's Redis channel, except that an entry which is not an envelope is dead-lettered
     where BRPOP hands it over, and a queue whose lists the server refuses to pop is left out
@@ -103,6 +180,19 @@ class Channel(kombu_redis.Channel):
     brpop_timeout: int
     priority_steps: list[int]
     _q_for_pri: Callable[[str, int], str]
+
+    def basic_ack(self, delivery_tag: str, multiple: bool = False) -> None:
+        super().basic_ack(delivery_tag, multiple)
+        self._wake_poller()
+
+    def basic_reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        super().basic_reject(delivery_tag, requeue)
+        self._wake_poller()
+
+    def _wake_poller(self) -> None:
+        cycle = getattr(self.connection, "cycle", None)
+        if isinstance(cycle, Poller):
+            cycle.wake()
 
     def _brpop_start(self, timeout: int | None = None) -> None:
         # kombu's own `_brpop_start` (kombu 5.7), without the queues left out as broken.
@@ -239,6 +329,10 @@ class Transport(kombu_redis.Transport):
     """
 
     Channel = Channel
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cycle = Poller()  # as kombu's, one for all the channels
 
     @property
     def client(self) -> Any:

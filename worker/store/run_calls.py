@@ -186,6 +186,14 @@ def _conversation(
         ]
 
 
+def packed(call: ScriptCall) -> ScriptCall:
+    """`call` with its arguments sent as one MessagePack array of strings, which the script
+    unpacks (run_commit.lua): packing one value costs the client a fraction of packing a
+    hundred. Each argument is the text the client would have sent for it on its own."""
+    args = [a if a.__class__ is str or a.__class__ is bytes else str(a) for a in call.args]
+    return ScriptCall(call.keys, [msgspec.msgpack.encode(args)])
+
+
 def expire_call(tenant: str, run_id: str, *, outcome: str, cutoff_ms: int) -> ScriptCall:
     """run_expire.lua: a stopped run removed with everything that names it (retention)."""
     return ScriptCall(

@@ -60,6 +60,7 @@ from turnstile.worker.store.run_calls import (
     join_call,
     load_call,
     mark_call,
+    packed,
     renew_call,
     sent_member,
 )
@@ -297,10 +298,10 @@ class RunStore:
         # releases of the run's other holds.
         _, release = self.ledger.settle_script_args(change.tenant, change.run_id, {})
         claim = self._claim_asked(change.claim) if change.next_step is not None else None
-        call = commit_call(
+        call = packed(commit_call(
             change, head=head, journal_maxlen=release[1], pickup_lease_ms=self.pickup_lease_ms,
             at=now_iso(), claim=claim,
-        )  # fmt: skip
+        ))  # fmt: skip
         then = None
         announce_after = False  # on a cluster, a claim that queued after all is announced here
         if change.next_step is not None:

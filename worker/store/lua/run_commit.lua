@@ -66,6 +66,8 @@ KEYS
                     the dispatcher's wake-up list (to announce a step queued after all), the
                     tenant's pending set of first steps on the queue
 ARGV
+  One MessagePack array of strings (`run_calls.packed`): one value for the client to send
+  instead of about a hundred, unpacked here into the arguments below, numbered from 1.
   1 run id
   2 expected version
   3 new state JSON, or "" to keep the stored one (a state that no longer parses)
@@ -111,6 +113,9 @@ Returns
   run_load.lua's reply for it) | {"stale", version} | {"missing"} | {"ledger", outcome, detail}
   | {"busy", version} (a turn is in flight and the change asked for none: nothing written)
 ]]
+-- The arguments, as the caller packed them (see ARGV above): from here on ARGV is that array.
+local ARGV = cmsgpack.unpack(ARGV[1])
+
 -- The tenant's part of the check: no continuation of its waits, and it is under its cap.
 local function tenant_may_claim(claim, give_back, now)
   -- The tenant's own pending steps on the queue: the claim is fair share's next pick only if
