@@ -16,6 +16,7 @@ import redis
 
 from tests.integration.workers import client_for, running_workers, wait_until
 from turnstile.errors import StoreUnavailableError, TurnstileError
+from turnstile.jobs.runs import new_run
 from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
 from turnstile.worker.client import Client, connect_client
 from turnstile.worker.client._edge import GUARDED
@@ -102,6 +103,15 @@ def _calls(t: str, unique: str, held: str, queued: str) -> dict[str, Callable[[C
     new = f"run_new_{unique}"
     return {
         "submit": lambda c: c.submit(t, USER, "support", GOAL, run_id=new),
+        "submit_state": lambda c: c.submit_state(
+            new_run(
+                run_id=new,
+                tenant=t,
+                user_id=USER,
+                job=c.jobs.get("support"),
+                goal=GOAL,
+            )
+        ),  # a fork's way in (worker/ops/fork.py)
         "submit_run": lambda c: c.submit_run(t, USER, "support", GOAL, idempotency_key="k1"),
         "submit_run conversation": lambda c: c.submit_run(
             t, USER, "support", GOAL, conversation=f"conv-{unique}", run_id=new

@@ -212,6 +212,8 @@ EVERY_OPERATION = [
     ("service", "POST", "/v1/runs/{run_id}/approve", {"digest": "d" * 24}),
     ("service", "POST", "/v1/runs/{run_id}/deny", {"reason": "no"}),
     ("service", "POST", "/v1/runs/{run_id}/cancel", {}),
+    ("service", "POST", "/v1/runs/{run_id}/fork", {"at": 1}),
+    ("service", "GET", "/v1/evals/{eval_id}", None),
     ("service", "POST", "/v1/memory", {"user": USER, "text": "prefers email"}),
     ("service", "GET", "/v1/memory", None),
     ("service", "DELETE", "/v1/memory", None),
@@ -232,9 +234,12 @@ EVERY_OPERATION = [
     ("operator", "GET", "/v1/limits", None),
     ("operator", "PUT", "/v1/limits/{endpoint}", {"rpm": 40}),
     ("operator", "DELETE", "/v1/limits/{endpoint}", None),
+    ("operator", "POST", "/v1/evals", {"tenant": "{tenant}", "eval_tenant": "{tenant}"}),
+    ("operator", "GET", "/v1/jobs/{job}/versions/{version}", None),
 ]  # fmt: skip
 CONSOLE_PAGES = ["/runs", "/runs/{run_id}", "/runs/{run_id}/events", "/inbox", "/tenants",
-                 "/queues", "/confirm?action=pause&tenant={tenant}"]  # fmt: skip
+                 "/queues", "/confirm?action=pause&tenant={tenant}", "/evals",
+                 "/evals/{eval_id}"]  # fmt: skip
 
 
 def _console_login(api: ApiServer, key: str) -> httpx.Client:
@@ -268,6 +273,9 @@ def test_every_operation_and_console_page_answers_a_store_outage_with_a_503(
                 "queue": "default",
                 "endpoint": "openai:gpt-4.1-mini",
                 "endpoint_id": "wh_nope",
+                "eval_id": "ev_nope",
+                "job": "support",
+                "version": "v1",
             }
             documented = {
                 (method.upper(), path)
@@ -284,7 +292,11 @@ def test_every_operation_and_console_page_answers_a_store_outage_with_a_503(
                     (method, path): clients[role].request(
                         method,
                         path.format(**fill),
-                        json=body,
+                        json=body
+                        and {
+                            k: v.format(**fill) if isinstance(v, str) else v
+                            for k, v in body.items()
+                        },
                     )
                     for role, method, path, body in EVERY_OPERATION
                 }
