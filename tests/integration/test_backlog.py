@@ -46,6 +46,7 @@ def running(r: redis.Redis, tenants: list[str], run_ids: dict[str, str]) -> int:
     return sum(r.hget(keys.run(t, run_id), "status") == "running" for run_id, t in run_ids.items())
 
 
+@pytest.mark.slow  # over 14 s on 2 cores: CI runs it in the slow part
 def test_the_backlog_is_what_waits_and_runs_and_falls_to_zero(redis_url: str, unique: str) -> None:
     """Two tenants' runs on one worker of 2 slots, the dispatcher keeping one step on the
     broker: the endpoint's figures equal the store's own counts (read before and after it,

@@ -187,6 +187,7 @@ def test_a_second_pause_and_a_second_resume_both_change_nothing(
 # -- a broker that is down -----------------------------------------------------------------
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: CI runs it in the slow part
 def test_a_submit_and_an_approve_with_the_broker_down_are_accepted_and_happen(
     redis_url: str, unique: str
 ) -> None:

@@ -157,6 +157,7 @@ def _commandstats(cluster: EmbeddedCluster) -> dict[str, int]:
     return calls
 
 
+@pytest.mark.slow  # over 14 s on 2 cores: CI runs it in the slow part
 def test_the_store_clients_outlive_their_default_node(unique: str) -> None:
     """The primary a cluster client asks about commands (its default node) is killed and its
     replica takes over: the worker's pipelines of script calls (a step's load and commit) and

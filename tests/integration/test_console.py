@@ -405,6 +405,7 @@ def test_a_held_refund_the_tenant_cannot_afford_is_shown_so_and_its_approval_ref
     assert client.ledger.read(tenant)["refund_cents"].committed == 8000
 
 
+@pytest.mark.slow  # over 14 s on 2 cores: CI runs it in the slow part
 def test_pause_and_resume_a_tenant_and_a_queue(
     *, redis_url: str, api: ApiServer, client: Client, console: Console, queue: str, unique: str
 ) -> None:

@@ -69,6 +69,7 @@ def _status(client: Client, run_id: str) -> str:
     return client.run_hash(run_id)[1]["status"]
 
 
+@pytest.mark.slow  # over 14 s on 2 cores: CI runs it in the slow part
 @pytest.mark.parametrize("broker", BROKERS)
 def test_a_paused_tenant_stops_at_the_next_boundary_and_resumes_exactly_once(
     redis_url: str, unique: str, broker: str
@@ -131,6 +132,7 @@ def pause_then_resume(
         assert kinds.count("parked") == (1 if run_id in parked else 0)
 
 
+@pytest.mark.slow  # over 14 s on 2 cores: CI runs it in the slow part
 @pytest.mark.parametrize("broker", BROKERS)
 def test_drain_wait_returns_when_nothing_is_in_flight_and_killing_workers_loses_nothing(
     redis_url: str, unique: str, broker: str

@@ -237,6 +237,7 @@ def test_each_policy_keeps_one_active_run_through_duplicates_and_kills(
         assert client.client.llen(keys.conversation_waiting(tenant, key)) == 0
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: CI runs it in the slow part
 def test_a_merged_follow_up_reaches_the_models_input(redis_url: str, unique: str) -> None:
     """A support run on the OpenAI wire format: a follow-up merged while its first turn is at
     the provider is in the next request's user message (the run's view), as the server

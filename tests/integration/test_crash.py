@@ -224,6 +224,7 @@ def test_aof_loses_nothing_acknowledged_in_a_crash(shim: Path, unique: str) -> N
         assert losses.total == 0, losses
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: CI runs it in the slow part
 def test_replica_loses_nothing_acknowledged_when_the_primary_crashes(unique: str) -> None:
     """With durability `replica`, the primary (no AOF at all) is killed and its replica
     promoted: every acknowledged submission, commit and decision is on the replica."""

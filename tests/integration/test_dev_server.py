@@ -101,6 +101,7 @@ def _listening(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: CI runs it in the slow part
 def test_a_taken_port_is_one_line(tmp_path: Path) -> None:
     """A port another program holds, or a Redis/Valkey server answers on: one line saying so
     and what to do (for a server, the line that uses it), exit 1, nothing started."""

@@ -174,6 +174,7 @@ def test_another_tenants_run_gets_its_turn_within_one_turn_of_a_chain(
     assert client.state(run_a).outcome == client.state(run_b).outcome == "completed"
 
 
+@pytest.mark.slow  # over 14 s on 2 cores: CI runs it in the slow part
 def test_a_worker_told_to_stop_ends_its_chain_at_the_turn_in_flight(
     redis_url: str, unique: str
 ) -> None:

@@ -129,6 +129,7 @@ BREAKER = {"TURNSTILE_API_WEBHOOK_BREAKER_FAILURES": "2",
            "TURNSTILE_API_WEBHOOK_BREAKER_COOLDOWN_S": "2"}  # fmt: skip
 
 
+@pytest.mark.slow  # over 14 s on 2 cores: CI runs it in the slow part
 def test_a_silent_endpoint_is_backed_off_and_delivers_again_when_it_answers(
     redis_url: str, pool: list[WorkerProcess], queue: str, unique: str
 ) -> None:

@@ -55,6 +55,7 @@ def events(record: Path, event: str, **match: Any) -> list[dict[str, Any]]:
             and all(r.get(k) == v for k, v in match.items())]  # fmt: skip
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: CI runs it in the slow part
 def test_a_worker_killed_during_an_mcp_write_sends_the_same_key_again_and_it_runs_once(
     *, redis_url: str, client: Client, record: Path, desk_url: str, unique: str
 ) -> None:

@@ -259,6 +259,7 @@ def test_the_worker_says_in_one_line_each_what_it_cannot_offer(
     assert worker.process is not None and worker.process.poll() is None
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: CI runs it in the slow part
 def test_turnstile_jobs_shows_the_mcp_tools_and_one_line_for_a_server_that_is_down(
     env: dict[str, str],
 ) -> None:

@@ -138,6 +138,7 @@ def test_steps_outcomes_and_refusals_are_counted_with_their_labels(
     assert gaps == turns - 2
 
 
+@pytest.mark.slow  # over 14 s on 2 cores: CI runs it in the slow part
 def test_a_killed_pool_process_is_counted_and_leaves_nothing_in_progress(
     client: Client, queue: str, port: int, unique: str
 ) -> None:
@@ -159,6 +160,7 @@ def test_a_killed_pool_process_is_counted_and_leaves_nothing_in_progress(
     assert value(after, "turnstile_steps_in_progress") == 0
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: CI runs it in the slow part
 def test_retries_are_counted_by_reason(unique: str) -> None:
     """With the store down, steps are put back with backoff and counted as retries of
     `store_unavailable`; when it is back the runs finish."""

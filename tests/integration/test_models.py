@@ -115,6 +115,7 @@ def test_an_outside_job_runs_on_a_provider_model_through_workers(
     assert state.usage.tokens == TURNS * (USAGE["input"] + USAGE["output"])
 
 
+@pytest.mark.slow  # over 14 s on 2 cores: CI runs it in the slow part
 def test_two_named_endpoints_serve_runs_at_once(
     redis_url: str, unique: str, jobs_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -152,6 +153,7 @@ def test_two_named_endpoints_serve_runs_at_once(
     assert client.state(on_beta).usage.cost_microusd == 0
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: CI runs it in the slow part
 def test_a_fallback_model_answers_for_a_provider_answering_503(
     redis_url: str, unique: str, jobs_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

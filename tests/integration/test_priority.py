@@ -248,6 +248,7 @@ def test_high_priority_runs_go_before_a_backlog_of_low_ones(redis_url: str, uniq
     assert len(lows) == 500
 
 
+@pytest.mark.slow  # over 14 s on 2 cores: CI runs it in the slow part
 def test_aging_bounds_the_wait_of_low_runs_under_a_steady_high_stream(
     redis_url: str, unique: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

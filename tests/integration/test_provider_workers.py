@@ -125,6 +125,7 @@ def test_a_typed_model_is_refused_naming_the_closest_for_every_tenant(
     assert client.client.zcard(keys.runs(tenant)) == 0
 
 
+@pytest.mark.slow  # over 14 s on 2 cores: CI runs it in the slow part
 def test_turns_on_two_workers_export_one_trace_over_otlp_with_genai_attributes(
     redis_url: str,
 ) -> None:

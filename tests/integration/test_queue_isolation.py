@@ -157,6 +157,7 @@ def test_a_queue_named_after_the_brokers_keys_is_refused_or_harmless(
         assert set(names) <= {v["name"] for v in json.loads(viewed.stdout)}
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: CI runs it in the slow part
 @pytest.mark.parametrize("where", ["broker list", "pending set"])
 def test_a_queue_broken_by_hand_is_skipped_shown_and_mended(
     where: str, own_store: str, unique: str

@@ -125,6 +125,7 @@ def test_scenarios_with_every_message_delivered_twice_end_as_in_process(
     )  # fmt: skip
 
 
+@pytest.mark.slow  # over 14 s on 2 cores: CI runs it in the slow part
 def test_sigkill_mid_turn_ends_the_run_once_with_the_ledger_exact(
     redis_url: str, queue: str, unique: str
 ) -> None:

@@ -57,6 +57,7 @@ def _turnstile(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.slow  # over 14 s on 2 cores: CI runs it in the slow part
 def test_a_turn_over_the_bucket_is_deferred_shown_and_counted_then_completes(
     redis_url: str,
 ) -> None:
@@ -114,6 +115,7 @@ def test_a_turn_over_the_bucket_is_deferred_shown_and_counted_then_completes(
     assert all(f.reserved == 0 for f in client.ledger.read(tenant).values())
 
 
+@pytest.mark.slow  # over 14 s on 2 cores: CI runs it in the slow part
 def test_a_turn_claimed_by_eager_continuation_draws_from_the_bucket_too(redis_url: str) -> None:
     """A five-turn run with rpm=8 burst_s=30: its first four turns go (the burst; later ones
     claimed by the commit before), the fifth, claimed too, is deferred by the bucket (a request
@@ -168,6 +170,7 @@ def test_a_limit_at_a_sliding_windows_own_figure_meets_no_429(redis_url: str) ->
     assert span_s >= 43 * 60 / 40  # the provider's pace, at most; the bucket's is 40 per 61 s
 
 
+@pytest.mark.slow  # over 14 s on 2 cores: CI runs it in the slow part
 def test_a_429_on_one_worker_keeps_the_other_from_calling_the_provider_until_its_wait_ends(
     redis_url: str,
 ) -> None:

@@ -53,6 +53,7 @@ def _write_version(package: Path, version: str) -> None:
     os.utime(path, (before + 2, before + 2))  # a later time, whatever the file system's grain
 
 
+@pytest.mark.slow  # over 14 s on 2 cores: CI runs it in the slow part
 def test_reload_restarts_the_worker_when_the_jobs_package_changes(
     redis_url: str, unique: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

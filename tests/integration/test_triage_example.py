@@ -101,6 +101,7 @@ def test_the_triage_package_runs_through_turnstile_worker_and_replays(
     assert replayed["matches"] is True and replayed["replayed_outcome"] == "completed"
 
 
+@pytest.mark.slow  # over 14 s on 2 cores: CI runs it in the slow part
 def test_demo_shows_the_triage_examples(site: Path, redis_url: str) -> None:
     """`turnstile demo --job triage` runs the job's declared examples through two workers,
     approves the held replies, and every run completes."""

@@ -128,6 +128,7 @@ def _versions_shown(redis_url: str, waiting: list[str]) -> None:
     assert bad.exit_code == 2 and bad.output.startswith("error: --wait drains one version")
 
 
+@pytest.mark.slow  # over 14 s on 2 cores: CI runs it in the slow part
 def test_pinned_runs_wait_for_their_version_and_never_run_on_another(
     redis_url: str, client: Client, queue: str
 ) -> None:
@@ -176,6 +177,7 @@ def test_pinned_runs_wait_for_their_version_and_never_run_on_another(
     ledger_is_the_runs_usage(client, tenant, [*ids, fresh])
 
 
+@pytest.mark.slow  # over 14 s on 2 cores: CI runs it in the slow part
 def test_migrated_runs_complete_on_the_new_version_after_one_migration_event(
     redis_url: str, client: Client, queue: str
 ) -> None:

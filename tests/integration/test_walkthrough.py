@@ -164,6 +164,7 @@ def _adapt(script: str, port: int) -> str:
     return script
 
 
+@pytest.mark.slow  # over 14 s on 2 cores: CI runs it in the slow part
 def test_the_first_job_walkthrough_runs_as_written(tmp_path: Path) -> None:
     """Every command of docs/first-job.md runs as written against a fresh development store:
     the job loads; the Python script's run is held, approved and completes, printing what the

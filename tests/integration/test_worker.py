@@ -162,6 +162,7 @@ def sigkill_after_the_refund(client: Client, queue: str, tenant: str) -> None:
     ledger_is_the_runs_usage(client, tenant, [run_id])
 
 
+@pytest.mark.slow  # over 14 s on 2 cores: CI runs it in the slow part
 def test_a_step_that_keeps_killing_its_worker_ends_the_run_error(
     client: Client, queue: str, unique: str
 ) -> None:
@@ -299,6 +300,7 @@ def scenarios_end_as_in_process(
     return workers
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: CI runs it in the slow part
 def test_every_message_delivered_twice_gives_the_same_results(
     redis_url: str, unique: str, worker_pool: str
 ) -> None:
@@ -309,6 +311,7 @@ def test_every_message_delivered_twice_gives_the_same_results(
     )
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: CI runs it in the slow part
 def test_a_crash_after_commit_before_enqueue_is_finished_by_the_sweeper(
     redis_url: str, unique: str, worker_pool: str
 ) -> None:
@@ -323,6 +326,7 @@ def test_a_crash_after_commit_before_enqueue_is_finished_by_the_sweeper(
     assert sum(len(w.events("chaos_send_dropped")) for w in workers) > 0
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: CI runs it in the slow part
 def test_store_and_ledger_down_no_turn_runs_and_runs_continue_after(
     unique: str, worker_pool: str
 ) -> None:
@@ -367,6 +371,7 @@ def store_down_then_back(
         assert client.ledger.read(tenant)["cost_microusd"].reserved == 0
 
 
+@pytest.mark.slow  # over 14 s on 2 cores: CI runs it in the slow part
 def test_a_hung_model_is_stopped_from_outside(
     redis_url: str, unique: str, worker_pool: str
 ) -> None:
@@ -480,6 +485,7 @@ def test_a_turn_killed_then_cancelled_or_parked_leaves_no_hold_and_closes_truthf
     assert shop.effects(cancelled, first) == [["refund", "ord_1001", 3000]]
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: CI runs it in the slow part
 def test_a_malformed_message_mid_turn_leaves_no_hold(
     client: Client, queue: str, pool: list[WorkerProcess], unique: str, redis_url: str
 ) -> None:
@@ -555,6 +561,7 @@ def test_the_sweeper_sends_a_waiting_step_once_and_cancel_ends_an_idle_run_at_on
     ledger_is_the_runs_usage(client, tenant, [run_id])
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: CI runs it in the slow part
 def test_a_store_outage_at_commit_does_not_use_up_an_attempt(unique: str, worker_pool: str) -> None:
     """With one delivery allowed per step, a turn whose commit fails because the store went
     down is retried when it is back and the run completes: only deliveries that died mid-turn

@@ -64,6 +64,7 @@ def pong_names(redis_url: str, names: list[str]) -> set[str]:
     return {name for reply in replies or [] for name in reply}
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: CI runs it in the slow part
 def test_two_workers_on_one_machine_are_two_nodes(unique: str) -> None:
     """Without --name each worker is turnstile-<pid>@<host>, so two on one machine both answer
     a ping under their own names; --name and TURNSTILE_WORKER_NAME set it."""
