@@ -64,7 +64,10 @@ def _turns(client: Client, tenant: str, run_id: str) -> list[dict[str, Any]]:
 
 
 def _code(turn: dict[str, Any]) -> str:
-    """Which version's tool ran the turn ("" for the turn that answered)."""
+    """Which version's tool ran the turn ("" for a turn that called none: its `last_result` is
+    still the turn before's, which may have run on the other version before a migration)."""
+    if not any(span.get("kind") == "tool" for span in turn.get("spans") or []):
+        return ""
     said = json.dumps(turn.get("last_result"))
     return "v2" if '"code": "v2"' in said else "v1" if '"code": "v1"' in said else ""
 
