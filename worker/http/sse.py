@@ -91,18 +91,9 @@ async def stream(
     so a client following a quiet run holds a connection, not one of the server's threads.
     If the store goes away mid-stream, an `error` event ends it; the client resumes later
     with Last-Event-ID. The stream's `slot` is renewed as it reads and given back at its end."""
-    try:
-        yield f"retry: {min(block_ms, 3000)}\n\n"
-        async for chunk in _frames(r, tenant, run_id, after=after, block_ms=block_ms, slot=slot):
-            yield chunk
-    except (redis.ConnectionError, redis.TimeoutError):
-        yield 'event: error\ndata: {"code":"store_unavailable"}\n\n'
-    except redis.ResponseError:
-        # The id was checked before the stream began, so this is not the client's; still an
-        # event that says the stream ended, never a dropped connection.
-        yield 'event: error\ndata: {"code":"stream_refused"}\n\n'
-    finally:
-        await slot.close()
+    frames = _frames(r, tenant, run_id, after=after, block_ms=block_ms, slot=slot)
+    async for chunk in _ended(frames, block_ms=block_ms, slot=slot):
+        yield chunk
 
 
 async def live_stream(
@@ -112,13 +103,23 @@ async def live_stream(
     `id:` is the cursor over both streams after it (`<event id>/<live id>`), so a client that
     reconnects with it as Last-Event-ID gets exactly what came after, in the middle of a turn
     too. A live entry's data carries `"live": true`; the committed `turn` event is the truth."""
+    frames = _live_frames(r, tenant, run_id, after, block_ms=block_ms, slot=slot)
+    async for chunk in _ended(frames, block_ms=block_ms, slot=slot):
+        yield chunk
+
+
+async def _ended(frames: AsyncIterator[str], *, block_ms: int, slot: Renewal) -> AsyncIterator[str]:
+    """A stream's frames after its `retry:` line, ended by an `error` event when the store goes
+    away or refuses the read, and its slot given back however it ends."""
     try:
         yield f"retry: {min(block_ms, 3000)}\n\n"
-        async for chunk in _live_frames(r, tenant, run_id, after, block_ms=block_ms, slot=slot):
+        async for chunk in frames:
             yield chunk
     except (redis.ConnectionError, redis.TimeoutError):
         yield 'event: error\ndata: {"code":"store_unavailable"}\n\n'
     except redis.ResponseError:
+        # The id was checked before the stream began, so this is not the client's; still an
+        # event that says the stream ended, never a dropped connection.
         yield 'event: error\ndata: {"code":"stream_refused"}\n\n'
     finally:
         await slot.close()
