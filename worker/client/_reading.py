@@ -148,9 +148,7 @@ class Reading:
             if time.monotonic() - watched_at >= 1.0:  # a turn that starts now writes its output
                 watched_at = time.monotonic()
                 live_store.watch(self.client, tenant, run_id)
-            block: int | None = None if stopped else self.block_ms
-            if deadline is not None and block is not None:
-                block = max(1, min(block, int((deadline - time.monotonic()) * 1000)))
+            block = self._block(stopped, deadline)
             entries = live_store.read(
                 self.client, tenant, run_id, cursor, count=200, block_ms=block
             )
@@ -165,14 +163,21 @@ class Reading:
                 return
             stopped = run_reads.status(self.client, tenant, run_id) == Status.STOPPED.value
 
+    def _block(self, stopped: bool, deadline: float | None) -> int | None:
+        """How long the next read blocks: not at all once the run is seen stopped (one more
+        read gets what its commit wrote), else `block_ms`, cut to what is left before `deadline`."""
+        if stopped:
+            return None
+        if deadline is None:
+            return self.block_ms
+        return max(1, min(self.block_ms, int((deadline - time.monotonic()) * 1000)))
+
     def _follow(
         self, tenant: str, run_id: str, last: str, deadline: float | None
     ) -> Iterator[RunEvent]:
         stopped = False
         while True:
-            block: int | None = None if stopped else self.block_ms
-            if deadline is not None and block is not None:
-                block = max(1, min(block, int((deadline - time.monotonic()) * 1000)))
+            block = self._block(stopped, deadline)
             entries = run_reads.read_events(
                 self.client, tenant, run_id, last, count=200, block_ms=block
             )
