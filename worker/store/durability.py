@@ -1,24 +1,36 @@
 """What an acknowledged write has reached before Turnstile acknowledges it.
 
 `TURNSTILE_DURABILITY` closes the window between a server's reply and its disk for the writes
-a caller or an observer is told about (a submission, a decision, a step's commit) by sending,
-on the same connection and in the same round trip as the write, a command that blocks until
-the write is where the setting says:
+a caller or an observer is told about (a submission, a decision, a step's commit) with
+commands sent on the same connection and in the same round trip as the write:
 
 - `none`: in the server's memory (the server's own fsync policy decides the rest);
-- `aof`: in the server's append-only file, fsynced (`WAITAOF 1 0 timeout`), on a server that
-  runs `appendonly yes` with `appendfsync always`;
-- `replica`: in the memory of `TURNSTILE_DURABILITY_REPLICAS` replicas (`WAIT n timeout`),
-  so a failover to one of them keeps it.
+- `aof`: in the server's append-only file, fsynced, on a server that runs `appendonly yes`
+  with `appendfsync always`;
+- `replica`: in the memory of `TURNSTILE_DURABILITY_REPLICAS` replicas (`WAIT n timeout`
+  after the write), so a failover to one of them keeps it.
+
+`aof` rests on what `appendfsync always` does: the server writes and fsyncs its append-only
+file once per pass of its event loop, for every write of the pass, before it sends any reply
+of the pass (Valkey's and Redis's `beforeSleep`: the AOF is flushed "before
+handleClientsWithPendingWrites, in case of appendfsync=always"; a failed write or fsync stops
+the server). So the write's own reply already comes after its fsync, and what is left to
+prove is that the server runs that way now. The round trip is `WAITAOF 1 0 timeout`, the
+write, `CONFIG GET appendfsync`: the WAITAOF, first, answers at once when the server's AOF is
+on and keeps its fsynced offset (it blocks, and times out, with AOF off or while the AOF waits
+for its first rewrite after being switched on); the policy, read after the write, is the one
+the write's pass ran under. A WAITAOF after the write would wait for it too, but it is
+answered only on the server's next pass: each commit then waits for two passes (and their
+fsyncs) instead of one, which halved a green worker's durable turns/s (0.50x of `none`,
+against 0.83x for `appendfsync always` alone).
 
 `aof` holds only under `appendfsync always`. Under `everysec` the Valkey this project ships and
 tests (8.1) answers WAITAOF before the fsync when less than a second has passed since the last
-one (the bug Redis PR #13793 fixes; no Valkey release is known to carry the fix), so a write it
-confirms can still be lost; under `no` the server never fsyncs and WAITAOF confirms nothing.
-So `check_server` refuses both at a worker's and a client's start, in one line naming the
-setting to change, and every write reads `appendfsync` again in its own round trip, after its
-WAITAOF: a server reconfigured, or a failover to one configured otherwise, is refused at the
-first write instead of trusted.
+one (the bug Redis PR #13793 fixes; no Valkey release is known to carry the fix), and replies
+before the fsync; under `no` the server never fsyncs. So `check_server` refuses both at a
+worker's and a client's start, in one line naming the setting to change, and every write
+reads `appendfsync` again in its own round trip: a server reconfigured, or a failover to one
+configured otherwise, is refused at the first write instead of trusted.
 
 WAIT has no such early answer: a replica acknowledges the offset it has applied to its memory
 (not its disk), so `replica` survives a crash of the primary with a replica promoted, not a
@@ -44,7 +56,7 @@ from turnstile.worker.store.errors import NotDurableError, reached
 from turnstile.worker.store.scripts import with_scripts
 from turnstile.worker.store.values import text
 
-# The one fsync policy under which a WAITAOF's answer means the write is on the disk.
+# The one fsync policy under which a write's reply means the write is on the disk.
 FSYNC_POLICY = "always"
 
 
@@ -79,13 +91,16 @@ class WaitFor:
     def waits(self) -> bool:
         return self.mode is not Durability.NONE
 
-    def commands(self) -> list[list[Any]]:
-        """The commands to send right after the write, on the same connection. For `aof`,
-        the fsync policy is read after the wait: the policy the wait was answered under."""
+    def commands(self) -> tuple[list[list[Any]], list[list[Any]]]:
+        """The commands to send before the write and after it, on the same connection and in
+        the same round trip. `aof`: WAITAOF first (it blocks unless the server's AOF is on and
+        fsyncs as it goes: not while it waits for its first rewrite, and never with AOF off),
+        the fsync policy after the write (the policy the write's pass ran under). `replica`:
+        WAIT after the write, for the replicas to apply it."""
         timeout_ms = max(1, round(self.timeout_s * 1000))
         if self.mode is Durability.AOF:
-            return [["WAITAOF", 1, 0, timeout_ms], ["CONFIG", "GET", "appendfsync"]]
-        return [["WAIT", self.replicas, timeout_ms]]
+            return [["WAITAOF", 1, 0, timeout_ms]], [["CONFIG", "GET", "appendfsync"]]
+        return [], [["WAIT", self.replicas, timeout_ms]]
 
     def shortfall(self, replies: list[Any], what: str) -> str | None:
         """What the replies to `commands()` say is missing, as a message that starts with
@@ -120,21 +135,24 @@ def written(
     client: redis.Redis, wait_for: WaitFor, build: Callable[[Any], None], what: str,
     scripts: Sequence[Script],
 ) -> list[Any]:  # fmt: skip
-    """The pipeline `build` makes (calling `scripts` by their sha), then `wait_for`'s wait, on
-    the same connection and in the same round trip: WAITAOF and WAIT wait for this
-    connection's own writes. The pipeline's replies; raises NotDurableError when the wait
-    times out, the server cannot wait, or (`aof`) its fsync policy cannot back the wait's
-    answer, and the first error among the writes' replies as it is."""
-    waits = wait_for.commands()
+    """The pipeline `build` makes (calling `scripts` by their sha), with `wait_for`'s commands
+    before and after it, on the same connection and in the same round trip. The pipeline's
+    replies; raises NotDurableError when the wait times out, the server cannot wait, or
+    (`aof`) its fsync policy cannot back the write's reply, and the first error among the
+    writes' replies as it is."""
+    before, after = wait_for.commands()
 
     def build_and_wait(pipe: Any) -> None:
+        for command in before:
+            pipe.execute_command(*command)
         build(pipe)
-        for command in waits:
+        for command in after:
             pipe.execute_command(*command)
 
     with reached():
         replies = with_scripts(client, scripts, build_and_wait, raise_on_error=False)
-    done, waited = replies[: -len(waits)], replies[-len(waits) :]
+    waited = replies[: len(before)] + replies[len(replies) - len(after) :]
+    done = replies[len(before) : len(replies) - len(after)]
     for reply in done:
         if isinstance(reply, Exception):
             raise reply

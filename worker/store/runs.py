@@ -462,9 +462,9 @@ class RunStore:
     def fence(self, what: str = "what was read is") -> None:
         """Wait until everything this client has read is where TURNSTILE_DURABILITY wants a
         write (a no-op for `none`), so an observer is never shown what a crash could take back.
-        WAITAOF and WAIT wait for the connection's own writes, so the reader makes one (a
-        counter): it comes after every write it read, and the disk and the replicas take
-        writes in order."""
+        The reader makes a write of its own (a counter) and has it confirmed as any write is:
+        it comes after every write it read, and the disk and the replicas take writes in
+        order."""
         if self.wait_for.waits:
             self._durable(lambda pipe: pipe.incr(keys.FENCE), what, None)
 
