@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from turnstile.worker.runtime.pools import check, pool_in_argv
+from turnstile.worker.broker.app import KOMBU_CHANNEL_CONNECTIONS
+from turnstile.worker.runtime.app import make_app
+from turnstile.worker.runtime.pools import SPARE_CONNECTIONS, check, pool_in_argv
+from turnstile.worker.settings import Settings
 
 
 @pytest.mark.parametrize(
@@ -37,3 +40,19 @@ def test_only_pools_that_stop_a_hung_call_are_accepted() -> None:
     assert (check("fork", 2, lambda: []) or "").startswith("bad --pool 'fork'")
     assert (check("gevent", 0, lambda: []) or "").startswith("bad --concurrency 0")
     assert (check("prefork", 2000, lambda: []) or "").startswith("bad --concurrency 2000")
+
+
+def test_a_green_workers_broker_channels_hold_a_connection_per_turn() -> None:
+    """Every turn of a green worker may ack or publish at once: each Redis channel's own client
+    pool is bounded by the turns and the spare connections, not kombu's 10, which failed the
+    eleventh ack at once ("Too many connections") and restarted the consumer."""
+    url = "redis://127.0.0.1:1/0"
+    green = make_app(Settings(redis_url=url, pool="gevent", concurrency=1000), main=False)
+    options = green.conf.broker_transport_options
+    assert options["max_connections"] == 1000 + SPARE_CONNECTIONS
+    assert (
+        make_app(Settings(redis_url=url), main=False).conf.broker_transport_options[
+            "max_connections"
+        ]
+        == KOMBU_CHANNEL_CONNECTIONS
+    )  # a prefork worker's, as kombu's default
