@@ -29,6 +29,15 @@ import httpx2
 
 Key = tuple[bytes, bytes, int]  # an origin: scheme, host, port
 
+# Connections open at once to one endpoint from one process, idle ones included: a green
+# worker's most turns in flight (worker/runtime/pools.py's MAX_CONCURRENCY), each making one
+# call at a time, so a turn never waits for the pool. The SDKs' own default is 1,000, of which
+# they keep 100 idle: a worker with more turns in flight closed and reopened connections.
+MAX_CONNECTIONS = 5000
+KEEPALIVE_EXPIRY_S = 5.0  # httpx's default: an idle connection is closed after it
+# Both SDKs' default timeout: every call of ours passes its own, the run's time left.
+TIMEOUT = httpx2.Timeout(timeout=600, connect=5.0)
+
 
 class StackPool:
     """httpcore's pool interface (`handle_request`, `close`) over a stack of idle connections
@@ -97,7 +106,7 @@ class StackPool:
     def give_back(self, key: Key, connection: httpcore2.HTTPConnection) -> None:
         """A response's connection, back on its stack if it may take another request; the
         connections idle past the expiry are closed."""
-        stale: list[httpcore2.HTTPConnection] = []
+        stale: list[httpcore2.HTTPConnection] = []  # closed outside the lock
         now = time.monotonic()
         with self._lock:
             stack = self._idle.setdefault(key, deque())
@@ -110,6 +119,11 @@ class StackPool:
         self._slots.release()
         for old in stale:
             old.close()
+
+    def idle(self) -> list[httpcore2.HTTPConnection]:
+        """The idle connections, the one used last first."""
+        with self._lock:
+            return [c for stack in self._idle.values() for _, c in reversed(stack)]
 
     def close(self) -> None:
         with self._lock:
@@ -156,21 +170,12 @@ class StackTransport(httpx2.HTTPTransport):
 
     def __init__(self, limits: httpx2.Limits) -> None:
         super().__init__(limits=limits)
-        self._pool = StackPool(  # type: ignore[assignment]
+        self.pool = StackPool(
             ssl_context=httpx2.create_ssl_context(),
-            max_connections=limits.max_connections or 1000,
-            keepalive_expiry=limits.keepalive_expiry or 5.0,
+            max_connections=limits.max_connections or MAX_CONNECTIONS,
+            keepalive_expiry=limits.keepalive_expiry or KEEPALIVE_EXPIRY_S,
         )
-
-
-# Connections open at once to one endpoint from one process, idle ones included: a green
-# worker's most turns in flight (worker/runtime/pools.py's MAX_CONCURRENCY), each making one
-# call at a time, so a turn never waits for the pool. The SDKs' own default is 1,000, of which
-# they keep 100 idle: a worker with more turns in flight closed and reopened connections.
-MAX_CONNECTIONS = 5000
-KEEPALIVE_EXPIRY_S = 5.0  # httpx's default: an idle connection is closed after it
-# Both SDKs' default timeout: every call of ours passes its own, the run's time left.
-TIMEOUT = httpx2.Timeout(timeout=600, connect=5.0)
+        self._pool = self.pool  # type: ignore[assignment]
 
 
 class _Client(httpx2.Client):
