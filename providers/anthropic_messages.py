@@ -4,6 +4,11 @@ SDK's own variables, ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY; a named endpoint 
 Usage is normalised: Anthropic's `input_tokens` leaves out the tokens read from the cache
 (`cache_read_input_tokens`) and written to it (`cache_creation_input_tokens`), so all input is
 their sum; `output_tokens` includes thinking, which `output_tokens_details` breaks out.
+
+As openai_chat.py's, the call goes through the SDK's client (headers, auth, base URL, status
+errors) with the body encoded once (`msgspec`), and the reply is decoded into the few fields read
+here (`Reply`), not the SDK's pydantic models. A 200 whose body is not a message is retried as a
+reply cut in transit.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any
 
 import anthropic
 import httpx2
+import msgspec
 import pydantic
 
 from turnstile.jobs.live import LiveSink
@@ -118,6 +124,58 @@ def request_tools(request: ModelRequest) -> list[dict[str, Any]]:
         {"name": f.name, "description": f.description, "input_schema": dict(f.parameters)}
         for f in contract.functions(request.tools)
     ]
+
+
+class _Block(msgspec.Struct):
+    type: str
+    name: str | None = None  # a tool_use block's
+    input: Any = None
+    text: str = ""  # a text block's
+
+
+class _OutputDetails(msgspec.Struct):
+    thinking_tokens: int | None = None
+
+
+class _Usage(msgspec.Struct):
+    input_tokens: int
+    output_tokens: int
+    cache_read_input_tokens: int | None = None
+    cache_creation_input_tokens: int | None = None
+    output_tokens_details: _OutputDetails | None = None
+
+
+class Reply(msgspec.Struct):
+    """What this adapter reads of a message; the rest of the body is skipped."""
+
+    usage: _Usage
+    model: str | None = None
+    stop_reason: str | None = None
+    content: list[_Block] = []
+
+
+_decoder = msgspec.json.Decoder(Reply)
+_encoder = msgspec.json.Encoder()
+
+
+def decoded(content: bytes) -> Reply:
+    """A 200's body as a message; one that is not is a reply cut in transit (`StreamCut`)."""
+    try:
+        return _decoder.decode(content)
+    except msgspec.DecodeError as exc:
+        raise StreamCut(f"the reply is not a message: {one_line(exc)}") from exc
+
+
+def post(
+    client: anthropic.Anthropic, body: dict[str, Any], timeout_s: float, *, stream: bool
+) -> Any:
+    """POST /v1/messages through the SDK's client with `body` as it is: an httpx response, read
+    whole unless `stream` (then the caller closes it). A 4xx or 5xx raises the SDK's
+    `APIStatusError` for it, its body read, as `create` does."""
+    return client.post(
+        "/v1/messages", cast_to=httpx2.Response, content=_encoder.encode(body),
+        options={"timeout": timeout_s}, stream=stream, stream_cls=None,
+    )  # fmt: skip
 
 
 def usage_of(message: Any) -> Tokens:
@@ -230,16 +288,22 @@ class AnthropicMessages:
         client = sdk_client(anthropic.Anthropic, self.route)
         messages, tools = request_messages(request), request_tools(request)
 
+        asked: dict[str, Any] = {
+            "model": self.model, "system": contract.SYSTEM, "messages": messages,
+            "tools": tools, "tool_choice": {"type": "any"},
+            "max_tokens": request.max_output_tokens,
+        }  # fmt: skip
+        if request.live.on:
+            asked["stream"] = True
+
         def attempt(timeout_s: float) -> Any:
-            asked: dict[str, Any] = {
-                "model": self.model, "system": contract.SYSTEM, "messages": messages,
-                "tools": tools, "tool_choice": {"type": "any"},
-                "max_tokens": request.max_output_tokens, "timeout": timeout_s,
-            }  # fmt: skip
             if not request.live.on:
-                return client.messages.create(**asked)
-            with client.messages.with_streaming_response.create(**asked, stream=True) as reply:
+                return decoded(post(client, asked, timeout_s, stream=False).content)
+            reply = post(client, asked, timeout_s, stream=True)
+            try:
                 return streamed(reply.iter_lines(), request.live)
+            finally:
+                reply.close()
 
         classified = functools.partial(classify, route=self.route)
         message = with_retries(attempt, classified, timeout_s=request.timeout_s, spec=self.spec)

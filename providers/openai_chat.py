@@ -4,6 +4,13 @@ the SDK's own variables, OPENAI_BASE_URL and OPENAI_API_KEY; a named endpoint ha
 
 Usage is the provider's: `prompt_tokens` counts all input, `cached_tokens` is part of it;
 `completion_tokens` counts all output, `reasoning_tokens` is part of it.
+
+The call goes through the SDK's client (its headers, auth, base URL and status errors, which
+`classify` reads), but not through its per-call layers: the body is our plain dict encoded once
+(`msgspec`), not walked by the SDK's `maybe_transform` against its typed parameters, and the
+reply is decoded into the few fields read here (`Completion`), not built into its pydantic
+models; together about half a call's CPU in the SDK. A 200 whose body is not a completion (not
+JSON, or not its shape) fails the attempt as a reply cut in transit does: it is retried.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 import httpx2
+import msgspec
 import openai
 import pydantic
 from openai.types.chat import ChatCompletion
@@ -127,6 +135,72 @@ def request_tools(request: ModelRequest) -> list[dict[str, Any]]:
         }
         for f in contract.functions(request.tools)
     ]
+
+
+class _Function(msgspec.Struct):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _ToolCall(msgspec.Struct):
+    function: _Function | None = None  # None for a call of another type (a custom tool)
+
+
+class _Message(msgspec.Struct):
+    content: str | None = None
+    refusal: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+
+
+class _Choice(msgspec.Struct):
+    message: _Message
+    finish_reason: str | None = None
+
+
+class _PromptDetails(msgspec.Struct):
+    cached_tokens: int | None = None
+    cache_write_tokens: int | None = None  # some compatible servers report writes
+
+
+class _OutputDetails(msgspec.Struct):
+    reasoning_tokens: int | None = None
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    prompt_tokens_details: _PromptDetails | None = None
+    completion_tokens_details: _OutputDetails | None = None
+
+
+class Completion(msgspec.Struct):
+    """What this adapter reads of a chat completion; the rest of the body is skipped."""
+
+    model: str | None = None
+    choices: list[_Choice] = []
+    usage: _Usage | None = None
+
+
+_decoder = msgspec.json.Decoder(Completion)
+_encoder = msgspec.json.Encoder()
+
+
+def decoded(content: bytes) -> Completion:
+    """A 200's body as a completion; one that is not is a reply cut in transit (`StreamCut`)."""
+    try:
+        return _decoder.decode(content)
+    except msgspec.DecodeError as exc:
+        raise StreamCut(f"the reply is not a chat completion: {one_line(exc)}") from exc
+
+
+def post(client: openai.OpenAI, body: dict[str, Any], timeout_s: float, *, stream: bool) -> Any:
+    """POST /chat/completions through the SDK's client with `body` as it is: an httpx response,
+    read whole unless `stream` (then the caller closes it). A 4xx or 5xx raises the SDK's
+    `APIStatusError` for it, its body read, as `create` does."""
+    return client.post(
+        "/chat/completions", cast_to=httpx2.Response, content=_encoder.encode(body),
+        options={"timeout": timeout_s}, stream=stream, stream_cls=None,
+    )  # fmt: skip
 
 
 def usage_of(completion: Any) -> Tokens | None:
@@ -251,18 +325,21 @@ class OpenAIChat:
         client = sdk_client(openai.OpenAI, self.route, hint=hint)
         messages, tools = request_messages(request), request_tools(request)
 
+        asked: dict[str, Any] = {
+            "model": self.model, "messages": messages, "tools": tools,
+            "tool_choice": "required", "max_completion_tokens": request.max_output_tokens,
+        }  # fmt: skip
+        if request.live.on:
+            asked.update(stream=True, stream_options={"include_usage": True})
+
         def attempt(timeout_s: float) -> Any:
-            asked: dict[str, Any] = {
-                "model": self.model, "messages": messages, "tools": tools,
-                "tool_choice": "required", "max_completion_tokens": request.max_output_tokens,
-                "timeout": timeout_s,
-            }  # fmt: skip
             if not request.live.on:
-                return client.chat.completions.create(**asked)
-            with client.chat.completions.with_streaming_response.create(
-                **asked, stream=True, stream_options={"include_usage": True}
-            ) as reply:
+                return decoded(post(client, asked, timeout_s, stream=False).content)
+            reply = post(client, asked, timeout_s, stream=True)
+            try:
                 return streamed(reply.iter_lines(), request.live)
+            finally:
+                reply.close()
 
         classified = functools.partial(classify, route=self.route)
         completion = with_retries(attempt, classified, timeout_s=request.timeout_s, spec=self.spec)

@@ -12,6 +12,7 @@ from turnstile.jobs.model import ModelResponse, ModelStop
 from turnstile.jobs.outcomes import Outcome
 from turnstile.providers.endpoints import Route
 from turnstile.providers.prices import Price, Tokens, cost_microusd
+from turnstile.providers.transport import http_client
 
 Sdk = TypeVar("Sdk")
 
@@ -22,12 +23,13 @@ NO_KEY = "no-key"
 
 @functools.lru_cache(maxsize=16)
 def _cached(make: Callable[..., Any], base_url: str | None, key: str, pid: int) -> Any:
-    return make(api_key=key, base_url=base_url, max_retries=0)
+    return make(api_key=key, base_url=base_url, max_retries=0, http_client=http_client())
 
 
 def sdk_client(make: Callable[..., Sdk], route: Route, *, hint: str = "") -> Sdk:
     """One SDK client per endpoint and key in a process (the pid keeps a forked child from
-    sharing its parent's connections), so turns reuse its connections. The deadline governs
+    sharing its parent's connections), so turns reuse its connections, on a transport whose
+    cost per request does not grow with them (transport.py). The deadline governs
     retries, so the SDK's own are off. No key is a named stop, not a traceback. The key and
     the URL are the route's, as the configuration it was routed with gave them."""
     key = route.key if route.key_env else NO_KEY

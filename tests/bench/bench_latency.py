@@ -11,7 +11,8 @@ Per configuration: turns/s (committed turns over the time from the first submiss
 last run ending), turns in flight (sampled every 0.1 s: mean and peak), and the PSS of all
 worker processes and their pool processes (psutil `memory_full_info().pss`, peak), also per
 in-flight turn (peak PSS over peak turns in flight), and the CPU time per turn of the workers,
-the model's server and the store (on one machine they share the cores). Prefork at 1 s
+the model's server and the store over the timed window (on one machine they share the cores;
+the workers' start-up is left out). Prefork at 1 s
 latency turns `concurrency` turns a second at best, so it gets `--prefork-runs` runs, not
 `--runs`: its rate is already steady.
 Goals (issue 12): with 2 processes, gevent's turns/s at 1 s >= 0.8x its turns/s at zero
@@ -36,6 +37,7 @@ import psutil
 from tests.integration.workers import WorkerProcess, client_for
 from tests.wire.wire import MODELS, wire_server
 from turnstile.jobs.support.scenarios import GOAL, USER
+from turnstile.worker.broker.layout import broker_queue
 from turnstile.worker.dev.embedded import EmbeddedServer
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
@@ -70,6 +72,11 @@ class Figures:
     # CPU time per turn (ms) spent by the workers, by the model's server, and by the store's:
     # on one machine they share its cores, so where the CPU goes says what caps turns/s.
     cpu_ms_per_turn: dict[str, float]
+    # Steps waiting, sampled with the turns in flight (mean): on the queue's broker list (sent
+    # by the dispatcher, not yet taken by a worker), and in the tenant's pending sets (not yet
+    # sent). A long broker list with slots free: the workers are slow to take steps.
+    broker_list_mean: float
+    pending_mean: float
 
 
 def _pss_mb(workers: list[WorkerProcess]) -> float:
@@ -140,16 +147,26 @@ def measure(
             client = client_for(server.url)
             client.ledger.set_ceiling(tenant, "cost_microusd", 10**12)
             samples: list[int] = []
+            waiting: list[tuple[int, int]] = []  # (on the broker list, in the pending sets)
             pss: list[float] = []
+            listed = broker_queue(queue)
+            sets = [keys.pending(tenant, queue, kind) for kind in ("cont", "start")]
             stop = threading.Event()
 
             def sample() -> None:
                 while not stop.wait(0.1):
                     samples.append(int(client.client.hlen(keys.inflight(tenant))))
+                    pipe = client.client.pipeline(transaction=False)
+                    pipe.llen(listed)
+                    for name in sets:
+                        pipe.zcard(name)
+                    depth, *held = pipe.execute()
+                    waiting.append((int(depth), sum(int(n) for n in held)))
                     if len(samples) % 5 == 0:
                         pss.append(_pss_mb(workers))
 
             sampler = threading.Thread(target=sample, daemon=True)
+            cpu_before = _cpu_s()  # the workers' start-up is not a turn's
             started = time.monotonic()
             sampler.start()
             ids = []
@@ -163,7 +180,7 @@ def measure(
             while int(client.client.scard(stopped)) < runs:
                 time.sleep(0.05)
             seconds = time.monotonic() - started
-            cpu = _cpu_s()
+            cpu = {kind: s - cpu_before[kind] for kind, s in _cpu_s().items()}
             stop.set()
             sampler.join()
             states = [client.state(r, tenant) for r in ids]
@@ -173,6 +190,7 @@ def measure(
             for worker in workers:
                 worker.stop(timeout_s=30)
     busy = [s for s in samples if s > 0] or [0]
+    queued = waiting[: len(busy)] or [(0, 0)]
     peak = max(busy)
     pss_peak = max(pss, default=0.0)
     return Figures(
@@ -190,6 +208,8 @@ def measure(
         round(pss_peak / peak, 2) if peak else 0.0,
         dict(outcomes),
         {kind: round(1000 * s / max(1, turns), 2) for kind, s in cpu.items()},
+        round(statistics.mean(d for d, _ in queued), 1),
+        round(statistics.mean(p for _, p in queued), 1),
     )
 
 

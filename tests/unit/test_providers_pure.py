@@ -20,11 +20,11 @@ from turnstile.jobs.state import Call
 from turnstile.jobs.support.job import support_job
 from turnstile.jobs.support.scenarios import GOAL, USER
 from turnstile.jobs.support.shop import InMemoryShop
-from turnstile.providers import contract
+from turnstile.providers import anthropic_messages, contract, openai_chat
 from turnstile.providers.config import ProviderConfig
 from turnstile.providers.errors import ProviderConfigError
 from turnstile.providers.prices import PRICES_FILE_ENV, Price, Tokens, cost_microusd, price_of
-from turnstile.providers.retry import Failure, retry_after_s, with_retries
+from turnstile.providers.retry import Failure, StreamCut, retry_after_s, with_retries
 from turnstile.worker.settings import Settings
 
 NOTHING = ProviderConfig()  # a process with nothing configured: the shipped prices
@@ -216,3 +216,24 @@ def test_a_provider_runs_reservation_counts_what_its_request_carries_besides_the
 
     extra = reserved_tokens("openai:gpt-4.1-mini") - reserved_tokens("policy")
     assert extra > CONTRACT_TOKENS + 100 + 400 // 4
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_a_reply_is_read_into_the_fields_used_and_a_body_that_is_not_one_is_retried(
+    provider: str,
+) -> None:
+    """Each adapter reads a 200's body (the recorded exchanges' first) into the fields it uses,
+    as the SDK's model did; a body that is not JSON, or not the format's shape, is a reply cut
+    in transit: `classify` retries it."""
+    module = openai_chat if provider == "openai" else anthropic_messages
+    fixture = Path(__file__).parents[1] / "wire" / "fixtures" / provider / "support_run.json"
+    body = json.loads(fixture.read_text())[0]["body"]
+    reply = module.decoded(json.dumps(body).encode())
+    tokens = module.usage_of(reply)
+    assert tokens is not None and tokens.output > 0 and tokens.input > 0
+    assert reply.model == body["model"]
+    for bad in (b"<html>busy</html>", b'{"choices": "none", "content": 1}', b"[]"):
+        with pytest.raises(StreamCut) as cut:
+            module.decoded(bad)
+        failure = module.classify(cut.value)
+        assert failure is not None and failure.kind == "retry"

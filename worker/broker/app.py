@@ -29,6 +29,7 @@ REDIS_TRANSPORT = "turnstile.worker.broker.transport:Transport"
 # Broker connections a process keeps when nothing asks for more: a client publishes one
 # message at a time per thread, and a prefork worker process runs one turn at a time.
 DEFAULT_POOL_LIMIT = 4
+KOMBU_CHANNEL_CONNECTIONS = 10  # kombu's Redis channel's default `max_connections`
 
 
 def make_app(
@@ -45,7 +46,13 @@ def make_app(
     transport = (
         transport_options(url or "")
         if amqp.is_amqp(url)
-        else {"visibility_timeout": config.visibility_timeout_s}
+        else {
+            "visibility_timeout": config.visibility_timeout_s,
+            # Each Redis channel's own client pool (acks, publishes): kombu's default of 10
+            # made a green worker's eleventh ack at once fail ("Too many connections"), and
+            # Celery then restarted its consumer and took the unacked steps back.
+            "max_connections": max(pool_limit, KOMBU_CHANNEL_CONNECTIONS),
+        }
     )
     celery.conf.update(
         broker_url=url,

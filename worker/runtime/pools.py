@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from enum import StrEnum
+from typing import Any
 
 
 class Pool(StrEnum):
@@ -42,6 +43,8 @@ ENFORCES_HARD_LIMITS = frozenset({Pool.PREFORK, Pool.GEVENT})
 # Turns in flight in one worker process: processes for prefork (each ~70 MB), greenlets for
 # gevent (each a few hundred KB while it waits).
 MAX_CONCURRENCY = {Pool.PREFORK: 1024, Pool.GEVENT: 5000, Pool.THREADS: 1024}
+# select.poll's default mask: POLLIN | POLLPRI | POLLOUT (gevent watches for reads and writes).
+DEFAULT_POLL_MASK = 1 | 2 | 4
 # Connections a green worker keeps besides one per turn: the sweeper, the heartbeat, Celery's
 # consumer and event dispatcher.
 SPARE_CONNECTIONS = 8
@@ -88,7 +91,56 @@ def patch_if_green(argv: Sequence[str], env: dict[str, str]) -> bool:
     from gevent import monkey  # noqa: PLC0415 - only a green worker loads gevent
 
     monkey.patch_all()
+    _ready_at_once()
     return True
+
+
+def _ready_at_once() -> None:
+    """Make a zero-timeout `select.poll().poll(0)` the system call it is, not gevent's.
+
+    gevent's `poll` starts a watcher per descriptor and waits on the hub even for a timeout of
+    0: a trip through the hub and its loop to ask whether a socket has bytes waiting. redis-py
+    asks that of a connection every time it takes one from its pool, and httpcore of a kept
+    connection before reusing it: on a green worker with hundreds of turns, about a tenth of
+    its CPU. A poll that cannot block needs no hub: it is asked of the kernel directly, and
+    answers the descriptors' state as it is now (gevent's answered what its loop saw). Any
+    other timeout waits in the hub as before."""
+    import select  # noqa: PLC0415 - patched by patch_all just before
+
+    from gevent import monkey  # noqa: PLC0415 - only a green worker loads gevent
+
+    green: Any = select.poll
+    kernel: Callable[[], Any] = monkey.get_original("select", "poll")
+
+    class Poll(green):  # type: ignore[misc]
+        """gevent's poll, whose zero-timeout poll is the kernel's."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.masks: dict[int, int] = {}
+
+        def register(self, fd: Any, eventmask: int = DEFAULT_POLL_MASK) -> None:
+            super().register(fd, eventmask)
+            self.masks[fd if isinstance(fd, int) else fd.fileno()] = eventmask
+
+        def modify(self, fd: Any, eventmask: int) -> None:
+            self.register(fd, eventmask)
+
+        def unregister(self, fd: Any) -> None:
+            super().unregister(fd)
+            self.masks.pop(fd if isinstance(fd, int) else fd.fileno(), None)
+
+        def poll(self, timeout: float | None = None) -> list[tuple[int, int]]:
+            if timeout is None or timeout != 0:
+                result: list[tuple[int, int]] = super().poll(timeout)
+                return result
+            now = kernel()
+            for fd, mask in self.masks.items():
+                now.register(fd, mask)
+            ready: list[tuple[int, int]] = now.poll(0)
+            return ready
+
+    select.poll = Poll  # type: ignore[misc]
 
 
 def green() -> bool:
