@@ -87,7 +87,7 @@ def test_the_small_scripts_calls() -> None:
     load = load_call(tenant=T, run_id=R, version=3, inflight_lease_ms=15_000, where="q|1|h",
                      delivery="d-2", after="d-1")  # fmt: skip
     assert load.keys == [keys.run(T, R), keys.leases(T), keys.control(T), keys.inflight(T),
-                         *tenant_keys(T)]  # fmt: skip
+                         *tenant_keys(T), keys.live_readers(T, R)]  # fmt: skip
     assert load.args == [R, 3, 15_000, "q|1|h", "d-2", "d-1"]
     renew = renew_call(tenant=T, run_id=R, where="q|1|h", lease_ms=9)
     assert (renew.keys, renew.args) == ([keys.leases(T), keys.inflight(T)], [R, "q|1|h", 9])
@@ -164,7 +164,8 @@ def test_a_commit_queues_or_claims_the_next_step_after_the_rest() -> None:
     claim = fair.claim(following, 12.0, cluster, "d-3")
     claimed = commit_call(change, head="", journal_maxlen="1000", pickup_lease_ms=9, at=AT,
                           claim=claim)  # fmt: skip
-    assert claimed.keys[-len(claim.keys) :] == claim.keys
+    # The claim's keys, then the run's live readers, for the claimed step's load.
+    assert claimed.keys[-len(claim.keys) - 1 :] == [*claim.keys, keys.live_readers(T, R)]
     assert claimed.args[-len(claim.args) :] == claim.args
     assert _one_slot(claimed.keys)
 
@@ -177,8 +178,9 @@ def test_the_replies_decode_as_the_scripts_give_them() -> None:
     assert joined_from(["moved", "a", "b"]).target == "b"
     assert joined_from(["full", "a"]).kind == "full"
     go = ["go", '{"s":1}', 2, "", "ops", "why", "running", "admitted", ["admitted"], "res-1",
-          17, "run-9", json.dumps([{"text": "x"}])]  # fmt: skip
+          17, "run-9", json.dumps([{"text": "x"}]), "1"]  # fmt: skip
     loaded = loaded_from(go, 4, [b"2025", b""])
+    assert loaded.watched and not loaded_from([*go[:-1], ""], 4, None).watched
     assert (loaded.kind, loaded.version, loaded.attempts, loaded.cancel_by) == ("go", 4, 2, "ops")
     assert loaded.queue_paused and not loaded.queue_draining and loaded.supersede_by == "run-9"
     assert loaded_from(["stale", "5", "running"], 4, None).version == 5

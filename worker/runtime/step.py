@@ -38,7 +38,6 @@ from turnstile.worker.runtime.results import StepResult
 from turnstile.worker.runtime.services import Services
 from turnstile.worker.scheduling.limits import hold_id, time_limits
 from turnstile.worker.settings import Settings
-from turnstile.worker.store import live as live_store
 from turnstile.worker.store.runs import Loaded, now_iso
 
 log = structlog.get_logger("turnstile.step")
@@ -198,14 +197,12 @@ class Step:
 
     def _live(self, state: RunState) -> StoreSink | None:
         """The turn's live sink (worker/runtime/live.py), tagged with this delivery's attempt
-        at the turn; None when live output is off or nobody reads the run live now (then the
-        model is not streamed: the turn costs what it does with live output off, and one
-        EXISTS)."""
-        if not self.settings.live_output:
-            return None
-        if not live_store.watched(self.services.store.client, state.tenant, state.run_id):
-            return None
+        at the turn; None when live output is off or nobody read the run live when the turn
+        was loaded (then the model is not streamed: the turn costs what it does with live
+        output off; the load told whether anyone reads, see run_load.lua)."""
         assert self.writer is not None
+        if not self.settings.live_output or not self.writer.loaded.watched:
+            return None
         return StoreSink(
             self.services.store.client, self.settings, tenant=state.tenant,
             run_id=state.run_id, turn=state.usage.steps + 1,

@@ -18,7 +18,8 @@ and orders their entries by id, the store's clock for both.
 
 Only a run someone reads live is written: each reader sets `turnstile:{T}:live-readers:<run
 id>` again as it reads (`watch`), and it expires `READER_TTL_S` after the last one left; a turn
-that starts with nobody watching streams nothing and costs one EXISTS (`watched`).
+that starts with nobody watching streams nothing and costs nothing more: the turn's load (the
+script run_load.lua, or the eager commit that claimed the turn) says whether the key exists.
 """
 
 from __future__ import annotations
@@ -96,11 +97,6 @@ def watch(client: redis.Redis, tenant: str, run_id: str) -> None:
 async def watch_async(r: aioredis.Redis, tenant: str, run_id: str) -> None:
     """`watch`, on an asyncio client."""
     await r.set(keys.live_readers(tenant, run_id), "1", ex=READER_TTL_S)
-
-
-def watched(client: redis.Redis, tenant: str, run_id: str) -> bool:
-    """Whether someone reads the run's live output: a turn starting writes it only then."""
-    return bool(client.exists(keys.live_readers(tenant, run_id)))
 
 
 def append(

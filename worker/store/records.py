@@ -60,6 +60,7 @@ class Loaded:
     gap_ms: int = 0  # since the run last changed: for a continuing run, since its commit
     supersede_by: str = ""  # a run of its conversation that interrupts it (see run_create.lua)
     followups: str = ""  # JSON list: messages merged into the run that no turn has seen yet
+    watched: bool = False  # someone reads the run's live output now (worker/store/live.py)
 
 
 @dataclass
@@ -188,6 +189,7 @@ def loaded_from(reply: Any, version: int, queue_flags: Any) -> Loaded:
         gap_ms=int(reply[10]),
         supersede_by=text(reply[11]),
         followups=text(reply[12]),
+        watched=bool(text(reply[13])),
     )
 
 

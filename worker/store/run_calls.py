@@ -87,7 +87,7 @@ def load_call(
     """run_load.lua: the run's gate, state and next hold; `where` is `inflight_tag(queue)`."""
     return ScriptCall(
         [keys.run(tenant, run_id), keys.leases(tenant), keys.control(tenant),
-         keys.inflight(tenant), *keys.ledger(tenant)],
+         keys.inflight(tenant), *keys.ledger(tenant), keys.live_readers(tenant, run_id)],
         [run_id, version, inflight_lease_ms, where, delivery, after],
     )  # fmt: skip
 
@@ -155,7 +155,7 @@ def commit_call(
         script_keys += change.next_step.keys
         args += [change.next_step.entry, change.next_step.before]
         if claim is not None:
-            script_keys += claim.keys
+            script_keys += [*claim.keys, keys.live_readers(tenant, change.run_id)]
             args += claim.args
     return ScriptCall(script_keys, args)
 

@@ -65,6 +65,8 @@ KEYS
                     queue's sent steps (fair_sent), the set of queues with pending steps,
                     the dispatcher's wake-up list (to announce a step queued after all), the
                     tenant's pending set of first steps on the queue
+  last              when claiming: the run's live readers (run_load.lua's KEYS 11), for the
+                    claimed step's load
 ARGV
   One MessagePack array of strings (`run_calls.packed`): one value for the client to send
   instead of about a hundred, unpacked here into the arguments below, numbered from 1.
@@ -346,7 +348,7 @@ if next_entry ~= '' and claimer ~= '' then
     redis.call('ZADD', KEYS[16], now + claim.slot_lease, run_id .. ':' .. new_version)
     local loaded = run_load_at(
       {KEYS[1], KEYS[3], KEYS[17], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12],
-       KEYS[13]},
+       KEYS[13], KEYS[#KEYS]},
       {run_id, tostring(new_version), claim.lease, claim.where, claim.token, ''})
     return {'ok', new_version, 2, loaded}
   end

@@ -4,7 +4,8 @@ reply), as a function: run_load.lua calls it for a delivered step, and run_commi
 step an eager commit claims, so a claimed step is gated, counted and admitted exactly as a
 delivered one. This body follows the ledger's library (`ledger_reserve`).
 
-  K  the keys of run_load.lua, in its order (run, leases, control, inflight, six ledger keys)
+  K  the keys of run_load.lua, in its order (run, leases, control, inflight, six ledger keys,
+     the run's live readers)
   A  its arguments, in its order (run id, version, in-flight lease, where, token, after)
 ]]
 local function run_load_at(K, A)
@@ -79,6 +80,9 @@ local function run_load_at(K, A)
   end
   -- The gap since the run last changed: for a continuing run, from its commit to this start.
   local gap = now - (tonumber(fields[10] or '') or now)
+  -- Whether someone reads the run's live output now: the turn then writes its words as they
+  -- come (worker/store/live.py); told here so that a turn asks nothing more of the store.
+  local watched = redis.call('EXISTS', K[11]) == 1 and '1' or ''
   return {'go', fields[3], attempts, paused, cancel_by, fields[7] or '', status, hold, reply, hold_id,
-    gap, supersede_by, fields[12] or ''}
+    gap, supersede_by, fields[12] or '', watched}
 end

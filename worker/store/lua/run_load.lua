@@ -27,6 +27,7 @@ KEYS
   3 control hash    turnstile:{T}:control       tenant flags
   4 inflight hash   turnstile:{T}:inflight      run id -> "<queue>|<pid>|<host>|<token>|<lease ms>"
   5-10              the tenant's six ledger keys, in the library's order
+  11 live readers   turnstile:{T}:live-readers:<id>   someone reads the run's live output
 ARGV
   1 run id
   2 version the step expects
@@ -42,7 +43,7 @@ Returns
                                               (its in-flight lease is live): one turn per
                                               version, so a duplicate never forks the run
   {"go", state, attempts, tenant_paused, cancel_by, cancel_reason, status, hold, reply, hold_id,
-   gap_ms, supersede_by, followups}
+   gap_ms, supersede_by, followups, watched}
       hold   "admitted" | "rejected" | "conflict" | "unfit" | "none" (no hold stored) |
              "skipped" (paused or cancelled: nothing reserved)
       reply  ledger_reserve's reply when it was called, else the unfit dimension or ""
@@ -50,7 +51,9 @@ Returns
       gap_ms   milliseconds since the run last changed (its commit, for a continuing run)
       supersede_by  the run of its conversation that interrupts it (nothing is reserved), or ""
       followups     JSON list of the messages merged into it that no turn has seen, or ""
+      watched       "1" when someone reads the run's live output now (KEYS 11 exists), else ""
 ]]
 return run_load_at(
-  {KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]},
+  {KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10],
+   KEYS[11]},
   {ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]})
