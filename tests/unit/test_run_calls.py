@@ -4,7 +4,9 @@ order its script's header gives (worker/store/lua/run_*.lua), and each reply dec
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
+import pytest
 from redis.crc import key_slot
 
 from turnstile.ledger.keys import tenant_keys
@@ -106,8 +108,11 @@ def test_the_small_scripts_calls() -> None:
 
 def test_a_commits_arguments_count_what_follows_them() -> None:
     """A commit's ARGV gives the events, the settlements (each with its length), the fields to
-    clear, the hold, if_idle and the journal's length in run_commit.lua's order; a run that
-    goes on names no release, its outcome set is `none`'s, and its lease is "" when dropped."""
+    clear, the hold, if_idle, the journal's length and the slot to give back in
+    run_commit.lua's order; a run that goes on names no release, its outcome set is `none`'s,
+    and its lease is "" when dropped. A commit that gives the step's slot back names it, and
+    the tenant's slots and active runs come last in KEYS; one that also queues its next step
+    is refused."""
     change = Change(
         tenant=T, run_id=R, version=4, old_status="running", status="parked",
         events=[{"type": "parked"}, {"type": "x"}], settlements=[["res-1", "1000", "tokens", "5"]],
@@ -121,9 +126,18 @@ def test_a_commits_arguments_count_what_follows_them() -> None:
         R, 4, "", "parked", "", "", "", "", EVENTS_MAXLEN,
         2, encode_event({"type": "parked"}), encode_event({"type": "x"}),
         1, 4, "res-1", "1000", "tokens", "5",
-        2, "cancel_by", "cancel_reason", "-", "1", "1000",
+        2, "cancel_by", "cancel_reason", "-", "1", "1000", "",
         2, "", "", 60_000, "",
     ]  # fmt: skip
+    giving = commit_call(replace(change, slot=f"{R}:4"), head="", journal_maxlen="1000",
+                         pickup_lease_ms=60_000, at=AT)  # fmt: skip
+    assert giving.keys == [*call.keys, keys.slots(T), keys.active(T)]
+    assert giving.args == [*call.args[:24], f"{R}:4", *call.args[25:]]
+    assert _one_slot(giving.keys)
+    step = fair.pending_entry(StepMessage(T, R, 5, "q"), 10.0, 12.0)
+    with pytest.raises(ValueError, match="keeps its slot"):
+        commit_call(replace(change, slot=f"{R}:4", next_step=step), head="",
+                    journal_maxlen="1000", pickup_lease_ms=9, at=AT)  # fmt: skip
 
 
 def test_a_stopping_run_of_a_conversation_releases_it_at_the_index_it_names() -> None:

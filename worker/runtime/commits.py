@@ -94,6 +94,7 @@ class Writer:
     followups_seen: int = 0  # merged messages the load found and this turn's state took in
     next_limits: tuple[float, float] | None = None  # the next step's (soft, hard), once known
     took: Took | None = None  # the run's next turn, once a commit claimed it
+    released: bool = False  # a commit gave the step's fair-share slot back (see `leave`)
     # Events a gate recorded for the turn's first write (a migration): see `_with_prelude`.
     prelude: list[dict[str, Any]] = field(default_factory=list)
 
@@ -135,13 +136,20 @@ class Writer:
         settlements: list[list[str]] | None = None,
         clear: list[str] | None = None,
     ) -> Committed:
-        """The run ends or parks here: through the store's one way out."""
-        return self.services.store.leave(
+        """The run ends or parks here: through the store's one way out. With fair share on a
+        single server, the commit also gives the step's slot back (the task would otherwise,
+        in a round trip of its own: see runtime/task.py)."""
+        store = self.services.store
+        slot = f"{self.msg.run_id}:{self.msg.version}"
+        committed = store.leave(
             tenant=self.msg.tenant, run_id=self.msg.run_id, version=self.msg.version,
             old_status=self.loaded.status or "running", state=state, reason=reason,
             events=self._with_prelude(events or []), settlements=settlements or [],
             clear=clear or [], followups_seen=self.followups_seen,
+            slot=slot if self.settings.fair_share and not store.cluster else "",
         )  # fmt: skip
+        self.released = self.released or committed.released
+        return committed
 
     def fail(self, reason: str, state: RunState | None = None) -> Committed:
         """End the run `error` with the reason; the state is kept as it was if it is broken."""

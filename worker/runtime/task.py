@@ -107,8 +107,10 @@ def _one_step(
         metrics.step_done(result, started)
         structlog.contextvars.clear_contextvars()
         # A retry keeps the step's slot until its last delivery; a continuing run's next
-        # step took it over as it was queued or claimed (worker/scheduling/fair.py).
-        if result not in ("retry", "continued"):
+        # step took it over as it was queued or claimed (worker/scheduling/fair.py); a run
+        # that stopped or parked gave it back with its commit (runtime/commits.py `leave`).
+        released = step is not None and step.writer is not None and step.writer.released
+        if result not in ("retry", "continued") and not released:
             _release(task.worker, msg, result)
 
 

@@ -85,6 +85,9 @@ class Change:
     next_step: NextStep | None = None  # queued by the commit itself (fair share, see fair.py)
     claim: Claim | None = None  # or claimed for this worker, where fair share allows (eager)
     followups_seen: int = 0  # merged messages this change consumed (the first n waiting)
+    # The step's fair-share slot ("<run id>:<version>") given back by this commit, for a run
+    # that stops or parks (see run_commit.lua), or "": the caller gives it back itself.
+    slot: str = ""
     conversation: str = ""  # the run's conversation: a stopping commit releases it
 
 
@@ -125,6 +128,7 @@ class Committed:
     queued: bool = False  # the commit queued the run's next step (`Change.next_step`)
     claimed: Loaded | None = None  # or claimed it, and loaded it for this worker (`claim`)
     started: Started | None = None  # the run of its conversation that this commit started
+    released: bool = False  # the commit gave the step's fair-share slot back (`Change.slot`)
 
 
 @dataclass(frozen=True)
@@ -206,7 +210,8 @@ def committed_from(reply: Any, change: Change) -> Committed:
         if len(reply) == 6:  # a waiting run of the conversation started
             started = Started(change.tenant, text(reply[3]), text(reply[4]), text(reply[5]))
             return Committed("ok", version=int(reply[1]), started=started)
-        return Committed("ok", version=int(reply[1]), queued=change.next_step is not None)
+        return Committed("ok", version=int(reply[1]), queued=change.next_step is not None,
+                         released=bool(change.slot))  # fmt: skip
     if kind in ("stale", "busy"):
         return Committed(kind, version=int(reply[1]))  # type: ignore[arg-type]
     if kind in ("ledger", "moved"):  # moved: the first waiting run of the conversation now

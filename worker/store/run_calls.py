@@ -148,10 +148,14 @@ def commit_call(
     for settlement in change.settlements:
         args += [len(settlement), *settlement]
     args += [len(change.clear), *change.clear, change.hold, "1" if change.if_idle else ""]
-    args.append(journal_maxlen)
+    args += [journal_maxlen, change.slot]
     _conversation(change, head=head, pickup_lease_ms=pickup_lease_ms, at=at,
                   script_keys=script_keys, args=args)  # fmt: skip
-    if change.next_step is not None:
+    if change.slot:  # a run that stops or parks: no next step, the slot's keys come last
+        if change.next_step is not None:
+            raise ValueError("a commit that queues the next step keeps its slot")
+        script_keys += [keys.slots(tenant), keys.active(tenant)]
+    elif change.next_step is not None:
         script_keys += change.next_step.keys
         args += [change.next_step.entry, change.next_step.before]
         if claim is not None:

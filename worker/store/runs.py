@@ -30,7 +30,7 @@ from turnstile.ledger import replies as ledger_replies
 from turnstile.ledger.client import Ledger
 from turnstile.ledger.results import ReserveResult
 from turnstile.worker.registry import Jobs
-from turnstile.worker.store import fields, keys
+from turnstile.worker.store import fields, keys, pending
 from turnstile.worker.store.controls import DRAINING, PAUSED
 from turnstile.worker.store.durability import WaitFor, written
 from turnstile.worker.store.errors import NotDurableError, StoreUnavailable, reached
@@ -302,7 +302,8 @@ class RunStore:
             change, head=head, journal_maxlen=release[1], pickup_lease_ms=self.pickup_lease_ms,
             at=now_iso(), claim=claim,
         ))  # fmt: skip
-        then = None
+        # A commit that gives the step's slot back wakes the dispatcher in its round trip.
+        then = pending.nudge if change.slot else None
         announce_after = False  # on a cluster, a claim that queued after all is announced here
         if change.next_step is not None:
             then = change.next_step.announce
@@ -360,6 +361,7 @@ class RunStore:
         if_idle: bool = False,
         at: str = "",
         followups_seen: int = 0,
+        slot: str = "",
     ) -> Committed:
         """The one way out of a run: every path that ends, parks or cancels a run commits here.
 
@@ -368,7 +370,8 @@ class RunStore:
         and keeps the stored state as it is. The commit settles `settlements` and releases
         every other hold the run still has open; a run that stops gets its one `finished`
         event, with the closing message built from the state and from what the job's systems
-        of record say was done."""
+        of record say was done. `slot`, the step's fair-share slot, is given back by the same
+        commit, and the dispatcher nudged in the same round trip, when given."""
         at = at or now_iso()
         out = list(events)
         if state is None:
@@ -394,7 +397,7 @@ class RunStore:
                 status=status, state_json=state.to_json().decode() if state is not None else "",
                 outcome=outcome, detail=detail, reason=reason, lease_ms=None, events=out,
                 settlements=list(settlements), clear=list(clear), hold="-", if_idle=if_idle,
-                followups_seen=followups_seen, conversation=conversation,
+                followups_seen=followups_seen, conversation=conversation, slot=slot,
             )
         )  # fmt: skip
 

@@ -67,6 +67,8 @@ KEYS
                     tenant's pending set of first steps on the queue
   last              when claiming: the run's live readers (run_load.lua's KEYS 11), for the
                     claimed step's load
+  last two          when giving the step's slot back (see ARGV): the tenant's slots and its
+                    active runs (the caller then nudges the dispatcher in the same round trip)
 ARGV
   One MessagePack array of strings (`run_calls.packed`): one value for the client to send
   instead of about a hundred, unpacked here into the arguments below, numbered from 1.
@@ -85,6 +87,9 @@ ARGV
   then the next turn's ledger hold (see run_load.lua): "" keeps it, "-" drops it, else its JSON
   then "1" to commit only if no turn of the run is in flight (its in-flight lease is live), or ""
   then the ledger's journal max length (for the releases)
+  then the step's fair-share slot ("<run id>:<version>") to give back with this commit (a run
+  that stops or parks, fair share on: KEYS' last two are then the tenant's slots and active
+  runs), or ""
   then the number of follow-ups the change consumed (the first n of field `followups`: the
   ones its turn's load read; merges only append), the index in KEYS of the conversation's keys
   (a stopping commit of a run of a conversation) or "", the conversation's first waiting run
@@ -214,6 +219,8 @@ local n_hdel = tonumber(ARGV[i])
 local hdel_at = i + 1
 i = i + n_hdel + 1
 local hold, if_idle, maxlen = ARGV[i] or '', ARGV[i + 1] or '', ARGV[i + 2] or '1000'
+local slot = ARGV[i + 3] or ''
+i = i + 1
 -- Conversations (see "Conversations" above): follow-ups seen, and the release's keys.
 local seen, conv_at = tonumber(ARGV[i + 3] or '') or 0, tonumber(ARGV[i + 4] or '')
 local expected_head, conv_lease, started_event = ARGV[i + 5] or '', ARGV[i + 6], ARGV[i + 7]
@@ -294,6 +301,14 @@ else
   redis.call('ZADD', KEYS[3], now + tonumber(ARGV[8]), run_id)
 end
 redis.call('HDEL', KEYS[7], run_id)
+if slot ~= '' then
+  -- The step's delivery is done: its fair-share slot back, and a run that stopped leaves the
+  -- tenant's active runs (what the worker would otherwise do in a round trip of its own).
+  redis.call('ZREM', KEYS[#KEYS - 1], slot)
+  if status == 'stopped' then
+    redis.call('ZREM', KEYS[#KEYS], run_id)
+  end
+end
 if seen > 0 then
   local rest = cjson.decode(redis.call('HGET', KEYS[1], 'followups') or '[]')
   local kept = {}
