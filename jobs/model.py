@@ -10,6 +10,7 @@ provider's answer leaves nothing for the model to do (a refusal, a rejected key)
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -125,10 +126,21 @@ CONTRACT_TOKENS = 600  # a provider request's own text: system prompt, plan and 
 def provider_overhead_tokens(tools: Iterable[Any], last_result: Any) -> int:
     """What a provider request carries besides the view, estimated: the tools as function
     definitions, the previous exchange (its results again), and the contract's own text."""
-    definitions = json.dumps(
-        [[t.name, t.description, t.schema] for t in tools], sort_keys=True, default=str
+    listed = tuple(tools)
+    try:
+        definitions = _definition_tokens(listed)
+    except TypeError:  # tools that cannot be a cache's key: counted each time
+        definitions = _definition_tokens.__wrapped__(listed)
+    return definitions + est_tokens(json.dumps(last_result)) + CONTRACT_TOKENS
+
+
+@functools.lru_cache(maxsize=128)
+def _definition_tokens(tools: tuple[Any, ...]) -> int:
+    """The tools as function definitions, estimated: once per set of tools (a `Tool` is its
+    own key, by identity, and is frozen), not at every turn."""
+    return est_tokens(
+        json.dumps([[t.name, t.description, t.schema] for t in tools], sort_keys=True, default=str)
     )
-    return est_tokens(definitions) + est_tokens(json.dumps(last_result)) + CONTRACT_TOKENS
 
 
 class ModelError(TurnstileError):
