@@ -103,9 +103,11 @@ class Usage(msgspec.Struct, kw_only=True):
 
     @classmethod
     def from_ledger_amounts(cls, amounts: Mapping[str, int]) -> Usage:
-        fields = {f: amounts.get(f, 0) for f in LEDGER_FIELDS}
-        extra = {k: v for k, v in amounts.items() if k not in LEDGER_FIELDS and v}
-        return cls(**fields, extra=extra)
+        get = amounts.get
+        extra = {k: v for k, v in amounts.items() if v and k not in LEDGER_FIELDS}
+        return cls(steps=get("steps", 0), tool_calls=get("tool_calls", 0),
+                   tokens=get("tokens", 0), cost_microusd=get("cost_microusd", 0),
+                   extra=extra)  # fmt: skip
 
 
 def est_tokens(text: str) -> int:

@@ -120,7 +120,10 @@ def render_view(state: RunState) -> str:
         view["remembered_notes"] = state.memory
     if state.followups:  # the user wrote again while the run was active (a conversation)
         view[FOLLOWUPS_KEY] = [f.text for f in state.followups]
-    return json.dumps(view, sort_keys=True)
+    return _VIEW_JSON.encode(view)
+
+
+_VIEW_JSON = json.JSONEncoder(sort_keys=True)  # json.dumps(view, sort_keys=True), made once
 
 
 def _no_params_check(params: Mapping[str, Any]) -> None:

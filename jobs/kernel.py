@@ -10,6 +10,7 @@ Starting and resuming are the same code path. What a turn is given is `Runtime`
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +42,7 @@ from turnstile.jobs.replies import Batch as BatchReply
 from turnstile.jobs.replies import Final, OneCall, Plan, jsonable, parse_reply, reply_tokens
 from turnstile.jobs.runtime import READ_POOL_SIZE, Runtime, ms, remaining_ms, spend_time
 from turnstile.jobs.state import RunState
-from turnstile.jobs.tools import error
+from turnstile.jobs.tools import Tool, error
 from turnstile.jobs.trace import ROOT_ID, Span
 
 __all__ = [
@@ -131,13 +132,20 @@ def _model_failed(state: RunState, exc: Exception) -> Move | None:
     return None
 
 
+@functools.lru_cache(maxsize=128)
+def _specs(tools: tuple[Tool, ...]) -> tuple[ToolSpec, ...]:
+    """The tools as a model is told about them: once per set of tools (a `Tool` is frozen and
+    its own key), not at every turn."""
+    return tuple(ToolSpec(t.name, t.description, t.schema) for t in tools)
+
+
 def _request(state: RunState, rt: Runtime, view: str, step: int) -> ModelRequest:
     return ModelRequest(
         view,
         state.budget.max_output_tokens,
         remaining_ms(state) / 1000,
         step,
-        tools=tuple(ToolSpec(t.name, t.description, t.schema) for t in rt.job.tools.values()),
+        tools=_specs(tuple(rt.job.tools.values())),
         previous_calls=tuple(state.last_calls),
         last_result=state.last_result,
         live=rt.live,
