@@ -10,7 +10,6 @@ Starting and resuming are the same code path. What a turn is given is `Runtime`
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +22,6 @@ from turnstile.jobs.model import (
     ModelResponse,
     ModelStop,
     ModelTimeout,
-    ToolSpec,
     provider_overhead_tokens,
 )
 from turnstile.jobs.moves import (
@@ -42,7 +40,7 @@ from turnstile.jobs.replies import Batch as BatchReply
 from turnstile.jobs.replies import Final, OneCall, Plan, jsonable, parse_reply, reply_tokens
 from turnstile.jobs.runtime import READ_POOL_SIZE, Runtime, ms, remaining_ms, spend_time
 from turnstile.jobs.state import RunState
-from turnstile.jobs.tools import Tool, error
+from turnstile.jobs.tools import error
 from turnstile.jobs.trace import ROOT_ID, Span
 
 __all__ = [
@@ -132,20 +130,13 @@ def _model_failed(state: RunState, exc: Exception) -> Move | None:
     return None
 
 
-@functools.lru_cache(maxsize=128)
-def _specs(tools: tuple[Tool, ...]) -> tuple[ToolSpec, ...]:
-    """The tools as a model is told about them: once per set of tools (a `Tool` is frozen and
-    its own key), not at every turn."""
-    return tuple(ToolSpec(t.name, t.description, t.schema) for t in tools)
-
-
 def _request(state: RunState, rt: Runtime, view: str, step: int) -> ModelRequest:
     return ModelRequest(
         view,
         state.budget.max_output_tokens,
         remaining_ms(state) / 1000,
         step,
-        tools=_specs(tuple(rt.job.tools.values())),
+        tools=rt.job.tool_specs,
         previous_calls=tuple(state.last_calls),
         last_result=state.last_result,
         live=rt.live,
@@ -277,7 +268,9 @@ def est_input_tokens(state: RunState, job: Job, view: str) -> int:
     carries besides (the tool definitions, the previous exchange, the contract's own text)."""
     tokens = est_tokens(view)
     if job.model_spec(state.params) is not None:
-        tokens += provider_overhead_tokens(job.tools.values(), state.last_result)
+        tokens += provider_overhead_tokens(
+            job.tools.values(), state.last_result, definitions=job.definition_tokens
+        )
     return tokens
 
 

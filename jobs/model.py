@@ -10,7 +10,6 @@ provider's answer leaves nothing for the model to do (a refusal, a rejected key)
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -123,21 +122,19 @@ def spec_problem(spec: object) -> str | None:
 CONTRACT_TOKENS = 600  # a provider request's own text: system prompt, plan and final functions
 
 
-def provider_overhead_tokens(tools: Iterable[Any], last_result: Any) -> int:
+def provider_overhead_tokens(
+    tools: Iterable[Any], last_result: Any, *, definitions: int | None = None
+) -> int:
     """What a provider request carries besides the view, estimated: the tools as function
-    definitions, the previous exchange (its results again), and the contract's own text."""
-    listed = tuple(tools)
-    try:
-        definitions = _definition_tokens(listed)
-    except TypeError:  # tools that cannot be a cache's key: counted each time
-        definitions = _definition_tokens.__wrapped__(listed)
+    definitions (`definitions`, when the caller counted them already: `Job.definition_tokens`),
+    the previous exchange (its results again), and the contract's own text."""
+    if definitions is None:
+        definitions = definition_tokens(tools)
     return definitions + est_tokens(json.dumps(last_result)) + CONTRACT_TOKENS
 
 
-@functools.lru_cache(maxsize=128)
-def _definition_tokens(tools: tuple[Any, ...]) -> int:
-    """The tools as function definitions, estimated: once per set of tools (a `Tool` is its
-    own key, by identity, and is frozen), not at every turn."""
+def definition_tokens(tools: Iterable[Any]) -> int:
+    """The tools as a provider's function definitions, estimated."""
     return est_tokens(
         json.dumps([[t.name, t.description, t.schema] for t in tools], sort_keys=True, default=str)
     )
