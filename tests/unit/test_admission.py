@@ -3,6 +3,9 @@ fit every ceiling, and the first dimension that does not fit is named."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -11,11 +14,15 @@ from turnstile.jobs.budget import (
     Budget,
     Usage,
     admission_rows,
+    est_tokens,
     first_unfit,
     model_cost_microusd,
     turn_exposure,
 )
+from turnstile.jobs.job import Job
+from turnstile.jobs.kernel import est_input_tokens
 from turnstile.jobs.outcomes import Outcome, Resource
+from turnstile.jobs.runs import new_run
 
 SPEC_BUDGET = Budget(
     max_steps=12, max_cost_microusd=1_000_000, deadline_ms=300_000, max_tool_calls=50
@@ -126,3 +133,27 @@ def test_first_unfit_is_the_first_row_that_does_not_fit(
     amounts = consumed.ledger_amounts()
     amounts["steps"] += 1  # a caller's copy: the usage does not move with it
     assert consumed.steps == amounts["steps"] - 1
+
+
+def test_a_provider_models_input_counts_its_tools_as_it_did_each_turn() -> None:
+    """The tool definitions a provider request carries are counted once per job: the estimate
+    is the one counted afresh, and a job made with other tools counts its own."""
+    world = World()
+    small = Job(name="p", tools={"lookup": read_tool(world)}, model="openai:gpt-4.1-mini")
+    large = dataclasses.replace(
+        small, tools={"lookup": read_tool(world), "other": read_tool(world, "other")}
+    )
+    for job in (small, large, small):
+        state = new_run(run_id="r", tenant="t", user_id="u", job=job, goal="g")
+        state.last_result = {"status": "ok", "result": {"x": 1}}
+        view = job.view(state)
+        fresh = json.dumps(
+            [[t.name, t.description, t.schema] for t in job.tools.values()],
+            sort_keys=True,
+            default=str,
+        )
+        assert est_input_tokens(state, job, view) == (
+            est_tokens(view) + est_tokens(fresh) + est_tokens(json.dumps(state.last_result)) + 600
+        )
+    assert large.definition_tokens > small.definition_tokens
+    assert [s.name for s in large.tool_specs] == ["lookup", "other"]
