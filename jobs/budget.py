@@ -71,11 +71,18 @@ class Usage(msgspec.Struct, kw_only=True):
         return self._combine(other, -1)
 
     def _combine(self, other: Usage, sign: int) -> Usage:
-        names = sorted(set(self.extra) | set(other.extra))
-        extra = {n: self.extra.get(n, 0) + sign * other.extra.get(n, 0) for n in names}
+        extra: dict[str, int] = {}
+        if self.extra or other.extra:
+            names = sorted(set(self.extra) | set(other.extra))
+            sums = {n: self.extra.get(n, 0) + sign * other.extra.get(n, 0) for n in names}
+            extra = {n: v for n, v in sums.items() if v}
         return Usage(
-            **{f: getattr(self, f) + sign * getattr(other, f) for f in _COUNTED},
-            extra={n: v for n, v in extra.items() if v},
+            steps=self.steps + sign * other.steps,
+            tool_calls=self.tool_calls + sign * other.tool_calls,
+            tokens=self.tokens + sign * other.tokens,
+            elapsed_ms=self.elapsed_ms + sign * other.elapsed_ms,
+            cost_microusd=self.cost_microusd + sign * other.cost_microusd,
+            extra=extra,
         )
 
     def charge(self, amounts: Mapping[str, int]) -> None:
@@ -90,16 +97,17 @@ class Usage(msgspec.Struct, kw_only=True):
     def ledger_amounts(self) -> dict[str, int]:
         """The amounts a tenant's ledger reserves or settles: the built-in four and the
         job's own dimensions."""
-        return {**{f: getattr(self, f) for f in LEDGER_FIELDS}, **self.extra}
+        built_in = {"steps": self.steps, "tool_calls": self.tool_calls, "tokens": self.tokens,
+                    "cost_microusd": self.cost_microusd}  # fmt: skip
+        return {**built_in, **self.extra} if self.extra else built_in
 
     @classmethod
     def from_ledger_amounts(cls, amounts: Mapping[str, int]) -> Usage:
-        fields = {f: amounts.get(f, 0) for f in LEDGER_FIELDS}
-        extra = {k: v for k, v in amounts.items() if k not in LEDGER_FIELDS and v}
-        return cls(**fields, extra=extra)
-
-
-_COUNTED = ("steps", "tool_calls", "tokens", "elapsed_ms", "cost_microusd")
+        get = amounts.get
+        extra = {k: v for k, v in amounts.items() if v and k not in LEDGER_FIELDS}
+        return cls(steps=get("steps", 0), tool_calls=get("tool_calls", 0),
+                   tokens=get("tokens", 0), cost_microusd=get("cost_microusd", 0),
+                   extra=extra)  # fmt: skip
 
 
 def est_tokens(text: str) -> int:
@@ -161,10 +169,17 @@ def admission_rows(
 
 
 def first_unfit(*, consumed: Usage, reserve: Usage, budget: Budget) -> Resource | None:
-    """The first dimension in which consumed + reserve would pass its ceiling, or None."""
-    for resource, _, _, _, fits in admission_rows(
-        consumed=consumed, reserve=reserve, budget=budget
-    ):
-        if not fits:
-            return resource
+    """The first dimension in which consumed + reserve would pass its ceiling, or None: the
+    rows of `admission_rows`, written out (every turn asks, twice or more)."""
+    if consumed.steps + reserve.steps > budget.max_steps:
+        return Resource.STEPS
+    if consumed.tool_calls + reserve.tool_calls > budget.max_tool_calls:
+        return Resource.TOOL_CALLS
+    elapsed, deadline = consumed.elapsed_ms, budget.deadline_ms
+    if elapsed + reserve.elapsed_ms > deadline or not elapsed < deadline:
+        return Resource.DEADLINE
+    if consumed.tokens + reserve.tokens > budget.max_tokens:
+        return Resource.TOKENS
+    if consumed.cost_microusd + reserve.cost_microusd > budget.max_cost_microusd:
+        return Resource.COST
     return None

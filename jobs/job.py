@@ -24,7 +24,14 @@ from turnstile.jobs.conversations import (
 from turnstile.jobs.errors import JobDefinitionError, ParamsError
 from turnstile.jobs.extensions import check_extendable
 from turnstile.jobs.mcp import McpServer, check_servers
-from turnstile.jobs.model import Model, is_model, is_provider_model, spec_problem
+from turnstile.jobs.model import (
+    Model,
+    ToolSpec,
+    definition_tokens,
+    is_model,
+    is_provider_model,
+    spec_problem,
+)
 from turnstile.jobs.state import Call, RunState
 from turnstile.jobs.tools import Tool
 from turnstile.jobs.versions import (
@@ -120,7 +127,10 @@ def render_view(state: RunState) -> str:
         view["remembered_notes"] = state.memory
     if state.followups:  # the user wrote again while the run was active (a conversation)
         view[FOLLOWUPS_KEY] = [f.text for f in state.followups]
-    return json.dumps(view, sort_keys=True)
+    return _VIEW_JSON.encode(view)
+
+
+_VIEW_JSON = json.JSONEncoder(sort_keys=True)  # json.dumps(view, sort_keys=True), made once
 
 
 def _no_params_check(params: Mapping[str, Any]) -> None:
@@ -361,6 +371,17 @@ class Job:
         """What the model is shown: the job's `render`, with the user's follow-ups (messages
         merged into the run by its conversation) whether or not the render shows them."""
         return with_followups(self.render(state), state)
+
+    @cached_property
+    def tool_specs(self) -> tuple[ToolSpec, ...]:
+        """The tools as a model is told about them, made once per job (as its tools are)."""
+        return tuple(ToolSpec(t.name, t.description, t.schema) for t in self.tools.values())
+
+    @cached_property
+    def definition_tokens(self) -> int:
+        """The tools as a provider's function definitions, estimated once per job: what every
+        provider request carries (jobs/model.py `provider_overhead_tokens`)."""
+        return definition_tokens(self.tools.values())
 
     @cached_property
     def tool_cost_bound_microusd(self) -> int:

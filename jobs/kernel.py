@@ -22,7 +22,6 @@ from turnstile.jobs.model import (
     ModelResponse,
     ModelStop,
     ModelTimeout,
-    ToolSpec,
     provider_overhead_tokens,
 )
 from turnstile.jobs.moves import (
@@ -137,7 +136,7 @@ def _request(state: RunState, rt: Runtime, view: str, step: int) -> ModelRequest
         state.budget.max_output_tokens,
         remaining_ms(state) / 1000,
         step,
-        tools=tuple(ToolSpec(t.name, t.description, t.schema) for t in rt.job.tools.values()),
+        tools=rt.job.tool_specs,
         previous_calls=tuple(state.last_calls),
         last_result=state.last_result,
         live=rt.live,
@@ -269,7 +268,9 @@ def est_input_tokens(state: RunState, job: Job, view: str) -> int:
     carries besides (the tool definitions, the previous exchange, the contract's own text)."""
     tokens = est_tokens(view)
     if job.model_spec(state.params) is not None:
-        tokens += provider_overhead_tokens(job.tools.values(), state.last_result)
+        tokens += provider_overhead_tokens(
+            job.tools.values(), state.last_result, definitions=job.definition_tokens
+        )
     return tokens
 
 
@@ -290,10 +291,11 @@ def exposure(state: RunState, job: Job, view: str | None = None) -> tuple[Resour
     return first_unfit(consumed=state.usage, reserve=worst, budget=state.budget), worst
 
 
-def _reserve(state: RunState, job: Job, view: str) -> Usage:
-    """The next turn's worst case, as admission checks it against the run's budget."""
+def _reserve(state: RunState, job: Job, est_in: int) -> Usage:
+    """The next turn's worst case, as admission checks it against the run's budget, for a
+    model input estimated at `est_in` tokens."""
     return turn_exposure(
-        input_tokens=est_input_tokens(state, job, view),
+        input_tokens=est_in,
         budget=state.budget,
         tool_cost_bound_microusd=job.tool_cost_bound_microusd,
     )
@@ -316,7 +318,8 @@ def turn(state: RunState, rt: Runtime, *, view: str | None = None) -> Move:
         view = None
     if view is None:
         view = rt.job.view(state)
-    reserve = _reserve(state, rt.job, view)
+    est_in = est_input_tokens(state, rt.job, view)  # the view's and the call's, counted once
+    reserve = _reserve(state, rt.job, est_in)
     unfit = first_unfit(consumed=state.usage, reserve=reserve, budget=state.budget)
     if unfit is not None:
         return out_of_budget(
@@ -327,7 +330,7 @@ def turn(state: RunState, rt: Runtime, *, view: str | None = None) -> Move:
     before = state.signature()
     span = rt.trace.start(f"t{step}", "turn", f"turn {step}", ROOT_ID)
     with rt.trace.current(span):
-        replied = _call_model(state, rt, view, est_input_tokens(state, rt.job, view), step)
+        replied = _call_model(state, rt, view, est_in, step)
         if isinstance(replied, _Replied):
             stop = _after(state, before, _dispatch(state, rt, replied.raw, replied.oversize, step))
         elif replied is None:

@@ -122,13 +122,22 @@ def spec_problem(spec: object) -> str | None:
 CONTRACT_TOKENS = 600  # a provider request's own text: system prompt, plan and final functions
 
 
-def provider_overhead_tokens(tools: Iterable[Any], last_result: Any) -> int:
+def provider_overhead_tokens(
+    tools: Iterable[Any], last_result: Any, *, definitions: int | None = None
+) -> int:
     """What a provider request carries besides the view, estimated: the tools as function
-    definitions, the previous exchange (its results again), and the contract's own text."""
-    definitions = json.dumps(
-        [[t.name, t.description, t.schema] for t in tools], sort_keys=True, default=str
+    definitions (`definitions`, when the caller counted them already: `Job.definition_tokens`),
+    the previous exchange (its results again), and the contract's own text."""
+    if definitions is None:
+        definitions = definition_tokens(tools)
+    return definitions + est_tokens(json.dumps(last_result)) + CONTRACT_TOKENS
+
+
+def definition_tokens(tools: Iterable[Any]) -> int:
+    """The tools as a provider's function definitions, estimated."""
+    return est_tokens(
+        json.dumps([[t.name, t.description, t.schema] for t in tools], sort_keys=True, default=str)
     )
-    return est_tokens(definitions) + est_tokens(json.dumps(last_result)) + CONTRACT_TOKENS
 
 
 class ModelError(TurnstileError):

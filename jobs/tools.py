@@ -144,6 +144,9 @@ class Tool:
     key_args: tuple[str, ...] = ()
     recorded: RecordedFn | None = None  # a write's system of record, asked by key
     _validator: Draft202012Validator = field(init=False, repr=False)
+    # A plain predicate for a simple schema (jobs/tools.py `_fast_check`): True only when
+    # the arguments surely pass; anything else is asked of the validator.
+    _surely_valid: Callable[[Any], bool] | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         try:
@@ -155,6 +158,7 @@ class Tool:
                 f"tool {self.name!r}: its schema is not valid JSON Schema: {message}"[:300]
             ) from exc
         object.__setattr__(self, "_validator", validator)
+        object.__setattr__(self, "_surely_valid", _fast_check(canonical))
         for dimension, bound in self.charges.items():
             if not isinstance(bound, int | str) or isinstance(bound, bool):
                 raise JobDefinitionError(
@@ -206,7 +210,14 @@ class Tool:
         return out
 
     def argument_problems(self, args: Any) -> list[str]:
-        """Where the arguments break the tool's schema, one bounded line each (none: valid)."""
+        """Where the arguments break the tool's schema, one bounded line each (none: valid).
+        Valid arguments, the usual case, cost a plain check (a simple schema's) or one pass of
+        the validator; only invalid ones are walked for their errors."""
+        surely_valid = self._surely_valid
+        if surely_valid is not None and surely_valid(args):
+            return []
+        if self._validator.is_valid(args):
+            return []
         problems = []
         for error in sorted(self._validator.iter_errors(args), key=lambda e: list(e.path)):
             where = "/".join(str(p) for p in error.path) or "arguments"
@@ -225,6 +236,121 @@ def _validator(schema_json: str) -> Draft202012Validator:
     schema = msgspec.json.decode(schema_json)
     Draft202012Validator.check_schema(schema)
     return Draft202012Validator(schema)
+
+
+# What `_fast_check` compiles: an object of named, simply typed values. Any other keyword
+# (a format, a pattern, a union, nesting) leaves the schema to the validator alone.
+_FAST_OBJECT_KEYS = frozenset(
+    {"type", "properties", "required", "additionalProperties", "description", "title"}
+)
+_FAST_VALUE_KEYS = frozenset(
+    {"type", "minLength", "maxLength", "minimum", "maximum", "enum", "description", "title",
+     "default", "examples"}
+)  # fmt: skip
+_FAST_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),  # bool is left out by the exact type test; an integral float too
+    "number": (int, float),
+    "boolean": (bool,),
+}
+
+
+def _number(value: object) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)  # type: ignore[arg-type]
+
+
+def _simple(schema: object) -> tuple[type, ...] | None:
+    """The Python types of a simple argument schema whose other keywords suit them, or None."""
+    if not isinstance(schema, dict) or not set(schema) <= _FAST_VALUE_KEYS:
+        return None
+    types = _FAST_TYPES.get(schema.get("type"))  # type: ignore[arg-type]
+    lengths = [schema.get("minLength"), schema.get("maxLength")]
+    bounds = [schema.get("minimum"), schema.get("maximum")]
+    choices = schema.get("enum")
+    fits = types is not None and all(b is None or type(b) is int for b in lengths)
+    fits = fits and all(b is None or _number(b) for b in bounds)
+    if types != (str,):  # lengths and enums only for text, bounds only for numbers
+        fits = fits and lengths == [None, None] and choices is None
+    else:
+        fits = fits and bounds == [None, None]
+        fits = fits and (choices is None or (isinstance(choices, list)
+                         and all(type(c) is str for c in choices)))  # fmt: skip
+    return types if fits else None
+
+
+def _fast_value(schema: object) -> Callable[[Any], bool] | None:
+    """A predicate for one argument's schema, or None when it is not a simple one."""
+    types = _simple(schema)
+    if types is None:
+        return None
+    assert isinstance(schema, dict)
+    min_len, max_len = schema.get("minLength") or 0, schema.get("maxLength")
+    lo, hi = schema.get("minimum"), schema.get("maximum")
+    choices = schema.get("enum")
+    allowed = frozenset(choices) if choices is not None else None
+    if types == (str,):
+
+        def text(value: Any) -> bool:
+            if type(value) is not str or len(value) < min_len:
+                return False
+            if max_len is not None and len(value) > max_len:
+                return False
+            return allowed is None or value in allowed
+
+        return text
+
+    def number(value: Any) -> bool:
+        if type(value) not in types:
+            return False
+        if type(value) is float and not math.isfinite(value):
+            return False
+        return (lo is None or value >= lo) and (hi is None or value <= hi)
+
+    return number
+
+
+def _fast_object(schema: Any) -> tuple[dict[str, Any], tuple[str, ...], bool] | None:
+    """(properties, required, closed) of a simple object schema, or None."""
+    if not isinstance(schema, dict) or not set(schema) <= _FAST_OBJECT_KEYS:
+        return None
+    properties = schema.get("properties", {})
+    required = schema.get("required", [])
+    extra = schema.get("additionalProperties", True)
+    fits = schema.get("type") == "object" and isinstance(properties, dict)
+    fits = fits and isinstance(required, list) and all(type(r) is str for r in required)
+    fits = fits and (extra is True or extra is False)
+    return (properties, tuple(required), extra is False) if fits else None
+
+
+@functools.lru_cache(maxsize=256)
+def _fast_check(schema_json: str) -> Callable[[Any], bool] | None:
+    """A plain predicate for a simple schema (an object of named strings, integers, numbers
+    and booleans, with lengths, bounds and string enums): True only when the arguments surely
+    pass the validator; False says nothing, and the validator is asked. None: not simple."""
+    shape = _fast_object(msgspec.json.decode(schema_json))
+    if shape is None:
+        return None
+    properties, must, closed = shape
+    checks = {name: _fast_value(sub) for name, sub in properties.items()}
+    if any(check is None for check in checks.values()):
+        return None
+
+    def surely_valid(args: Any) -> bool:
+        if type(args) is not dict:
+            return False
+        for name in must:
+            if name not in args:
+                return False
+        for name, value in args.items():
+            check = checks.get(name)
+            if check is None:
+                if closed:
+                    return False
+            elif not check(value):
+                return False
+        return True
+
+    return surely_valid
 
 
 def error(code: str, detail: Any = None) -> dict[str, Any]:

@@ -3,16 +3,26 @@ fit every ceiling, and the first dimension that does not fit is named."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from tests.unit.kit import Listed, World, call, go, make_job, read_tool
 from turnstile.jobs.budget import (
     Budget,
     Usage,
     admission_rows,
+    est_tokens,
     first_unfit,
     model_cost_microusd,
     turn_exposure,
 )
+from turnstile.jobs.job import Job
+from turnstile.jobs.kernel import est_input_tokens
 from turnstile.jobs.outcomes import Outcome, Resource
+from turnstile.jobs.runs import new_run
 
 SPEC_BUDGET = Budget(
     max_steps=12, max_cost_microusd=1_000_000, deadline_ms=300_000, max_tool_calls=50
@@ -83,3 +93,67 @@ def test_token_ceiling_counts_next_input_and_output_cap() -> None:
     )
     assert (ran.state.outcome, ran.state.detail) == (Outcome.BUDGET_EXHAUSTED, "tokens")
     assert ran.state.usage.tokens <= 900
+
+
+_counts = st.integers(min_value=0, max_value=40)
+_usages = st.builds(
+    Usage, steps=_counts, tool_calls=_counts, tokens=_counts, elapsed_ms=_counts,
+    cost_microusd=_counts,
+    extra=st.dictionaries(st.sampled_from(["refund_cents", "emails"]), _counts, max_size=2),
+)  # fmt: skip
+_budgets = st.builds(
+    Budget, max_steps=_counts, max_tool_calls=_counts, max_tokens=_counts, deadline_ms=_counts,
+    max_cost_microusd=_counts,
+)  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@given(consumed=_usages, reserve=_usages, budget=_budgets)
+def test_first_unfit_is_the_first_row_that_does_not_fit(
+    consumed: Usage, reserve: Usage, budget: Budget
+) -> None:
+    """`first_unfit`, written out for speed, says what the table of `admission_rows` says; and
+    a usage's sum, difference and ledger amounts are the field-by-field ones."""
+    rows = admission_rows(consumed=consumed, reserve=reserve, budget=budget)
+    expected = next((r[0] for r in rows if not r[4]), None)
+    assert first_unfit(consumed=consumed, reserve=reserve, budget=budget) is expected
+    fields = ("steps", "tool_calls", "tokens", "elapsed_ms", "cost_microusd")
+    for sign, combined in ((1, consumed + reserve), (-1, consumed - reserve)):
+        for name in fields:
+            assert getattr(combined, name) == getattr(consumed, name) + sign * getattr(
+                reserve, name
+            )
+        names = set(consumed.extra) | set(reserve.extra)
+        sums = {n: consumed.extra.get(n, 0) + sign * reserve.extra.get(n, 0) for n in names}
+        assert combined.extra == {n: v for n, v in sums.items() if v}
+    assert consumed.ledger_amounts() == {
+        "steps": consumed.steps, "tool_calls": consumed.tool_calls, "tokens": consumed.tokens,
+        "cost_microusd": consumed.cost_microusd, **consumed.extra,
+    }  # fmt: skip
+    amounts = consumed.ledger_amounts()
+    amounts["steps"] += 1  # a caller's copy: the usage does not move with it
+    assert consumed.steps == amounts["steps"] - 1
+
+
+def test_a_provider_models_input_counts_its_tools_as_it_did_each_turn() -> None:
+    """The tool definitions a provider request carries are counted once per job: the estimate
+    is the one counted afresh, and a job made with other tools counts its own."""
+    world = World()
+    small = Job(name="p", tools={"lookup": read_tool(world)}, model="openai:gpt-4.1-mini")
+    large = dataclasses.replace(
+        small, tools={"lookup": read_tool(world), "other": read_tool(world, "other")}
+    )
+    for job in (small, large, small):
+        state = new_run(run_id="r", tenant="t", user_id="u", job=job, goal="g")
+        state.last_result = {"status": "ok", "result": {"x": 1}}
+        view = job.view(state)
+        fresh = json.dumps(
+            [[t.name, t.description, t.schema] for t in job.tools.values()],
+            sort_keys=True,
+            default=str,
+        )
+        assert est_input_tokens(state, job, view) == (
+            est_tokens(view) + est_tokens(fresh) + est_tokens(json.dumps(state.last_result)) + 600
+        )
+    assert large.definition_tokens > small.definition_tokens
+    assert [s.name for s in large.tool_specs] == ["lookup", "other"]

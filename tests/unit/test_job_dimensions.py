@@ -9,6 +9,8 @@ from typing import Any
 import msgspec
 import pytest
 import redis
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.unit.kit import Listed
 from turnstile.jobs.budget import Usage
@@ -107,6 +109,35 @@ def test_settlement_gives_a_job_dimension_to_the_hold_that_reserved_it() -> None
     shares = split_actual(actual, [("a", turn_hold), ("b", gate_hold)])
     assert shares[0][1].extra == {} and shares[0][1].tokens == 80
     assert shares[1][1].extra == {"refund_cents": 500}
+
+
+_amount = st.integers(min_value=0, max_value=50)
+_usage = st.builds(
+    Usage, steps=_amount, tool_calls=_amount, tokens=_amount, cost_microusd=_amount,
+    extra=st.dictionaries(st.sampled_from(["refund_cents", "emails"]), _amount, max_size=2),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(actual=_usage, held=st.lists(_usage, min_size=1, max_size=3))
+def test_shares_add_up_to_the_actual_and_only_the_last_passes_its_hold(
+    actual: Usage, held: list[Usage]
+) -> None:
+    """Each hold but the last takes up to what it reserved, in order; the last takes the rest,
+    so the shares always add up to the actual usage, dimension by dimension."""
+    shares = split_actual(actual, [(f"h{i}", h) for i, h in enumerate(held)])
+    assert [rid for rid, _ in shares] == [f"h{i}" for i in range(len(held))]
+    total = sum((share for _, share in shares), Usage())
+
+    def nonzero(usage: Usage) -> dict[str, int]:
+        return {k: v for k, v in usage.ledger_amounts().items() if v}
+
+    assert nonzero(total) == nonzero(actual)
+    left = actual.ledger_amounts()
+    for (_, share), hold in zip(shares[:-1], held[:-1], strict=True):
+        for dimension, amount in share.ledger_amounts().items():
+            assert amount == min(left[dimension], hold.ledger_amounts().get(dimension, 0))
+            left[dimension] -= amount
 
 
 def test_the_key_of_a_tool_with_key_args_follows_those_arguments() -> None:

@@ -127,3 +127,33 @@ def test_settle_script_args_follow_the_library_contract() -> None:
     ]
     assert all("{acme}" in k for k in keys)
     assert argv == ["run-1:4", "500", "steps", "1", "tokens", "9"]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (-1, "tokens must be in 0..2^53, got -1"),
+        (2**53 + 1, f"tokens must be in 0..2^53, got {2**53 + 1}"),
+        (True, "tokens must be an integer, got True"),
+        (1.0, "tokens must be an integer, got 1.0"),
+        ("1", "tokens must be an integer, got '1'"),
+        (None, "tokens must be an integer, got None"),
+    ],
+)
+def test_a_bad_amount_is_refused_with_its_reason(value: object, message: str) -> None:
+    """The amounts' plain check lets only whole numbers in range through; anything else is
+    told as before, naming the dimension."""
+    with pytest.raises(LedgerInputError) as raised:
+        check_amounts({"steps": 1, "tokens": value}, DEFAULT_DIMENSIONS, allow_empty=False)
+    assert str(raised.value) == message
+
+
+def test_the_order_of_amounts_does_not_depend_on_the_order_given() -> None:
+    """The order is cached per set of names as given: each order given sorts the same."""
+    first = check_amounts({"tokens": 2, "steps": 1}, DEFAULT_DIMENSIONS, allow_empty=True)
+    again = check_amounts({"steps": 1, "tokens": 2}, DEFAULT_DIMENSIONS, allow_empty=True)
+    other = check_amounts(
+        {"wall_ms": 3, "tokens": 2}, (*DEFAULT_DIMENSIONS, "wall_ms"), allow_empty=True
+    )
+    assert first == again == [("steps", 1), ("tokens", 2)]
+    assert other == [("tokens", 2), ("wall_ms", 3)]

@@ -102,11 +102,13 @@ def split_actual(actual: Usage, holds: list[tuple[str, Usage]]) -> list[tuple[st
     last takes whatever is left (an overage is booked, and flagged, on it)."""
     left = actual.ledger_amounts()
     out = []
+    last = len(holds) - 1
     for index, (reservation_id, held) in enumerate(holds):
-        limit = held.ledger_amounts()
-        last = index == len(holds) - 1
-        share = {d: left[d] if last else min(left[d], limit.get(d, 0)) for d in left}
-        left = {d: left[d] - share[d] for d in left}
+        share = left
+        if index != last:
+            limit = held.ledger_amounts()
+            share = {d: min(v, limit.get(d, 0)) for d, v in left.items()}
+            left = {d: v - share[d] for d, v in left.items()}
         out.append((reservation_id, Usage.from_ledger_amounts(share)))
     return out
 
