@@ -155,27 +155,14 @@ class Reply(msgspec.Struct):
 
 
 _decoder = msgspec.json.Decoder(Reply)
-_encoder = msgspec.json.Encoder()
 
 
 def decoded(content: bytes) -> Reply:
     """A 200's body as a message; one that is not is a reply cut in transit (`StreamCut`)."""
-    try:
-        return _decoder.decode(content)
-    except msgspec.DecodeError as exc:
-        raise StreamCut(f"the reply is not a message: {one_line(exc)}") from exc
+    return sdk.decoded(_decoder, content, "a message")
 
 
-def post(
-    client: anthropic.Anthropic, body: dict[str, Any], timeout_s: float, *, stream: bool
-) -> Any:
-    """POST /v1/messages through the SDK's client with `body` as it is: an httpx response, read
-    whole unless `stream` (then the caller closes it). A 4xx or 5xx raises the SDK's
-    `APIStatusError` for it, its body read, as `create` does."""
-    return client.post(
-        "/v1/messages", cast_to=httpx2.Response, content=_encoder.encode(body),
-        options={"timeout": timeout_s}, stream=stream, stream_cls=None,
-    )  # fmt: skip
+PATH = "/v1/messages"
 
 
 def usage_of(message: Any) -> Tokens:
@@ -298,8 +285,8 @@ class AnthropicMessages:
 
         def attempt(timeout_s: float) -> Any:
             if not request.live.on:
-                return decoded(post(client, asked, timeout_s, stream=False).content)
-            reply = post(client, asked, timeout_s, stream=True)
+                return decoded(sdk.post(client, PATH, asked, timeout_s, stream=False).content)
+            reply = sdk.post(client, PATH, asked, timeout_s, stream=True)
             try:
                 return streamed(reply.iter_lines(), request.live)
             finally:

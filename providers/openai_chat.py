@@ -182,25 +182,14 @@ class Completion(msgspec.Struct):
 
 
 _decoder = msgspec.json.Decoder(Completion)
-_encoder = msgspec.json.Encoder()
 
 
 def decoded(content: bytes) -> Completion:
-    """A 200's body as a completion; one that is not is a reply cut in transit (`StreamCut`)."""
-    try:
-        return _decoder.decode(content)
-    except msgspec.DecodeError as exc:
-        raise StreamCut(f"the reply is not a chat completion: {one_line(exc)}") from exc
+    """A 200's body as a chat completion; one that is not is a reply cut in transit."""
+    return sdk.decoded(_decoder, content, "a chat completion")
 
 
-def post(client: openai.OpenAI, body: dict[str, Any], timeout_s: float, *, stream: bool) -> Any:
-    """POST /chat/completions through the SDK's client with `body` as it is: an httpx response,
-    read whole unless `stream` (then the caller closes it). A 4xx or 5xx raises the SDK's
-    `APIStatusError` for it, its body read, as `create` does."""
-    return client.post(
-        "/chat/completions", cast_to=httpx2.Response, content=_encoder.encode(body),
-        options={"timeout": timeout_s}, stream=stream, stream_cls=None,
-    )  # fmt: skip
+PATH = "/chat/completions"
 
 
 def usage_of(completion: Any) -> Tokens | None:
@@ -334,8 +323,8 @@ class OpenAIChat:
 
         def attempt(timeout_s: float) -> Any:
             if not request.live.on:
-                return decoded(post(client, asked, timeout_s, stream=False).content)
-            reply = post(client, asked, timeout_s, stream=True)
+                return decoded(sdk.post(client, PATH, asked, timeout_s, stream=False).content)
+            reply = sdk.post(client, PATH, asked, timeout_s, stream=True)
             try:
                 return streamed(reply.iter_lines(), request.live)
             finally:

@@ -1,5 +1,6 @@
-"""What every adapter does alike: find its key, keep one SDK client per endpoint, and count a
-reply's tokens and cost into the kernel's `ModelResponse`."""
+"""What every adapter does alike: find its key, keep one SDK client per endpoint, post a plain
+body through it and read the reply into the adapter's own structs, and count a reply's tokens
+and cost into the kernel's `ModelResponse`."""
 
 from __future__ import annotations
 
@@ -8,13 +9,18 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import httpx2
+import msgspec
+
 from turnstile.jobs.model import ModelResponse, ModelStop
 from turnstile.jobs.outcomes import Outcome
 from turnstile.providers.endpoints import Route
 from turnstile.providers.prices import Price, Tokens, cost_microusd
+from turnstile.providers.retry import StreamCut, one_line
 from turnstile.providers.transport import http_client
 
 Sdk = TypeVar("Sdk")
+Reply = TypeVar("Reply")
 
 
 # A server that takes no key still gets one: both SDKs refuse to start without.
@@ -41,6 +47,28 @@ def sdk_client(make: Callable[..., Sdk], route: Route, *, hint: str = "") -> Sdk
         )  # fmt: skip
     client: Sdk = _cached(make, route.url, key, os.getpid())
     return client
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def post(client: Any, path: str, body: dict[str, Any], timeout_s: float, *, stream: bool) -> Any:
+    """POST `path` through an SDK's client with `body` as it is, encoded once (no SDK request
+    layers): an httpx response, read whole unless `stream` (then the caller closes it). A 4xx
+    or 5xx raises the SDK's `APIStatusError` for it, its body read, as its `create` does."""
+    return client.post(
+        path, cast_to=httpx2.Response, content=_encoder.encode(body),
+        options={"timeout": timeout_s}, stream=stream, stream_cls=None,
+    )  # fmt: skip
+
+
+def decoded(decoder: msgspec.json.Decoder[Reply], content: bytes, what: str) -> Reply:
+    """A 200's body as `decoder` reads it (the adapter's own structs, the rest skipped); one
+    that is not `what` is a reply cut in transit (`StreamCut`)."""
+    try:
+        return decoder.decode(content)
+    except msgspec.DecodeError as exc:
+        raise StreamCut(f"the reply is not {what}: {one_line(exc)}") from exc
 
 
 def spent(
