@@ -50,6 +50,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 import redis
@@ -242,6 +243,8 @@ def support_round(
         state = json.loads(str(client.client.hget(keys.run(tenant, str(run_id)), "state")))
         turns += state["usage"]["steps"]
     totals = [json.loads(p.read_text()) for p in counts.glob("*.json")]
+    if os.environ.get("BENCH_COUNT_DETAIL"):
+        print_detail(totals, turns)
     gaps: dict[str, list[float]] = {"eager": [], "queued": []}
     for t in totals:
         for path, samples in t.get("gaps", {}).items():
@@ -251,6 +254,16 @@ def support_round(
         sum(t["tool_round_trips"] for t in totals), gaps,
         max((t.get("idle_with_free_slots_s", 0.0) for t in totals), default=0.0), cpu,
     )  # fmt: skip
+
+
+def print_detail(totals: list[dict[str, Any]], turns: int) -> None:
+    """BENCH_COUNT_DETAIL=1: the step's round trips by what they sent (counted_worker.py)."""
+    detail: dict[str, int] = {}
+    for t in totals:
+        for what, n in t.get("detail", {}).items():
+            detail[what] = detail.get(what, 0) + n
+    for what, n in sorted(detail.items(), key=lambda kv: -kv[1]):
+        print(f"  {n / max(1, turns):6.3f} a turn  {n:6d}  {what}")
 
 
 def percentile(samples: list[float], q: float) -> float:

@@ -94,7 +94,49 @@ def _counted(self: Any, command: Any, check_health: bool = True) -> None:
             counts["background_round_trips"] += 1
         else:
             counts["round_trips"] += 1
+            if DETAIL:
+                key = _what(command)
+                detail[key] = detail.get(key, 0) + 1
     _send(self, command, check_health)
+
+
+# BENCH_COUNT_DETAIL=1: the step's round trips by what they sent (a pipeline's commands, a
+# script's name from its first line), in the counts' file as "detail".
+DETAIL = bool(os.environ.get("BENCH_COUNT_DETAIL"))
+detail: dict[str, int] = {}
+_scripts: dict[bytes, str] = {}
+
+
+def _what(command: Any) -> str:
+    parts = command if isinstance(command, list) else [command]
+    raw = b"".join(p if isinstance(p, bytes) else bytes(p) for p in parts)
+    names = []
+    for frame in raw.split(b"\r\n*")[:8]:
+        lines = frame.split(b"\r\n")
+        word = lines[2].decode(errors="replace").lower() if len(lines) > 2 else "?"
+        if word in ("evalsha", "eval") and len(lines) > 4:
+            word += ":" + _script(lines[4])
+        names.append(word)
+    return "+".join(names)
+
+
+def _script(sha: bytes) -> str:
+    return _scripts.get(sha, sha[:8].decode(errors="replace"))
+
+
+if DETAIL:
+    import hashlib
+
+    from turnstile.worker.store import scripts as _store_scripts
+
+    _source = _store_scripts.source
+
+    def _named_source(name: str, *libraries: str) -> str:
+        text = _source(name, *libraries)
+        _scripts[hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest().encode()] = name
+        return text
+
+    _store_scripts.source = _named_source  # type: ignore[assignment]
 
 
 redis.connection.AbstractConnection.send_packed_command = _counted  # type: ignore[method-assign]
@@ -145,7 +187,14 @@ def _write(**kwargs: Any) -> None:
         profiler.disable()
         profiler.dump_stats(str(Path(PROFILE_DIR) / f"{os.getpid()}.prof"))
     (OUT / f"{os.getpid()}.json").write_text(
-        json.dumps({**counts, "gaps": gaps, "idle_with_free_slots_s": idle_with_free_slots()})
+        json.dumps(
+            {
+                **counts,
+                "detail": detail,
+                "gaps": gaps,
+                "idle_with_free_slots_s": idle_with_free_slots(),
+            }
+        )
     )
 
 

@@ -80,3 +80,36 @@ def test_a_commit_queues_the_next_step_only_if_its_compare_and_set_wins(
     stale = client.store.commit(change)  # the same change again: version 1 is gone
     assert (stale.kind, stale.queued) == ("stale", False)
     assert client.client.zcard(keys.pending(tenant, queue, "cont")) == 1
+
+
+@pytest.mark.parametrize("status", ["parked", "stopped"])
+def test_a_leaving_commit_gives_the_step_slot_back_only_if_it_takes(
+    redis_url: str, unique: str, status: str
+) -> None:
+    """A commit that gives the step's fair-share slot back (`Change.slot`: a run that stops
+    or parks) does so in its own script, and the run's place among the tenant's active runs
+    only if the run stops, and wakes the dispatcher in the same round trip; a stale commit
+    gives nothing back (the task does, as before)."""
+    client = client_for(redis_url)
+    tenant, queue = f"t-{unique}", f"nobody-{unique}"
+    run_id = client.submit(tenant, USER, "support", GOAL, {}, queue=queue)
+    client.client.delete(keys.pending(tenant, queue, "start"), keys.pending_index(tenant))
+    client.client.zadd(keys.slots(tenant), {f"{run_id}:1": 2**40, "other:1": 2**40})
+    client.client.zadd(keys.active(tenant), {run_id: 1, "other": 1})
+    stale = Change(tenant=tenant, run_id=run_id, version=7, old_status="running",
+                   status=status, slot=f"{run_id}:7", hold="-")  # fmt: skip
+    refused = client.store.commit(stale)
+    assert (refused.kind, refused.released) == ("stale", False)
+    assert client.client.zscore(keys.slots(tenant), f"{run_id}:1") is not None
+    assert client.client.zcard(keys.active(tenant)) == 2
+
+    client.client.delete(keys.FAIR_WAKE)
+    change = Change(tenant=tenant, run_id=run_id, version=1, old_status="running",
+                    status=status, outcome="completed" if status == "stopped" else "",
+                    slot=f"{run_id}:1", hold="-")  # fmt: skip
+    committed = client.store.commit(change)
+    assert (committed.kind, committed.version, committed.released) == ("ok", 2, True)
+    assert client.client.zrange(keys.slots(tenant), 0, -1) == ["other:1"]
+    active = client.client.zrange(keys.active(tenant), 0, -1)
+    assert sorted(active) == (["other"] if status == "stopped" else sorted([run_id, "other"]))
+    assert client.client.lrange(keys.FAIR_WAKE, 0, -1) == ["1"]
