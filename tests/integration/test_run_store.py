@@ -82,12 +82,12 @@ def test_a_commit_queues_the_next_step_only_if_its_compare_and_set_wins(
     assert client.client.zcard(keys.pending(tenant, queue, "cont")) == 1
 
 
-@pytest.mark.parametrize("status", ["parked", "stopped"])
+@pytest.mark.parametrize("status", ["parked", "suspended", "stopped"])
 def test_a_leaving_commit_gives_the_step_slot_back_only_if_it_takes(
     redis_url: str, unique: str, status: str
 ) -> None:
-    """A commit that gives the step's fair-share slot back (`Change.slot`: a run that stops
-    or parks) does so in its own script, and the run's place among the tenant's active runs
+    """A commit that gives the step's fair-share slot back (`Change.slot`: a run that stops,
+    parks or suspends) does so in its own script, and the run's place among the tenant's active runs
     only if the run stops, and wakes the dispatcher in the same round trip; a stale commit
     gives nothing back (the task does, as before)."""
     client = client_for(redis_url)

@@ -136,20 +136,26 @@ class Writer:
         settlements: list[list[str]] | None = None,
         clear: list[str] | None = None,
     ) -> Committed:
-        """The run ends or parks here: through the store's one way out. With fair share on a
-        single server, the commit also gives the step's slot back (the task would otherwise,
-        in a round trip of its own: see runtime/task.py)."""
-        store = self.services.store
-        slot = f"{self.msg.run_id}:{self.msg.version}"
-        committed = store.leave(
+        """The run ends or parks here: through the store's one way out, which also gives the
+        step's slot back (`slot`)."""
+        committed = self.services.store.leave(
             tenant=self.msg.tenant, run_id=self.msg.run_id, version=self.msg.version,
             old_status=self.loaded.status or "running", state=state, reason=reason,
             events=self._with_prelude(events or []), settlements=settlements or [],
-            clear=clear or [], followups_seen=self.followups_seen,
-            slot=slot if self.settings.fair_share and not store.cluster else "",
+            clear=clear or [], followups_seen=self.followups_seen, slot=self.slot,
         )  # fmt: skip
         self.released = self.released or committed.released
         return committed
+
+    @property
+    def slot(self) -> str:
+        """The step's fair-share slot, for a commit that queues no next step (a run that
+        stops, parks or suspends) to give back in its own script: with fair share on a single
+        server; else "" and the task gives it back, in a round trip of its own (see
+        runtime/task.py)."""
+        if not self.settings.fair_share or self.services.store.cluster:
+            return ""
+        return f"{self.msg.run_id}:{self.msg.version}"
 
     def fail(self, reason: str, state: RunState | None = None) -> Committed:
         """End the run `error` with the reason; the state is kept as it was if it is broken."""
@@ -193,8 +199,10 @@ class Writer:
         held = _suspended_event(state)
         if held is not None:
             events.append(held)
-        if state.status is not Status.RUNNING:
-            return self._write(state, events, settlements, clear, lease_ms=None, hold="-")
+        if state.status is not Status.RUNNING:  # suspended: no next step, the slot goes back
+            return self._write(
+                state, events, settlements, clear, lease_ms=None, hold="-", slot=self.slot
+            )
         self.next_limits = limits = time_limits(state, self.settings)
         hold = next_hold(
             self.services.ledger, self.settings, state, job, version=self.msg.version + 1,
@@ -246,6 +254,7 @@ class Writer:
         )  # fmt: skip
         if committed.claimed is not None:
             self.took = Took(self.following, token, committed.claimed)
+        self.released = self.released or committed.released
         return committed
 
     def _with_prelude(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -108,7 +108,7 @@ def _one_step(
         structlog.contextvars.clear_contextvars()
         # A retry keeps the step's slot until its last delivery; a continuing run's next
         # step took it over as it was queued or claimed (worker/scheduling/fair.py); a run
-        # that stopped or parked gave it back with its commit (runtime/commits.py `leave`).
+        # that stopped, parked or suspended gave it back with its commit (commits.py `slot`).
         released = step is not None and step.writer is not None and step.writer.released
         if result not in ("retry", "continued") and not released:
             _release(task.worker, msg, result)

@@ -86,7 +86,7 @@ class Change:
     claim: Claim | None = None  # or claimed for this worker, where fair share allows (eager)
     followups_seen: int = 0  # merged messages this change consumed (the first n waiting)
     # The step's fair-share slot ("<run id>:<version>") given back by this commit, for a run
-    # that stops or parks (see run_commit.lua), or "": the caller gives it back itself.
+    # that stops, parks or suspends (see run_commit.lua), or "": the caller gives it back.
     slot: str = ""
     conversation: str = ""  # the run's conversation: a stopping commit releases it
 

@@ -151,7 +151,7 @@ def commit_call(
     args += [journal_maxlen, change.slot]
     _conversation(change, head=head, pickup_lease_ms=pickup_lease_ms, at=at,
                   script_keys=script_keys, args=args)  # fmt: skip
-    if change.slot:  # a run that stops or parks: no next step, the slot's keys come last
+    if change.slot:  # a run that stops, parks or suspends: no next step, the slot's keys come last
         if change.next_step is not None:
             raise ValueError("a commit that queues the next step keeps its slot")
         script_keys += [keys.slots(tenant), keys.active(tenant)]
