@@ -17,8 +17,8 @@ handleClientsWithPendingWrites, in case of appendfsync=always"; a failed write o
 the server). So the write's own reply already comes after its fsync, and what is left to
 prove is that the server runs that way now. The round trip is `WAITAOF 1 0 timeout`, the
 write, `CONFIG GET appendfsync`: the WAITAOF, first, answers at once when the server's AOF is
-on and keeps its fsynced offset (it blocks, and times out, with AOF off or while the AOF waits
-for its first rewrite after being switched on); the policy, read after the write, is the one
+on and keeps its fsynced offset (it is refused with AOF off, and blocks until its timeout while
+the AOF waits for its first rewrite after being switched on); the policy, read after the write, is the one
 the write's pass ran under. A WAITAOF after the write would wait for it too, but it is
 answered only on the server's next pass: each commit then waits for two passes (and their
 fsyncs) instead of one, which halved a green worker's durable turns/s (0.50x of `none`,
@@ -93,8 +93,9 @@ class WaitFor:
 
     def commands(self) -> tuple[list[list[Any]], list[list[Any]]]:
         """The commands to send before the write and after it, on the same connection and in
-        the same round trip. `aof`: WAITAOF first (it blocks unless the server's AOF is on and
-        fsyncs as it goes: not while it waits for its first rewrite, and never with AOF off),
+        the same round trip. `aof`: WAITAOF first (answered at once only when the server's AOF
+        is on and fsyncs as it goes: refused with AOF off, blocked while it waits for its first
+        rewrite),
         the fsync policy after the write (the policy the write's pass ran under). `replica`:
         WAIT after the write, for the replicas to apply it."""
         timeout_ms = max(1, round(self.timeout_s * 1000))
