@@ -17,12 +17,12 @@ handleClientsWithPendingWrites, in case of appendfsync=always"; a failed write o
 the server). So the write's own reply already comes after its fsync, and what is left to
 prove is that the server runs that way now. The round trip is `WAITAOF 1 0 timeout`, the
 write, `CONFIG GET appendfsync`: the WAITAOF, first, answers at once when the server's AOF is
-on and keeps its fsynced offset (it is refused with AOF off, and blocks until its timeout while
-the AOF waits for its first rewrite after being switched on); the policy, read after the write, is the one
-the write's pass ran under. A WAITAOF after the write would wait for it too, but it is
-answered only on the server's next pass: each commit then waits for two passes (and their
-fsyncs) instead of one, which halved a green worker's durable turns/s (0.50x of `none`,
-against 0.83x for `appendfsync always` alone).
+on and keeps its fsynced offset (it is refused with AOF off, and blocks until its timeout
+while the AOF waits for its first rewrite after being switched on); the policy, read after
+the write, is the one the write's pass ran under. A WAITAOF after the write would wait for
+it too, but it is answered only on the server's next pass: each commit then waits for two
+passes (and their fsyncs) instead of one, which halved a green worker's durable turns/s
+(0.50x of `none`, against 0.83x for `appendfsync always` alone).
 
 `aof` holds only under `appendfsync always`. Under `everysec` the Valkey this project ships and
 tests (8.1) answers WAITAOF before the fsync when less than a second has passed since the last
