@@ -191,6 +191,7 @@ class Settings(BaseSettings):
     # The process's environment as it was when these settings were built: where the providers'
     # own variables are read (see the module's docstring).
     _environ: dict[str, str] = PrivateAttr(default_factory=dict)
+    _providers: ProviderConfig | None = PrivateAttr(default=None)
 
     def model_post_init(self, context: Any) -> None:
         """Copy the process's environment once, as the fields were read: the providers' keys
@@ -201,8 +202,17 @@ class Settings(BaseSettings):
     def providers(self) -> ProviderConfig:
         """What the providers are configured with: the named endpoints, the prices file, and
         the providers' keys and base URLs as the environment held them when these settings
-        were built."""
-        return ProviderConfig(self.model_endpoints, self.prices_file, environ=self._environ)
+        were built. Made once (a turn asks for it, gates.py), and again only for a copy of
+        these settings whose fields differ."""
+        made = self._providers
+        if made is None or (made.endpoints, made.prices_file) != (
+            self.model_endpoints,
+            self.prices_file,
+        ):
+            made = self._providers = ProviderConfig(
+                self.model_endpoints, self.prices_file, environ=self._environ
+            )
+        return made
 
     @model_validator(mode="after")
     def _queue_names(self) -> Settings:

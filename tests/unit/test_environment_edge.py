@@ -304,6 +304,11 @@ def test_the_four_variables_read_deep_inside_are_fields_of_settings(
     assert config.providers == ProviderConfig(
         endpoints='{"local": {"base_url": "http://h/v1"}}', prices_file="/etc/prices.json"
     )
+    # Made once per settings (each turn asks), again for a copy whose fields differ.
+    assert config.providers is config.providers
+    copy = config.model_copy(update={"prices_file": "/etc/other.json"})
+    assert copy.providers.prices_file == "/etc/other.json"
+    assert config.providers.prices_file == "/etc/prices.json"
 
 
 def test_the_providers_keys_are_read_once_when_the_settings_are_built(
