@@ -94,7 +94,7 @@ class Writer:
     followups_seen: int = 0  # merged messages the load found and this turn's state took in
     next_limits: tuple[float, float] | None = None  # the next step's (soft, hard), once known
     took: Took | None = None  # the run's next turn, once a commit claimed it
-    released: bool = False  # a commit gave the step's fair-share slot back (see `leave`)
+    released: bool = False  # a commit gave the step's fair-share slot back (see `slot`)
     # Events a gate recorded for the turn's first write (a migration): see `_with_prelude`.
     prelude: list[dict[str, Any]] = field(default_factory=list)
 

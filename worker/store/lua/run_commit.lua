@@ -88,8 +88,8 @@ ARGV
   then "1" to commit only if no turn of the run is in flight (its in-flight lease is live), or ""
   then the ledger's journal max length (for the releases)
   then the step's fair-share slot ("<run id>:<version>") to give back with this commit (a run
-  that stops, parks or suspends, fair share on: KEYS' last two are then the tenant's slots and active
-  runs), or ""
+  that stops, parks or suspends, fair share on: KEYS' last two are then the tenant's slots
+  and active runs), or ""
   then the number of follow-ups the change consumed (the first n of field `followups`: the
   ones its turn's load read; merges only append), the index in KEYS of the conversation's keys
   (a stopping commit of a run of a conversation) or "", the conversation's first waiting run
