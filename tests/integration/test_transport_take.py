@@ -5,6 +5,7 @@ entry among them is still dead-lettered, and a broken queue is still left out (i
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -17,8 +18,10 @@ from typing import Any
 import pytest
 import redis
 from kombu import Connection, Consumer, Exchange, Producer, Queue
+from structlog.testing import capture_logs
 
 from tests.integration.test_deadletters import ARGS, envelope, step_headers
+from turnstile.worker.broker import transport
 from turnstile.worker.broker.transport import Channel, Transport
 from turnstile.worker.dev.embedded import EmbeddedServer
 from turnstile.worker.store import keys
@@ -214,4 +217,36 @@ def test_a_take_leaves_out_a_queue_whose_list_is_broken(
         consumer.cancel()
     assert server.llen(healthy) == 0 and server.get(broken) == "not a list"
     server.delete(broken)
+    server.close()
+
+
+def test_a_server_that_refuses_the_take_is_read_with_brpop(
+    broker_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A take the server will not load (as a server older than Redis 7 refuses its shebang
+    line) is said once and turns the channel's takes off: its reads are kombu's BRPOP, one
+    message at a time, recorded by kombu's QoS."""
+    body = "#!lua\nthis is not Lua"
+    refused = (body, hashlib.sha1(body.encode(), usedforsecurity=False).hexdigest())
+    monkeypatch.setattr(transport, "take_script", lambda: refused)
+    name = f"old-{uuid.uuid4().hex[:8]}"
+    queue = _queue(name)
+    server = redis.Redis.from_url(broker_url, decode_responses=True)
+    got: list[Any] = []
+    with capture_logs() as logs, Connection(broker_url, transport=Transport) as conn:
+        _publish(conn, queue, 3)
+        channel = conn.default_channel
+        assert isinstance(channel, Channel)
+        consumer = Consumer(channel, [queue], callbacks=[lambda body, m: got.append(m)])
+        consumer.qos(prefetch_count=10)
+        consumer.consume()
+        while len(got) < 3:
+            conn.drain_events(timeout=WAIT_S)
+        assert channel._turnstile_no_take
+        assert set(_unacked(server)) >= {m.delivery_tag for m in got}
+        for m in got:
+            m.ack()
+        consumer.cancel()
+    assert [m.payload["n"] for m in got] == [0, 1, 2]
+    assert [e["event"] for e in logs if e["event"] == "take_refused"] == ["take_refused"]
     server.close()

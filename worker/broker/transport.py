@@ -321,8 +321,7 @@ class Channel(kombu_redis.Channel):
             self.client.connection.disconnect()
             raise
         except redis.exceptions.NoScriptError:
-            with self.conn_or_acquire() as client:
-                client.script_load(take_script()[0])
+            self._load_take()
             raise Empty() from None
         error, refused, *flat = reply
         keys = [self.unacked_key, self.unacked_index_key, *lists]  # as take.lua numbers them
@@ -335,6 +334,16 @@ class Channel(kombu_redis.Channel):
         if not taken:
             raise Empty()
         return True
+
+    def _load_take(self) -> None:
+        """Load take.lua on the broker (a new server, or one restarted or flushed); a server
+        that refuses it (older than Redis 7: no shebang line, no RPOP count) has the channel
+        read with kombu's BRPOP."""
+        try:
+            with self.conn_or_acquire() as client:
+                client.script_load(take_script()[0])
+        except redis.ResponseError as exc:
+            self._refused(str(exc), "take.lua")
 
     def _hand_over_taken(self, taken: list[tuple[str, bytes, str]]) -> None:
         """Hand each taken message to the consumer; if one raises (the broker went away, the
