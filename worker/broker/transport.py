@@ -1,19 +1,21 @@
 """kombu's Redis transport, guarded: an entry on a queue that is not JSON or not a well-formed
-envelope (properties, delivery tag, body that decodes) is dead-lettered (deadletters.py) where
-BRPOP hands it over, before kombu builds a message from it, instead of raising out of the
-worker's event loop. kombu decodes each entry in the worker's main process, and by default such
-an entry makes the worker exit ("Unrecoverable error"), and one already recorded as unacked
-goes back on the queue for the next worker to die on. And a queue whose list the server refuses
-to pop (a key of another type where it should be: WRONGTYPE) is left out of the worker's reads,
-said once in the log (`queue_broken`), and looked at again every BROKEN_RECHECK_S, while the
-worker goes on reading its other queues (kombu would raise out of the event loop, and the
-worker, and every worker restarted on that queue, would exit).
+envelope (properties, delivery tag, body that decodes) is dead-lettered (deadletters.py) where a
+read hands it over (a take, or a BRPOP), before kombu builds a message from it, instead of
+raising out of the worker's event loop. kombu decodes each entry in the worker's main process,
+and by default such an entry makes the worker exit ("Unrecoverable error"), and one already
+recorded as unacked goes back on the queue for the next worker to die on. And a queue whose list
+the server refuses to pop (a key of another type where it should be: WRONGTYPE) is left out of
+the worker's reads, said once in the log (`queue_broken`), and looked at again every
+BROKEN_RECHECK_S, while the worker goes on reading its other queues (kombu would raise out of
+the event loop, and the worker, and every worker restarted on that queue, would exit).
 
 And a worker on the green pool takes a message as soon as a slot frees. Its consumer is Celery's
 `synloop`, which calls `drain_events(timeout=2.0)`; kombu's poller stops reading the queues
 while the channel's prefetch credit is used up, and nothing then woke the wait when a turn's ack
 gave the credit back: the worker sat with free slots for up to 2 s (issue 36). `Poller` wakes
 that wait on the ack (a byte down a pipe it also polls), and the consumer reads again at once.
+And it reads as many messages at once as its credit allows (`Channel`, take.lua), each recorded
+unacked in the same step.
 
 `Transport` is the app's `broker_transport` on Redis (worker/broker/app.py), for a worker and a
 client's producer alike (its channels keep one client per pool for every publish and ack). This
