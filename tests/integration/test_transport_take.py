@@ -1,7 +1,8 @@
-"""The guarded Redis transport's take (worker/broker/take.lua): a consumer's read pops several
-messages at once, up to its prefetch credit, and records each as unacked in the same script, as
-kombu's QoS records one after a BRPOP; what it took survives a worker killed right after, a bad
-entry among them is still dead-lettered, and a broken queue is still left out (issue 36)."""
+"""The guarded Redis transport's take (worker/store/lua/broker_take.lua): a consumer's read pops
+several messages at once, up to its prefetch credit, and records each as unacked in the same
+script, as kombu's QoS records one after a BRPOP; what it took survives a worker killed right
+after, a bad entry among them is still dead-lettered, and a broken queue is still left out
+(issue 36)."""
 
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ And a worker on the green pool takes a message as soon as a slot frees. Its cons
 while the channel's prefetch credit is used up, and nothing then woke the wait when a turn's ack
 gave the credit back: the worker sat with free slots for up to 2 s (issue 36). `Poller` wakes
 that wait on the ack (a byte down a pipe it also polls), and the consumer reads again at once.
-And it reads as many messages at once as its credit allows (`Channel`, take.lua), each recorded
-unacked in the same step.
+And it reads as many messages at once as its credit allows (`Channel`, broker_take.lua), each
+recorded unacked in the same step.
 
 `Transport` is the app's `broker_transport` on Redis (worker/broker/app.py), for a worker and a
 client's producer alike (its channels keep one client per pool for every publish and ack). This
@@ -32,7 +32,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from functools import cache
-from pathlib import Path
 from queue import Empty
 from typing import Any, cast
 
@@ -45,20 +44,21 @@ from kombu.utils.json import loads as kombu_loads
 
 from turnstile.worker.broker.deadletters import Reason, make, record
 from turnstile.worker.broker.layout import turnstile_queue
+from turnstile.worker.store import scripts
 
 log = structlog.get_logger("turnstile.intake")
 
 # How often a worker looks again at a queue it left out as broken (a few TYPE reads).
 BROKEN_RECHECK_S = 5.0
-# The most messages one take (take.lua) hands the consumer, within its prefetch credit: a
+# The most messages one take (broker_take.lua) hands the consumer, within its prefetch credit: a
 # take's messages are handed to Celery one after another before the consumer reads again.
 TAKE_MOST = 32
 
 
 @cache
 def take_script() -> tuple[str, str]:
-    """take.lua's text and sha (read once per process)."""
-    body = (Path(__file__).parent / "take.lua").read_text(encoding="utf-8")
+    """The take's text (store/lua/broker_take.lua) and its sha, made once per process."""
+    body = scripts.source("broker_take")
     return body, hashlib.sha1(body.encode(), usedforsecurity=False).hexdigest()
 
 
@@ -185,7 +185,7 @@ class Poller(kombu_redis.MultiChannelPoller):
 
 class QoS(kombu_redis.QoS):
     """kombu's Redis QoS (its unacked records), which does not record again a message a take
-    (take.lua) recorded already: kombu's record is a MULTI, a round trip per message."""
+    (broker_take.lua) recorded already: kombu's record is a MULTI, a round trip per message."""
 
     channel: Channel
 
@@ -201,10 +201,10 @@ class Channel(kombu_redis.Channel):
     where it is read, and a queue whose lists the server refuses to pop is left out of the
     reads, instead of either raising out of the worker's event loop.
 
-    And its reads take several messages at once where kombu's take one: a take (take.lua, one
-    script call) pops up to the prefetch credit's worth (TAKE_MOST at most) and records each
-    as unacked as kombu's QoS does, in the same step, so a worker killed after it leaves them
-    for kombu's restore; kombu's BRPOP pops one, and its QoS records it in a MULTI after. The
+    And its reads take several messages at once where kombu's take one: a take (one call of
+    broker_take.lua) pops up to the prefetch credit's worth (TAKE_MOST at most) and records
+    each as unacked as kombu's QoS does, in the same step, so a worker killed after it leaves
+    them for kombu's restore; kombu's BRPOP pops one, and its QoS records it in a MULTI after. The
     consumer then waited a round trip per message for the BRPOP and another for the record,
     through a hub busy with the turns (issue 36: 45-60 messages a second in all with steps
     waiting on the list). When a take finds the lists empty, the next read is kombu's BRPOP,
@@ -245,8 +245,8 @@ class Channel(kombu_redis.Channel):
             cycle.wake()
 
     def _brpop_start(self, timeout: int | None = None) -> None:
-        # kombu's own `_brpop_start` (kombu 5.7), without the queues left out as broken, and
-        # a take (take.lua) in place of the BRPOP unless the last take found the lists empty.
+        # kombu's own `_brpop_start` (kombu 5.7), without the queues left out as broken, and a
+        # take (broker_take.lua) in place of the BRPOP unless the last take found none.
         left_out = self._left_out()
         taking = not self._turnstile_wait and self._can_take()
         if not left_out and not taking:
@@ -326,7 +326,7 @@ class Channel(kombu_redis.Channel):
             self._load_take()
             raise Empty() from None
         error, refused, *flat = reply
-        keys = [self.unacked_key, self.unacked_index_key, *lists]  # as take.lua numbers them
+        keys = [self.unacked_key, self.unacked_index_key, *lists]  # as broker_take.lua numbers them
         taken = [(keys[int(flat[n]) - 1], flat[n + 1], bytes_to_str(flat[n + 2]))
                  for n in range(0, len(flat), 3)]  # fmt: skip
         self._turnstile_wait = not taken and not error
@@ -338,14 +338,14 @@ class Channel(kombu_redis.Channel):
         return True
 
     def _load_take(self) -> None:
-        """Load take.lua on the broker (a new server, or one restarted or flushed); a server
-        that refuses it (older than Redis 7: no shebang line, no RPOP count) has the channel
-        read with kombu's BRPOP."""
+        """Load broker_take.lua on the broker (a new server, or one restarted or flushed); a
+        server that refuses it (older than Redis 7: no shebang line, no RPOP count) has the
+        channel read with kombu's BRPOP."""
         try:
             with self.conn_or_acquire() as client:
                 client.script_load(take_script()[0])
         except redis.ResponseError as exc:
-            self._refused(str(exc), "take.lua")
+            self._refused(str(exc), "broker_take.lua")
 
     def _hand_over_taken(self, taken: list[tuple[str, bytes, str]]) -> None:
         """Hand each taken message to the consumer; if one raises (the broker went away, the

@@ -12,13 +12,16 @@ the consumer's cycle), each from its tail (oldest first), until ARGV[1] are take
 
 An entry with no delivery tag and delivery_info (not JSON, or not kombu's envelope) cannot be
 recorded as kombu records: it is taken and returned unrecorded, for the worker to dead-letter
-(transport.py), as it would after a BRPOP. A list the server refuses to pop (WRONGTYPE) ends the
+(worker/broker/transport.py), as it would after a BRPOP. A list the server refuses to pop (WRONGTYPE) ends the
 take: what was taken before it is returned, with the error, and the worker leaves its queue out.
 
 KEYS
   1 unacked hash          unacked         delivery tag -> JSON [envelope, exchange, routing key]
   2 unacked index zset    unacked_index   delivery tag -> when taken (the worker's clock, s)
   3.. the queue lists     <queue>, <queue>\x06\x163, ...
+The broker's one script, and not the store's: it runs on the broker's server (kombu's Redis
+transport has no cluster), so its keys are kombu's, in no one slot.
+
 ARGV
   1 most to take (>= 1)
   2 now: the worker's clock in seconds, as kombu's QoS.append scores it
