@@ -1,19 +1,21 @@
 """kombu's Redis transport, guarded: an entry on a queue that is not JSON or not a well-formed
-envelope (properties, delivery tag, body that decodes) is dead-lettered (deadletters.py) where
-BRPOP hands it over, before kombu builds a message from it, instead of raising out of the
-worker's event loop. kombu decodes each entry in the worker's main process, and by default such
-an entry makes the worker exit ("Unrecoverable error"), and one already recorded as unacked
-goes back on the queue for the next worker to die on. And a queue whose list the server refuses
-to pop (a key of another type where it should be: WRONGTYPE) is left out of the worker's reads,
-said once in the log (`queue_broken`), and looked at again every BROKEN_RECHECK_S, while the
-worker goes on reading its other queues (kombu would raise out of the event loop, and the
-worker, and every worker restarted on that queue, would exit).
+envelope (properties, delivery tag, body that decodes) is dead-lettered (deadletters.py) where a
+read hands it over (a take, or a BRPOP), before kombu builds a message from it, instead of
+raising out of the worker's event loop. kombu decodes each entry in the worker's main process,
+and by default such an entry makes the worker exit ("Unrecoverable error"), and one already
+recorded as unacked goes back on the queue for the next worker to die on. And a queue whose list
+the server refuses to pop (a key of another type where it should be: WRONGTYPE) is left out of
+the worker's reads, said once in the log (`queue_broken`), and looked at again every
+BROKEN_RECHECK_S, while the worker goes on reading its other queues (kombu would raise out of
+the event loop, and the worker, and every worker restarted on that queue, would exit).
 
 And a worker on the green pool takes a message as soon as a slot frees. Its consumer is Celery's
 `synloop`, which calls `drain_events(timeout=2.0)`; kombu's poller stops reading the queues
 while the channel's prefetch credit is used up, and nothing then woke the wait when a turn's ack
 gave the credit back: the worker sat with free slots for up to 2 s (issue 36). `Poller` wakes
 that wait on the ack (a byte down a pipe it also polls), and the consumer reads again at once.
+And it reads as many messages at once as its credit allows (`Channel`, broker_take.lua), each
+recorded unacked in the same step.
 
 `Transport` is the app's `broker_transport` on Redis (worker/broker/app.py), for a worker and a
 client's producer alike (its channels keep one client per pool for every publish and ack). This
@@ -24,26 +26,40 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
+from functools import cache
 from queue import Empty
 from typing import Any, cast
 
 import redis
 import structlog
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads as kombu_loads
 
 from turnstile.worker.broker.deadletters import Reason, make, record
 from turnstile.worker.broker.layout import turnstile_queue
+from turnstile.worker.store import scripts
 
 log = structlog.get_logger("turnstile.intake")
 
 # How often a worker looks again at a queue it left out as broken (a few TYPE reads).
 BROKEN_RECHECK_S = 5.0
+# The most messages one take (broker_take.lua) hands the consumer, within its prefetch credit: a
+# take's messages are handed to Celery one after another before the consumer reads again.
+TAKE_MOST = 32
+
+
+@cache
+def take_script() -> tuple[str, str]:
+    """The take's text (store/lua/broker_take.lua) and its sha, made once per process."""
+    body = scripts.source("broker_take")
+    return body, hashlib.sha1(body.encode(), usedforsecurity=False).hexdigest()
 
 
 def _info_ok(props: Mapping[str, Any]) -> bool:
@@ -167,13 +183,47 @@ class Poller(kombu_redis.MultiChannelPoller):
             self._wake = None
 
 
+class QoS(kombu_redis.QoS):
+    """kombu's Redis QoS (its unacked records), which does not record again a message a take
+    (broker_take.lua) recorded already: kombu's record is a MULTI, a round trip per message."""
+
+    channel: Channel
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        if delivery_tag and delivery_tag == self.channel._turnstile_recorded:
+            virtual.QoS.append(self, message, delivery_tag)
+            return
+        super().append(message, delivery_tag)
+
+
 class Channel(kombu_redis.Channel):
     """kombu's Redis channel, except that an entry which is not an envelope is dead-lettered
-    where BRPOP hands it over, and a queue whose lists the server refuses to pop is left out
-    of the reads, instead of either raising out of the worker's event loop."""
+    where it is read, and a queue whose lists the server refuses to pop is left out of the
+    reads, instead of either raising out of the worker's event loop.
+
+    And its reads take several messages at once where kombu's take one: a take (one call of
+    broker_take.lua) pops up to the prefetch credit's worth (TAKE_MOST at most) and records
+    each as unacked as kombu's QoS does, in the same step, so a worker killed after it leaves
+    them for kombu's restore; kombu's BRPOP pops one, and its QoS records it in a MULTI after. The
+    consumer then waited a round trip per message for the BRPOP and another for the record,
+    through a hub busy with the turns (issue 36: 45-60 messages a second in all with steps
+    waiting on the list). When a take finds the lists empty, the next read is kombu's BRPOP,
+    which waits for a message (a script cannot block); after it, the reads take again."""
+
+    QoS = QoS
+    # the lists of the take in flight (None: a BRPOP, or nothing, in flight)
+    _turnstile_taking: list[str] | None = None
+    _turnstile_wait = False  # the last take found the lists empty: wait on BRPOP
+    _turnstile_no_take = False  # the server refused a take (not a queue's list): BRPOP only
+    _turnstile_recorded = ""  # the delivery tag of the message being handed over, if taken
 
     # set by kombu's Channel at run time
     connection_errors: tuple[type[BaseException], ...]
+    ack_emulation: bool
+    global_keyprefix: str
+    unacked_key: str
+    unacked_index_key: str
+    qos: Any
     _queue_cycle: Any
     _flush_brpop_reauth: Callable[[], None]
     _create_client: Callable[[], Any]
@@ -195,25 +245,52 @@ class Channel(kombu_redis.Channel):
             cycle.wake()
 
     def _brpop_start(self, timeout: int | None = None) -> None:
-        # kombu's own `_brpop_start` (kombu 5.7), without the queues left out as broken.
+        # kombu's own `_brpop_start` (kombu 5.7), without the queues left out as broken, and a
+        # take (broker_take.lua) in place of the BRPOP unless the last take found none.
         left_out = self._left_out()
-        if not left_out:
+        taking = not self._turnstile_wait and self._can_take()
+        if not left_out and not taking:
             cast(Any, super())._brpop_start(timeout)
             return
         queues = [q for q in self._queue_cycle.consume(len(self.active_queues))
                   if q not in left_out]  # fmt: skip
         if not queues:
             return  # every queue is broken: the next poll looks again
-        wait = self.brpop_timeout if timeout is None else timeout
         lists = [self._q_for_pri(queue, pri) for pri in self.priority_steps for queue in queues]
         self._in_poll = self.client.connection
         self._brpop_sent_at = time.monotonic()
+        if taking:
+            self._turnstile_taking = lists
+            self.client.connection.send_command(*self._take_command(lists))
+            return
+        wait = self.brpop_timeout if timeout is None else timeout
         self.client.connection.send_command("BRPOP", *lists, wait or 0)
+
+    def _can_take(self) -> bool:
+        """Whether the channel's reads may be takes: kombu's unacked records on (its Redis
+        QoS) and no global key prefix (which kombu's BRPOP adds and a take does not)."""
+        return (
+            self.ack_emulation
+            and not self.global_keyprefix
+            and not self._turnstile_no_take
+            and isinstance(self.qos, QoS)
+        )
+
+    def _take_command(self, lists: list[str]) -> list[Any]:
+        """The take of as many messages as the prefetch credit allows (TAKE_MOST at most)."""
+        credit = self.qos.can_consume_max_estimate()  # None: no prefetch limit
+        most = TAKE_MOST if credit is None else max(1, min(credit, TAKE_MOST))
+        _, sha = take_script()
+        return ["EVALSHA", sha, 2 + len(lists), self.unacked_key, self.unacked_index_key,
+                *lists, most, repr(time.time())]  # fmt: skip
 
     def _brpop_read(self, **options: Any) -> bool:
         # kombu's own `_brpop_read` (kombu 5.7), with the decode and the hand-over checked,
-        # and an error reply (WRONGTYPE) taken as a broken queue.
+        # and an error reply (WRONGTYPE) taken as a broken queue; or a take's reply.
         try:
+            lists = self._turnstile_taking
+            if lists is not None:
+                return self._take_read(lists, **options)
             try:
                 dest__item = self.client.parse_response(self.client.connection, "BRPOP", **options)
             except self.connection_errors:
@@ -228,11 +305,82 @@ class Channel(kombu_redis.Channel):
             dest, item = dest__item
             dest = bytes_to_str(dest).rsplit(self.sep, 1)[0]
             self._queue_cycle.rotate(dest)
+            self._turnstile_wait = False  # a message came: take again
             self._hand_over(dest, item)
             return True
         finally:
             self._in_poll = None
+            self._turnstile_taking = None
             self._flush_brpop_reauth()
+
+    def _take_read(self, lists: list[str], **options: Any) -> bool:
+        """Hand over what a take took (each already recorded unacked), in the order taken;
+        none taken: the next read waits on BRPOP. A list the server refused is left out, as
+        after a BRPOP."""
+        try:
+            reply = self.client.parse_response(self.client.connection, "EVALSHA", **options)
+        except self.connection_errors:
+            self.client.connection.disconnect()
+            raise
+        except redis.exceptions.NoScriptError:
+            self._load_take()
+            raise Empty() from None
+        error, refused, *flat = reply
+        keys = [self.unacked_key, self.unacked_index_key, *lists]  # as broker_take.lua numbers them
+        taken = [(keys[int(flat[n]) - 1], flat[n + 1], bytes_to_str(flat[n + 2]))
+                 for n in range(0, len(flat), 3)]  # fmt: skip
+        self._turnstile_wait = not taken and not error
+        self._hand_over_taken(taken)
+        if error:
+            self._refused(bytes_to_str(error), keys[int(refused) - 1])
+        if not taken:
+            raise Empty()
+        return True
+
+    def _load_take(self) -> None:
+        """Load broker_take.lua on the broker (a new server, or one restarted or flushed); a
+        server that refuses it (older than Redis 7: no shebang line, no RPOP count) has the
+        channel read with kombu's BRPOP."""
+        try:
+            with self.conn_or_acquire() as client:
+                client.script_load(take_script()[0])
+        except redis.ResponseError as exc:
+            self._refused(str(exc), "broker_take.lua")
+
+    def _hand_over_taken(self, taken: list[tuple[str, bytes, str]]) -> None:
+        """Hand each taken message to the consumer; if one raises (the broker went away, the
+        worker stops), the ones not handed over yet go back to their lists."""
+        for n, (name, item, tag) in enumerate(taken):
+            dest = bytes_to_str(name).rsplit(self.sep, 1)[0]
+            self._queue_cycle.rotate(dest)
+            try:
+                self._hand_over(dest, item, tag)
+            except BaseException:
+                self._give_back(taken[n + 1 :])
+                raise
+
+    def _give_back(self, taken: list[tuple[str, bytes, str]]) -> None:
+        """Put taken messages back at the tail of their lists (the next to be read, in the
+        order taken) and drop their unacked records, in one transaction; if that fails, the
+        records stay and kombu restores them after the visibility timeout."""
+        if not taken:
+            return
+        with suppress(*self.connection_errors), self.conn_or_acquire() as client:
+            pipe = client.pipeline()
+            for name, item, tag in reversed(taken):
+                pipe.rpush(name, item)
+                if tag:
+                    self.qos._remove_from_indices(tag, pipe)
+            pipe.execute()
+
+    def _refused(self, error: str, name: str) -> None:
+        """A take's list the server refused: its queue left out when its list is broken;
+        another refusal (not a queue's) turns the channel's takes off, said once, and its
+        reads are kombu's BRPOP again."""
+        if self._leave_out_broken(error):
+            return
+        self._turnstile_no_take = True
+        log.error("take_refused", by="consumer", list=name, error=error)
 
     def _broken_lists(self, queues: list[str]) -> dict[str, str]:
         """Of these broker queues, the ones a list of which is not a list (or cannot be
@@ -285,21 +433,31 @@ class Channel(kombu_redis.Channel):
             self._turnstile_broken = left_out
         return left_out
 
-    def _hand_over(self, queue: str, item: bytes) -> None:
+    def _hand_over(self, queue: str, item: bytes, tag: str = "") -> None:
+        """Deliver an entry taken off `queue`, or dead-letter it; `tag`: the delivery tag a
+        take recorded it unacked under ("" after a BRPOP: kombu's QoS records it)."""
         try:
             payload = kombu_loads(bytes_to_str(item))  # as kombu decodes it
         except (TypeError, ValueError) as exc:
-            self._dead_letter(queue, Reason.NOT_JSON, str(exc), item)
+            self._dead_letter(queue, Reason.NOT_JSON, str(exc), item, tag)
             return
         problem = envelope_problem(payload)
         if problem is not None:
-            self._dead_letter(queue, Reason.BAD_ENVELOPE, problem, item)
+            self._dead_letter(queue, Reason.BAD_ENVELOPE, problem, item, tag)
             return
-        self.connection._deliver(payload, queue)
+        self._turnstile_recorded = tag
+        try:
+            self.connection._deliver(payload, queue)
+        finally:
+            self._turnstile_recorded = ""
 
-    def _dead_letter(self, queue: str, reason: Reason, detail: str, item: bytes) -> None:
+    def _dead_letter(self, queue: str, reason: Reason, detail: str, item: bytes, tag: str) -> None:
+        """Keep the entry as a dead letter, then drop the unacked record a take made of it (a
+        worker killed between the two restores it later and dead-letters it again)."""
         with self.conn_or_acquire() as client:
             record(client, make(turnstile_queue(queue), reason, detail, item))
+            if tag:
+                self.qos._remove_from_indices(tag, client.pipeline()).execute()
 
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
