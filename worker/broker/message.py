@@ -76,13 +76,31 @@ def priority(msg: StepMessage, *, amqp: bool = False, dispatched: bool = False) 
     return CONTINUE_PRIORITY if msg.version > 1 else START_PRIORITY
 
 
+# Celery's headers give a task's arguments as text of at most this many characters.
+_ARGUMENT_TEXT_CHARS = 1024
+
+
+def _argument_texts(kwargs: dict[str, Any]) -> dict[str, str]:
+    """The headers' texts of a step's arguments, made here when they are plain: Celery makes
+    them with its `saferepr` (about 27 us a step, against 1 us for `repr`), whose text for short
+    printable strings and integers is `repr`'s (tests/unit/test_message.py); else Celery's."""
+    text = repr(kwargs)
+    plain = all(type(v) is int or (v.isascii() and v.isprintable()) for v in kwargs.values())
+    if not plain or len(text) > _ARGUMENT_TEXT_CHARS:
+        return {}
+    return {"argsrepr": "()", "kwargsrepr": text}
+
+
 def publish_options(
     msg: StepMessage, soft_s: float, hard_s: float, *, amqp: bool = False, dispatched: bool = False
 ) -> dict[str, Any]:
     """The arguments of `send_task` for this step: its queue, priority (see `priority`) and
-    time limits."""
+    time limits, and the headers' `argsrepr` and `kwargsrepr` where `repr` makes them (see
+    `_argument_texts`)."""
+    kwargs = msg.as_kwargs()
     return {
-        "kwargs": msg.as_kwargs(),
+        "kwargs": kwargs,
+        **_argument_texts(kwargs),
         "queue": msg.queue,
         "priority": priority(msg, amqp=amqp, dispatched=dispatched),
         "soft_time_limit": math.ceil(soft_s),
