@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
+import msgspec
 import pytest
 import redis
 
@@ -243,10 +244,11 @@ def test_every_key_of_a_shop_shares_its_hash_tag(client: redis.Redis, unique: st
 
 
 def test_round_trips_per_call(redis_url: str, unique: str) -> None:
-    """A fresh write costs two round trips; a replay, a refusal, a read and the effects one."""
+    """A fresh write costs two round trips; a replay, a refusal, a read and the effects one;
+    a write to an order the shop object has read (or written) since it last changed, one."""
     with CountingRedis.from_url(redis_url) as client:
         client.sent = []
-        shop = RedisShop(client)
+        shop, cold = RedisShop(client), RedisShop(client)
         shop.get_order(TENANT, f"{unique}-warm", SMALL)  # loads the scripts on a cold server
         shop.write_once(
             TENANT,
@@ -263,11 +265,22 @@ def test_round_trips_per_call(redis_url: str, unique: str) -> None:
             return len(client.sent)
 
         write = partial(shop.write_once, TENANT, unique, name="issue_refund", order_id=SMALL)
+        cold_write = partial(
+            cold.write_once, TENANT, unique, name="issue_refund", order_id=SMALL
+        )  # a shop object that has read nothing of this shop
         assert cost(partial(shop.get_order, TENANT, unique, SMALL)) == 1
-        assert cost(partial(write, key="k1", rule=refund_rule(100))) == 2
+        assert cost(partial(cold_write, key="k1", rule=refund_rule(100))) == 2
         assert cost(partial(write, key="k1", rule=refund_rule(100))) == 1  # a replay
+        assert cost(partial(cold_write, key="k1", rule=refund_rule(100))) == 1  # a replay
         assert cost(partial(write, key="k2", rule=refund_rule(9999))) == 1  # a refusal
+        assert cost(partial(cold_write, key="k2", rule=refund_rule(9999))) == 1  # a refusal
+        assert cost(partial(write, key="k3", rule=refund_rule(100))) == 1  # read by k2's
+        assert cost(partial(write, key="k4", rule=refund_rule(100))) == 1  # written by k3's
+        assert cost(partial(cold_write, key="k5", rule=refund_rule(100))) == 2  # stale: reads
         assert set(client.sent) == {"EVALSHA"}
+        assert shop.get_order(TENANT, unique, SMALL) == Order(
+            customer=ANA, total_cents=4200, refunded_cents=400
+        )
         assert cost(partial(shop.effects, TENANT, unique)) == 1
         assert cost(partial(shop.orders, TENANT, unique)) == 1
 
@@ -301,6 +314,72 @@ def test_a_write_that_loses_the_race_reads_again_and_applies_the_rule_anew(
     assert result == ({"status": "ok", "refunded_cents": 4000}, False)
     assert seen == [0, 1000]
     assert shop.effects(TENANT, unique) == [["refund", SMALL, 1000], ["refund", SMALL, 3000]]
+
+
+def test_a_write_on_a_remembered_order_that_changed_applies_the_rule_to_the_order_as_it_is(
+    client: redis.Redis, unique: str
+) -> None:
+    """A shop object that read the order before another one refunded it writes from what its
+    compare-and-set found, not from what it remembered: the refunds add up, each once."""
+    shop, rival = RedisShop(client), RedisShop(client)
+    assert shop.get_order(TENANT, unique, SMALL) == demo_orders()[SMALL]  # remembered
+    assert rival.write_once(
+        TENANT, unique, key="rival", name="issue_refund", order_id=SMALL, rule=refund_rule(1000)
+    ) == ({"status": "ok", "refunded_cents": 1000}, False)
+    seen: list[int] = []
+
+    def rule(order: Order | None) -> Applied:
+        assert order is not None
+        seen.append(order.refunded_cents)
+        return refund(order, user_id=ANA, order_id=SMALL, amount_cents=3000, approved=False)
+
+    assert shop.write_once(
+        TENANT, unique, key="k1", name="issue_refund", order_id=SMALL, rule=rule
+    ) == ({"status": "ok", "refunded_cents": 4000}, False)
+    assert seen == [0, 1000]
+    assert shop.effects(TENANT, unique) == [["refund", SMALL, 1000], ["refund", SMALL, 3000]]
+
+
+def test_a_refusal_on_a_remembered_order_is_answered_only_after_a_read(
+    client: redis.Redis, unique: str
+) -> None:
+    """The rule refusing the order as the shop object remembers it is not an answer: the
+    order changed since (here, its total, behind every shop's back), and on the order as it
+    is the refund goes through."""
+    shop = RedisShop(client)
+    assert shop.get_order(TENANT, unique, SMALL) == demo_orders()[SMALL]  # 4200 cents
+    larger = Order(customer=ANA, total_cents=10_000)
+    client.hset(shop_keys(TENANT, unique).orders, SMALL, msgspec.json.encode(larger))
+    assert shop.write_once(
+        TENANT, unique, key="k1", name="issue_refund", order_id=SMALL, rule=refund_rule(4500)
+    ) == ({"status": "ok", "refunded_cents": 4500}, False)
+    assert shop.effects(TENANT, unique) == [["refund", SMALL, 4500]]
+
+
+def test_a_shop_remembers_a_bounded_number_of_orders(
+    client: redis.Redis, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past ORDERS_REMEMBERED, the order least recently read or written is forgotten: a write
+    to it reads first again (two round trips), one to an order still remembered does not."""
+    monkeypatch.setattr(shop_module, "ORDERS_REMEMBERED", 2)
+    shop = RedisShop(client)
+    for name in ("a", "b", "c"):
+        shop.get_order(TENANT, f"{unique}-{name}", SMALL)
+    assert len(shop._seen) == 2
+    reads: list[Any] = []
+    original = shop._read
+
+    def counted(**kwargs: Any) -> Any:
+        reads.append(kwargs)
+        return original(**kwargs)
+
+    monkeypatch.setattr(shop, "_read", counted)
+    for name, read in (("c", 0), ("a", 1)):
+        shop.write_once(
+            TENANT, f"{unique}-{name}", key="k", name="issue_refund", order_id=SMALL,
+            rule=refund_rule(100),
+        )  # fmt: skip
+        assert len(reads) == read
 
 
 def test_a_write_that_always_loses_gives_up_with_a_clear_error(

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import redis
 
-from turnstile.worker.scheduling.dispatcher import RoundRobin
+from turnstile.worker.scheduling.dispatcher import LINGER_S, Dispatcher, RoundRobin
 from turnstile.worker.scheduling.fair import CapError, parse_caps
+from turnstile.worker.settings import Settings
+from turnstile.worker.store.durability import Durability
 
 
 def _picks(rr: RoundRobin, tenants: list[str], weights: dict[str, int], n: int) -> list[str]:
@@ -59,3 +62,18 @@ def test_nothing_to_set_is_refused() -> None:
     """`tenants set acme` with no setting says so."""
     with pytest.raises(CapError, match="nothing to set"):
         parse_caps([])
+
+
+@pytest.mark.parametrize(
+    ("durability", "linger_s"),
+    [(Durability.NONE, LINGER_S), (Durability.AOF, LINGER_S), (Durability.REPLICA, 0.0)],
+)
+def test_the_dispatcher_lingers_unless_its_durability_waits_after_the_write(
+    durability: Durability, linger_s: float
+) -> None:
+    """The pause between passes is off only for `replica`, whose WAIT after the write is
+    answered when the server's loop next turns; `aof`'s WAITAOF goes before the write and is
+    answered at once, so it lingers as `none` does."""
+    config = Settings(durability=durability)
+    client = redis.Redis(port=1)  # never reached: building a dispatcher sends nothing
+    assert Dispatcher(client, None, config, lambda batch: None).linger_s == linger_s

@@ -1,8 +1,9 @@
 --[[
-shop_write: a write's second round trip. Python read the order (shop_read) and applied the
-business rule to it; this compare-and-sets the outcome: it is written only if (key, name) is
-still not stored and the order is byte for byte the one the rule saw. Only successful writes
-come here; a refusal is answered from the read alone and stores nothing.
+shop_write: a write's second round trip (its only one when the caller remembered the order,
+or took it from the 'changed' reply of its previous attempt). Python read the order (shop_read)
+and applied the business rule to it; this compare-and-sets the outcome: it is written only if
+(key, name) is still not stored and the order is byte for byte the one the rule saw. Only
+successful writes come here; a refusal is answered from a read alone and stores nothing.
 
 KEYS (shop S of tenant T: a tenant's shops are its own, whatever their names)
   1 orders hash    turnstile:shop:{T}:S:orders    order id -> order JSON
@@ -18,7 +19,9 @@ ARGV
 Returns
   { 'stored' }                    written: order, effect and done record together
   { 'replay', done record JSON }  (key, name) was stored meanwhile; nothing written
-  { 'changed' }                   the order changed since it was read; nothing written
+  { 'changed', order JSON | nil } the order changed since it was read (or since the caller
+                                  remembered it); nothing written; the order as it is now, so
+                                  that the caller can apply its rule again without a read
 ]]
 local done = redis.call('HGET', KEYS[2], ARGV[1])
 if done then
@@ -26,7 +29,10 @@ if done then
 end
 local order = redis.call('HGET', KEYS[1], ARGV[2]) or ''
 if order ~= ARGV[3] then
-  return { 'changed' }
+  if order == '' then
+    return { 'changed' }
+  end
+  return { 'changed', order }
 end
 if ARGV[5] ~= '' then
   redis.call('HSET', KEYS[1], ARGV[2], ARGV[5])
