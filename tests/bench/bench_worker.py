@@ -173,6 +173,7 @@ class Round:
     gaps: dict[str, list[float]]  # seconds from a commit to the next turn, eager and queued
     stall_s: float  # the longest a slot stood free with nothing starting or ending (any process)
     cpu_s: float  # the worker processes' CPU time (user + system) over the timed window
+    split: Split  # where that CPU went, and the servers' own
 
     @property
     def rate(self) -> float:
@@ -183,19 +184,54 @@ class Round:
         return 1000 * self.cpu_s / max(1, self.turns)
 
 
-def cpu_s(procs: list[subprocess.Popen[bytes]]) -> float:
-    """CPU seconds so far of these worker processes and their pool processes: the machine is
-    shared, and CPU time is what load disturbs least."""
-    total = 0.0
+def cpu_parts(procs: list[subprocess.Popen[bytes]]) -> tuple[float, float]:
+    """CPU seconds so far of the workers' main processes (Celery's consumer, the dispatcher
+    and the sweeper) and of their pool processes (the tasks), apart: the machine is shared,
+    and CPU time is what load disturbs least."""
+    main = pool = 0.0
     for p in procs:
         try:
             root = psutil.Process(p.pid)
-            for proc in [root, *root.children(recursive=True)]:
+            times = root.cpu_times()
+            main += times.user + times.system
+            for proc in root.children(recursive=True):
                 times = proc.cpu_times()
-                total += times.user + times.system
+                pool += times.user + times.system
         except psutil.NoSuchProcess:
             continue
-    return total
+    return main, pool
+
+
+def server_cpu_s(url: str) -> float:
+    """CPU seconds so far of a server (INFO cpu): what the store's and the broker's work costs
+    the shared cores while the workers wait for their replies."""
+    with redis.Redis.from_url(url) as client:
+        info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+@dataclass
+class Split:
+    """A timed window's CPU seconds: the workers' main processes, their pool processes, the
+    store's server and the broker's (0 when not one server, a cluster or RabbitMQ)."""
+
+    main_s: float = 0.0
+    pool_s: float = 0.0
+    store_s: float = 0.0
+    broker_s: float = 0.0
+    wall_s: float = 0.0
+
+    def per(self, n: int) -> str:
+        """The split, in ms per turn or task, and the cores busy over the window."""
+        n = max(1, n)
+        busy = (self.main_s + self.pool_s + self.store_s + self.broker_s) / max(1e-9, self.wall_s)
+        return (f"main {1000 * self.main_s / n:.2f} + pool {1000 * self.pool_s / n:.2f} ms, "
+                f"store {1000 * self.store_s / n:.2f}, broker {1000 * self.broker_s / n:.2f} ms; "
+                f"{busy:.2f} of the cores busy")  # fmt: skip
+
+
+def _servers_cpu(urls: list[str]) -> list[float]:
+    return [server_cpu_s(u) if u.startswith("redis://") else 0.0 for u in urls]
 
 
 def support_round(
@@ -224,8 +260,9 @@ def support_round(
             client.submit(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue)
     env = _env(broker_url, store.url, counts, store.port, durability=durability, eager=eager)
     procs = _workers("turnstile.worker.runtime.app:app", queue, env, 2, work / f"{queue}.log")
+    servers = [store.url if isinstance(store, EmbeddedServer) else "", broker_url]
     try:
-        cpu_before = cpu_s(procs)
+        parts_before, servers_before = cpu_parts(procs), _servers_cpu(servers)
         started = time.perf_counter()
         for n in range(1, runs + 1) if one_at_a_time else [runs]:
             if one_at_a_time:
@@ -233,7 +270,12 @@ def support_round(
             while int(client.client.scard(stopped)) < n:
                 time.sleep(0.002 if one_at_a_time else 0.01)
         seconds = time.perf_counter() - started
-        cpu = cpu_s(procs) - cpu_before
+        parts, servers_after = cpu_parts(procs), _servers_cpu(servers)
+        split = Split(
+            parts[0] - parts_before[0], parts[1] - parts_before[1],
+            servers_after[0] - servers_before[0], servers_after[1] - servers_before[1], seconds,
+        )  # fmt: skip
+        cpu = split.main_s + split.pool_s
     finally:
         _stop(procs)
         if amqp.is_amqp(broker_url):  # deleted at the end: a later round's dispatcher may
@@ -252,7 +294,7 @@ def support_round(
     return Round(
         seconds, turns, sum(t["round_trips"] for t in totals),
         sum(t["tool_round_trips"] for t in totals), gaps,
-        max((t.get("idle_with_free_slots_s", 0.0) for t in totals), default=0.0), cpu,
+        max((t.get("idle_with_free_slots_s", 0.0) for t in totals), default=0.0), cpu, split,
     )  # fmt: skip
 
 
@@ -285,9 +327,9 @@ def gap_line(label: str, gaps: dict[str, list[float]]) -> str:
     return "; ".join(parts) + ")"
 
 
-def noop_round(broker: EmbeddedServer, chains: int, length: int, work: Path) -> tuple[float, float]:
+def noop_round(broker: EmbeddedServer, chains: int, length: int, work: Path) -> tuple[float, Split]:
     """Seconds for `chains` chains of `length` no-op tasks, sent with a step's time limits,
-    timed the same way as the support runs, and the workers' CPU seconds over that time."""
+    timed the same way as the support runs, and the CPU seconds over that time."""
     queue = f"n-{uuid.uuid4().hex[:6]}"
     counts = Path(tempfile.mkdtemp(dir=work))
     noop_app.conf.update(broker_url=broker.url)
@@ -300,11 +342,15 @@ def noop_round(broker: EmbeddedServer, chains: int, length: int, work: Path) -> 
     env = _env(broker.url, None, counts, 0)
     procs = _workers("tests.bench.noop_app:app", queue, env, 2, work / f"{queue}.log")
     try:
-        cpu_before = cpu_s(procs)
+        parts_before, broker_before = cpu_parts(procs), server_cpu_s(broker.url)
         started = time.perf_counter()
         while int(done.get(f"bench:done:{queue}") or 0) < chains:
             time.sleep(0.01)
-        return time.perf_counter() - started, cpu_s(procs) - cpu_before
+        seconds = time.perf_counter() - started
+        parts = cpu_parts(procs)
+        split = Split(parts[0] - parts_before[0], parts[1] - parts_before[1], 0.0,
+                      server_cpu_s(broker.url) - broker_before, seconds)  # fmt: skip
+        return seconds, split
     finally:
         _stop(procs)
 
@@ -388,6 +434,7 @@ def main() -> None:
     stalls: dict[Config, list[float]] = {c: [] for c in configs}
     cpu: dict[Config, list[float]] = {c: [] for c in configs}
     noop_cpu_ms: list[float] = []  # the no-op workers' CPU per task, per round
+    splits: list[str] = []  # per round, where the CPU went: the first setting's, the no-op's
     policies = sorted({setting(d)[1] for d in durabilities} | {"everysec"})
     with contextlib.ExitStack() as stack:
         stack.callback(_delete_amqp_queues)  # however the rounds end
@@ -424,13 +471,19 @@ def main() -> None:
                     gaps[c][path] += measured.gaps[path]
                 stalls[c].append(measured.stall_s)
                 cpu[c].append(measured.cpu_ms_per_turn)
+                if c == configs[0]:
+                    splits.append(f"{label[c]}: {measured.split.per(measured.turns)}")
             length = round(turns_by[configs[0]] / args.runs)
-            noop_seconds, noop_cpu = noop_round(servers["everysec"][0], args.runs, length, work)
+            noop_seconds, noop_split = noop_round(servers["everysec"][0], args.runs, length, work)
             noop_rate = args.runs * length / noop_seconds
+            noop_cpu = noop_split.main_s + noop_split.pool_s
             noop_cpu_ms.append(1000 * noop_cpu / (args.runs * length))
+            splits[-1] += f"; no-op: {noop_split.per(args.runs * length)}"
             ratios.append(rates[configs[0]][-1] / noop_rate)
             print(f"{i + 1:>5} " + " ".join(f"{rates[c][-1]:>18.1f}" for c in configs)
                   + f" {noop_rate:>14.1f} {ratios[-1]:>6.2f}")  # fmt: skip
+        for i, line in enumerate(splits):
+            print(f"CPU, round {i + 1}, per turn (task): {line}")
         idle: dict[str, dict[str, list[float]]] = {}
         if args.idle_runs:
             broker, store = servers[setting(durabilities[0])[1]]
