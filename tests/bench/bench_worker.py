@@ -184,11 +184,12 @@ class Round:
         return 1000 * self.cpu_s / max(1, self.turns)
 
 
-def cpu_parts(procs: list[subprocess.Popen[bytes]]) -> tuple[float, float]:
+def cpu_parts(procs: list[subprocess.Popen[bytes]]) -> tuple[float, float, float]:
     """CPU seconds so far of the workers' main processes (Celery's consumer, the dispatcher
-    and the sweeper) and of their pool processes (the tasks), apart: the machine is shared,
-    and CPU time is what load disturbs least."""
-    main = pool = 0.0
+    and the sweeper) and of their pool processes (the tasks), apart, and the pool processes'
+    time in the kernel (system): the machine is shared, and CPU time is what load disturbs
+    least."""
+    main = pool = pool_sys = 0.0
     for p in procs:
         try:
             root = psutil.Process(p.pid)
@@ -197,9 +198,10 @@ def cpu_parts(procs: list[subprocess.Popen[bytes]]) -> tuple[float, float]:
             for proc in root.children(recursive=True):
                 times = proc.cpu_times()
                 pool += times.user + times.system
+                pool_sys += times.system
         except psutil.NoSuchProcess:
             continue
-    return main, pool
+    return main, pool, pool_sys
 
 
 def server_cpu_s(url: str) -> float:
@@ -220,12 +222,14 @@ class Split:
     store_s: float = 0.0
     broker_s: float = 0.0
     wall_s: float = 0.0
+    pool_sys_s: float = 0.0  # of pool_s, in the kernel (system time)
 
     def per(self, n: int) -> str:
         """The split, in ms per turn or task, and the cores busy over the window."""
         n = max(1, n)
         busy = (self.main_s + self.pool_s + self.store_s + self.broker_s) / max(1e-9, self.wall_s)
-        return (f"main {1000 * self.main_s / n:.2f} + pool {1000 * self.pool_s / n:.2f} ms, "
+        return (f"main {1000 * self.main_s / n:.2f} + pool {1000 * self.pool_s / n:.2f} ms "
+                f"(system {1000 * self.pool_sys_s / n:.2f}), "
                 f"store {1000 * self.store_s / n:.2f}, broker {1000 * self.broker_s / n:.2f} ms; "
                 f"{busy:.2f} of the cores busy")  # fmt: skip
 
@@ -274,6 +278,7 @@ def support_round(
         split = Split(
             parts[0] - parts_before[0], parts[1] - parts_before[1],
             servers_after[0] - servers_before[0], servers_after[1] - servers_before[1], seconds,
+            parts[2] - parts_before[2],
         )  # fmt: skip
         cpu = split.main_s + split.pool_s
     finally:
@@ -349,7 +354,8 @@ def noop_round(broker: EmbeddedServer, chains: int, length: int, work: Path) -> 
         seconds = time.perf_counter() - started
         parts = cpu_parts(procs)
         split = Split(parts[0] - parts_before[0], parts[1] - parts_before[1], 0.0,
-                      server_cpu_s(broker.url) - broker_before, seconds)  # fmt: skip
+                      server_cpu_s(broker.url) - broker_before, seconds,
+                      parts[2] - parts_before[2])  # fmt: skip
         return seconds, split
     finally:
         _stop(procs)

@@ -217,6 +217,37 @@ def idle_with_free_slots() -> float:
 def _write_green(**kwargs: Any) -> None:
     if GREEN:  # no pool processes: the turns ran here
         _write()
+    elif PROFILE_DIR:  # prefork: the main process's own, `main-<pid>-<thread>.prof`
+        for name, prof in main_profilers.items():
+            prof.create_stats()
+            prof.dump_stats(str(Path(PROFILE_DIR) / f"main-{os.getpid()}-{name}.prof"))
+
+
+# BENCH_PROFILE_DIR on prefork: the main process is profiled too (Celery's consumer on its main
+# thread from the worker being ready, the dispatcher and the sweeper on theirs), each thread on
+# its own profiler, written when the worker shuts down.
+main_profilers: dict[str, cProfile.Profile] = {}
+
+if PROFILE_DIR and not GREEN:
+    _thread_run = threading.Thread.run
+
+    def _profiled_run(self: threading.Thread) -> None:
+        if self.name not in BACKGROUND:
+            _thread_run(self)
+            return
+        prof = main_profilers[self.name] = cProfile.Profile(time.thread_time)
+        prof.enable()
+        try:
+            _thread_run(self)
+        finally:
+            prof.disable()
+
+    threading.Thread.run = _profiled_run  # type: ignore[method-assign]
+
+    @signals.worker_ready.connect
+    def _profile_consumer(**kwargs: Any) -> None:
+        prof = main_profilers["consumer"] = cProfile.Profile(time.thread_time)
+        prof.enable()
 
 
 if __name__ == "__main__":
