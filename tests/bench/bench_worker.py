@@ -184,12 +184,12 @@ class Round:
         return 1000 * self.cpu_s / max(1, self.turns)
 
 
-def cpu_parts(procs: list[subprocess.Popen[bytes]]) -> tuple[float, float, float]:
+def cpu_parts(procs: list[subprocess.Popen[bytes]]) -> tuple[float, float, float, float]:
     """CPU seconds so far of the workers' main processes (Celery's consumer, the dispatcher
-    and the sweeper) and of their pool processes (the tasks), apart, and the pool processes'
-    time in the kernel (system): the machine is shared, and CPU time is what load disturbs
-    least."""
-    main = pool = pool_sys = 0.0
+    and the sweeper) and of their pool processes (the tasks), apart, the pool processes' time
+    in the kernel (system), and the time they waited for a core: the machine is shared, and
+    CPU time is what load disturbs least."""
+    main = pool = pool_sys = pool_queued = 0.0
     for p in procs:
         try:
             root = psutil.Process(p.pid)
@@ -199,9 +199,26 @@ def cpu_parts(procs: list[subprocess.Popen[bytes]]) -> tuple[float, float, float
                 times = proc.cpu_times()
                 pool += times.user + times.system
                 pool_sys += times.system
+                pool_queued += queued_s(proc.pid)
         except psutil.NoSuchProcess:
             continue
-    return main, pool, pool_sys
+    return main, pool, pool_sys, pool_queued
+
+
+def queued_s(pid: int) -> float:
+    """Seconds the threads of process `pid` have waited, runnable, for a core (Linux
+    schedstat's run-queue wait): what the machine's other processes cost it."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            total += int(stat.read_text().split()[1])
+    return total / 1e9
+
+
+def pool_processes() -> int:
+    """How many processes run the tasks: the pool processes of the two workers (prefork), or
+    the two workers themselves (a green pool, whose turns run in its main process)."""
+    return 2 * int(POOL[1]) if POOL[0] == "prefork" else 2
 
 
 def server_cpu_s(url: str) -> float:
@@ -223,15 +240,25 @@ class Split:
     broker_s: float = 0.0
     wall_s: float = 0.0
     pool_sys_s: float = 0.0  # of pool_s, in the kernel (system time)
+    pool_queued_s: float = 0.0  # the pool processes' threads waiting, runnable, for a core
+    processes: int = 2  # pool processes, for their wall time per turn
 
     def per(self, n: int) -> str:
         """The split, in ms per turn or task, and the cores busy over the window."""
         n = max(1, n)
         busy = (self.main_s + self.pool_s + self.store_s + self.broker_s) / max(1e-9, self.wall_s)
-        return (f"main {1000 * self.main_s / n:.2f} + pool {1000 * self.pool_s / n:.2f} ms "
+        # A pool process's wall time per turn: its CPU, its wait for a core, and the rest
+        # (waiting on a socket or a lock: the store's, the broker's, its tool threads').
+        wall = 1000 * self.wall_s * self.processes / n
+        line = (f"main {1000 * self.main_s / n:.2f} + pool {1000 * self.pool_s / n:.2f} ms "
                 f"(system {1000 * self.pool_sys_s / n:.2f}), "
                 f"store {1000 * self.store_s / n:.2f}, broker {1000 * self.broker_s / n:.2f} ms; "
                 f"{busy:.2f} of the cores busy")  # fmt: skip
+        if not self.pool_s:  # a green pool: the turns ran in the main processes
+            return line
+        return (f"{line}; a pool process's {wall:.2f} ms: waiting for a core "
+                f"{1000 * self.pool_queued_s / n:.2f}, on sockets and locks "
+                f"{wall - 1000 * (self.pool_s + self.pool_queued_s) / n:.2f}")  # fmt: skip
 
 
 def _servers_cpu(urls: list[str]) -> list[float]:
@@ -278,7 +305,7 @@ def support_round(
         split = Split(
             parts[0] - parts_before[0], parts[1] - parts_before[1],
             servers_after[0] - servers_before[0], servers_after[1] - servers_before[1], seconds,
-            parts[2] - parts_before[2],
+            parts[2] - parts_before[2], parts[3] - parts_before[3], pool_processes(),
         )  # fmt: skip
         cpu = split.main_s + split.pool_s
     finally:
@@ -355,7 +382,8 @@ def noop_round(broker: EmbeddedServer, chains: int, length: int, work: Path) -> 
         parts = cpu_parts(procs)
         split = Split(parts[0] - parts_before[0], parts[1] - parts_before[1], 0.0,
                       server_cpu_s(broker.url) - broker_before, seconds,
-                      parts[2] - parts_before[2])  # fmt: skip
+                      parts[2] - parts_before[2], parts[3] - parts_before[3],
+                      pool_processes())  # fmt: skip
         return seconds, split
     finally:
         _stop(procs)
