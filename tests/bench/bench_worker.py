@@ -319,6 +319,7 @@ def support_round(
     totals = [json.loads(p.read_text()) for p in counts.glob("*.json")]
     if os.environ.get("BENCH_COUNT_DETAIL"):
         print_detail(totals, turns)
+        print_gc(totals, turns)
     gaps: dict[str, list[float]] = {"eager": [], "queued": []}
     for t in totals:
         for path, samples in t.get("gaps", {}).items():
@@ -328,6 +329,22 @@ def support_round(
         sum(t["tool_round_trips"] for t in totals), gaps,
         max((t.get("idle_with_free_slots_s", 0.0) for t in totals), default=0.0), cpu, split,
     )  # fmt: skip
+
+
+def print_gc(totals: list[dict[str, Any]], turns: int) -> None:
+    """BENCH_COUNT_DETAIL=1: the garbage collector's passes in the processes that ran the
+    turns, by generation: how many a turn, and their CPU a turn."""
+    by: dict[str, list[float]] = {}
+    for t in totals:
+        for generation, (count, seconds) in t.get("gc", {}).items():
+            by.setdefault(generation, [0, 0.0])
+            by[generation][0] += count
+            by[generation][1] += seconds
+    per = max(1, turns)
+    print("  gc passes per turn: " + ", ".join(
+        f"generation {g}: {c / per:.3f} ({1e6 * s / per:.1f} us a turn)"
+        for g, (c, s) in sorted(by.items())
+    ))  # fmt: skip
 
 
 def print_detail(totals: list[dict[str, Any]], turns: int) -> None:

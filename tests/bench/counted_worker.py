@@ -23,6 +23,7 @@ from turnstile.worker.runtime.pools import patch_if_green
 GREEN = patch_if_green(sys.argv[1:], dict(os.environ))
 
 import cProfile  # noqa: E402
+import gc  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
 import threading  # noqa: E402
@@ -152,6 +153,24 @@ def _gap(seconds: float, *, eager: bool) -> None:
 metrics.turn_gap = _gap
 
 
+# The garbage collector's passes in this process, by generation: how many, and the seconds
+# they took (gc.callbacks), written with the counts as "gc".
+gc_passes: dict[str, list[float]] = {}
+_gc_started = [0.0]
+
+
+def _gc_watch(phase: str, info: dict[str, int]) -> None:
+    if phase == "start":
+        _gc_started[0] = time.thread_time()
+        return
+    passes = gc_passes.setdefault(str(info["generation"]), [0, 0.0])
+    passes[0] += 1
+    passes[1] += time.thread_time() - _gc_started[0]
+
+
+gc.callbacks.append(_gc_watch)
+
+
 @signals.worker_process_init.connect
 def _reset(**kwargs: Any) -> None:
     counts.update(
@@ -160,6 +179,7 @@ def _reset(**kwargs: Any) -> None:
     gaps["eager"].clear()
     gaps["queued"].clear()
     slots.clear()
+    gc_passes.clear()
     if profiler is not None:
         profiler.enable()
 
@@ -192,6 +212,7 @@ def _write(**kwargs: Any) -> None:
                 **counts,
                 "detail": detail,
                 "gaps": gaps,
+                "gc": gc_passes,
                 "idle_with_free_slots_s": idle_with_free_slots(),
             }
         )
