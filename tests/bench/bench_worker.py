@@ -91,18 +91,21 @@ ZERO_LATENCY = {
 
 
 def _workers(
-    app: str, queue: str, env: dict[str, str], count: int, log: Path
+    app: str, queue: str, env: dict[str, str], count: int, log: Path, *, tree: Path | None = None
 ) -> list[subprocess.Popen[bytes]]:
+    python = str(tree / ".venv" / "bin" / "python") if tree is not None else sys.executable
     procs = []
     with log.open("ab") as out:
         for i in range(count):
             args = [
-                sys.executable, "-m", "tests.bench.counted_worker", "-A", app, "worker",
+                python, "-m", "tests.bench.counted_worker", "-A", app, "worker",
                 "-Q", queue, "-P", POOL[0], "-c", POOL[1],
                 "-n", f"bench{i}-{uuid.uuid4().hex[:6]}@%h",
                 "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING",
             ]  # fmt: skip
-            procs.append(subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT))
+            procs.append(
+                subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tree)
+            )
     deadline = time.monotonic() + READY_S
     while log.read_text(errors="replace").count('"worker_ready"') < count:
         if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
@@ -157,9 +160,32 @@ POLICY = {Durability.NONE: "everysec", Durability.AOF: "always", Durability.REPL
 
 
 def setting(spec: str) -> tuple[str, str]:
-    """(durability, fsync policy) of a `--durability` entry: `aof`, `none@always`."""
-    durability, _, policy = spec.partition("@")
+    """(durability, fsync policy) of a `--durability` entry: `aof`, `none@always`; a `#tree`
+    after it (`--trees`) names the source tree the workers run from."""
+    durability, _, policy = spec.partition("#")[0].partition("@")
     return durability, policy or POLICY[Durability(durability)]
+
+
+# --trees NAME=DIR,...: the support workers of each setting run from each of these checkouts
+# (their own virtualenv's Python, in their directory), side by side in every round.
+TREES: dict[str, Path] = {}
+
+
+def with_trees(durabilities: list[str], trees: str, parser: argparse.ArgumentParser) -> list[str]:
+    """The `--durability` entries, each once per `--trees` checkout (`setting#name`), the
+    first tree's first; as given without --trees."""
+    for entry in (t.strip() for t in trees.split(",") if t.strip()):
+        name, _, where = entry.partition("=")
+        if not (name and where and (Path(where) / ".venv" / "bin" / "python").exists()):
+            parser.error(f"--trees: {entry!r} is not NAME=DIR of a checkout with its .venv")
+        TREES[name] = Path(where).resolve()
+    return [f"{d}#{name}" for d in durabilities for name in TREES] if TREES else durabilities
+
+
+def tree_of(spec: str) -> Path | None:
+    """The checkout a `--durability` entry's `#tree` names (--trees), or None: this one."""
+    name = spec.partition("#")[2]
+    return TREES[name] if name else None
 
 
 @dataclass
@@ -274,6 +300,7 @@ def support_round(
     durability: str = "none",
     eager: str = "0",
     one_at_a_time: bool = False,
+    tree: Path | None = None,
 ) -> Round:
     """`runs` support runs on two workers. The runs are submitted first and the clock runs
     from the workers being ready to the last run ending; `one_at_a_time`: the workers start
@@ -290,7 +317,9 @@ def support_round(
         for _ in range(runs):
             client.submit(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue)
     env = _env(broker_url, store.url, counts, store.port, durability=durability, eager=eager)
-    procs = _workers("turnstile.worker.runtime.app:app", queue, env, 2, work / f"{queue}.log")
+    procs = _workers(
+        "turnstile.worker.runtime.app:app", queue, env, 2, work / f"{queue}.log", tree=tree
+    )
     servers = [store.url if isinstance(store, EmbeddedServer) else "", broker_url]
     try:
         parts_before, servers_before = cpu_parts(procs), _servers_cpu(servers)
@@ -451,6 +480,10 @@ def main() -> None:
         "--profile", default=None, help="a directory: the support workers' cProfile output"
     )
     parser.add_argument(
+        "--trees", default="",
+        help="NAME=DIR,...: run the support workers from these checkouts, side by side",
+    )  # fmt: skip
+    parser.add_argument(
         "--kombu-poller", action="store_true",
         help="the support workers on kombu's own poller (the green pool's stall, for comparison)",
     )  # fmt: skip
@@ -461,7 +494,9 @@ def main() -> None:
         PROFILE[:] = [str(Path(args.profile).resolve())]
     TASK_EVENTS[0] = "1" if args.task_events else "0"
     POOL[:] = [args.pool, str(args.concurrency)]
-    durabilities = [d.strip() for d in args.durability.split(",") if d.strip()]
+    durabilities = with_trees(
+        [d.strip() for d in args.durability.split(",") if d.strip()], args.trees, parser
+    )
     eagers = [e.strip() for e in args.eager.split(",") if e.strip()]
     brokers = [b.strip() for b in args.brokers.split(",") if b.strip()]
     # The first is the one compared with the no-op.
@@ -512,8 +547,9 @@ def main() -> None:
                 store = cluster if c[3] == "cluster" and cluster is not None else single
                 broker_url = args.amqp_url if c[2] == "amqp" else broker.url
                 measured = support_round(
-                    broker_url, store, args.runs, work, durability=durability, eager=c[1]
-                )
+                    broker_url, store, args.runs, work, durability=durability, eager=c[1],
+                    tree=tree_of(c[0]),
+                )  # fmt: skip
                 rates[c].append(measured.rate)
                 turns_by[c] = measured.turns
                 per_turn = max(1, measured.turns)
@@ -542,7 +578,7 @@ def main() -> None:
                 durability = setting(durabilities[0])[0]
                 idle[e] = support_round(
                     broker.url, store, args.idle_runs, work, durability=durability, eager=e,
-                    one_at_a_time=True,
+                    one_at_a_time=True, tree=tree_of(durabilities[0]),
                 ).gaps  # fmt: skip
     report(
         Measured(durabilities, configs, label, ratios, rates, trips, gaps, idle, args.idle_runs,
