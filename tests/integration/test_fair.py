@@ -357,30 +357,3 @@ def test_each_worker_announces_the_turns_it_can_hold_and_the_depth_follows(
             ).wanted_depth(queue)
             == Settings().dispatch_depth
         )
-
-
-def test_the_dispatcher_lingers_longer_only_while_the_workers_have_steps_waiting(
-    redis_url: str, unique: str
-) -> None:
-    """A pass that refilled a broker list which still held steps (no worker waiting there)
-    lets the next nudges gather longer (LINGER_BACKLOG_S); one that found the list empty, or
-    sent nothing, does not, so an idle system's first step waits no longer than before."""
-    queue, tenant = f"linger-{unique}", f"g-{unique}"
-    client = client_for(redis_url)
-    listed = [0]  # what the broker list holds before each pass
-    sent: list[Any] = []
-    dispatcher = Dispatcher(
-        client.client, lambda q: listed[0], Settings(redis_url=redis_url), sent.extend
-    )
-    try:
-        for waiting in (3, 0):
-            client.submit(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue)
-            listed[0] = waiting
-            assert dispatcher.dispatch() == 1
-            assert dispatcher.backlogged is (waiting > 0)
-        listed[0] = 3
-        assert dispatcher.dispatch() == 0  # nothing pending: nothing to gather
-        assert dispatcher.backlogged is False
-        assert len(sent) == 2
-    finally:
-        _forget_tenant(client, tenant, queue)

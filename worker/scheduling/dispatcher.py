@@ -61,12 +61,6 @@ DEPTH_SHARE = 4
 # answers a finished fsync's WAITAOF when its loop next turns, which traffic hastens (at 2 x 1
 # zero-latency turns, aof ran at 0.53x of none's turns/s with the linger, 0.81x without).
 LINGER_S = 0.005
-# While every queue the pass refilled still had steps waiting on its broker list before the
-# refill (no worker there was waiting for one), the nudges gather this long instead: a pass
-# then sends the steps of more ended runs, for the same round trips (prefork, 2 x 1 zero-latency
-# turns: the workers' main processes at 0.34 against 0.43 ms of CPU a turn with 20 ms). A pass
-# that found a list empty lingers LINGER_S, so an idle system's first step waits no longer.
-LINGER_BACKLOG_S = 0.02
 WEIGHTS_EVERY_S = 1.0  # a weight changed by hand applies within this long
 GAUGES_EVERY_S = 1.0  # how often the dispatcher publishes each tenant's share as metrics
 BROKEN_RECHECK_S = 5.0  # a broken queue is tried again this long after it failed
@@ -124,7 +118,6 @@ class Dispatcher:
         self.announced = 0.0
         self.depths: dict[str, tuple[float, int]] = {}  # queue -> (when read, depth wanted)
         self.linger_s = LINGER_S if config.durability == Durability.NONE else 0.0
-        self.backlogged = False  # the last pass found steps waiting on every list it refilled
         self.slot_extra_ms = slot_extra_ms(config)
         self.sent_window_ms = sent_window_ms(config)
         self.aging_ms = aging_ms(config)
@@ -181,7 +174,7 @@ class Dispatcher:
     def dispatch(self) -> int:
         """One pass over every queue; returns how many steps were sent to the broker. A
         broken queue is skipped (see the module's text), the others go on."""
-        sent, waiting = 0, True
+        sent = 0
         self.next_due_s = self.promoter.promote()
         self._read_records()
         now = time.monotonic()
@@ -189,16 +182,13 @@ class Dispatcher:
             if queue in self.broken and now < self.broken[queue][1]:
                 continue
             try:
-                depth = self.depth(queue)
-                room = self.wanted_depth(queue) - depth
+                room = self.wanted_depth(queue) - self.depth(queue)
                 if room > 0:
-                    waiting = waiting and depth > 0
                     sent += self._fill(queue, room)
             except redis.ResponseError as exc:  # the queue's keys, not the store: skip it
                 self._broken(queue, str(exc))
             else:
                 self._mended(queue)
-        self.backlogged = waiting and sent > 0
         return sent
 
     def _broken(self, queue: str, error: str) -> None:
@@ -383,7 +373,7 @@ class Dispatcher:
                 self.dispatch()
                 self._gauges()
                 if self.linger_s:
-                    stop.wait(LINGER_BACKLOG_S if self.backlogged else self.linger_s)
+                    stop.wait(self.linger_s)
                 poll_s = self.config.dispatch_poll_s
                 if self.next_due_s is not None:  # wake when the next deferred step is due
                     poll_s = min(poll_s, max(0.01, self.next_due_s))
