@@ -97,6 +97,7 @@ def test_a_client_on_one_connection_calls_through_redis_py(redis_url: str, uniqu
     client = redis.Redis.from_url(redis_url, decode_responses=True, single_connection_client=True)
     try:
         script = client.register_script(ECHO)
+        client.script_load(ECHO)  # known to the server: the call is one EVALSHA
         sent = _counting(client)
         assert call_script(client, script, [f"k:{unique}"], ["x", 1])[2] == 2
         assert sent == ["EVALSHA"]
