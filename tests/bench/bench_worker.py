@@ -91,18 +91,21 @@ ZERO_LATENCY = {
 
 
 def _workers(
-    app: str, queue: str, env: dict[str, str], count: int, log: Path
+    app: str, queue: str, env: dict[str, str], count: int, log: Path, *, tree: Path | None = None
 ) -> list[subprocess.Popen[bytes]]:
+    python = str(tree / ".venv" / "bin" / "python") if tree is not None else sys.executable
     procs = []
     with log.open("ab") as out:
         for i in range(count):
             args = [
-                sys.executable, "-m", "tests.bench.counted_worker", "-A", app, "worker",
+                python, "-m", "tests.bench.counted_worker", "-A", app, "worker",
                 "-Q", queue, "-P", POOL[0], "-c", POOL[1],
                 "-n", f"bench{i}-{uuid.uuid4().hex[:6]}@%h",
                 "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING",
             ]  # fmt: skip
-            procs.append(subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT))
+            procs.append(
+                subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tree)
+            )
     deadline = time.monotonic() + READY_S
     while log.read_text(errors="replace").count('"worker_ready"') < count:
         if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
@@ -157,9 +160,32 @@ POLICY = {Durability.NONE: "everysec", Durability.AOF: "always", Durability.REPL
 
 
 def setting(spec: str) -> tuple[str, str]:
-    """(durability, fsync policy) of a `--durability` entry: `aof`, `none@always`."""
-    durability, _, policy = spec.partition("@")
+    """(durability, fsync policy) of a `--durability` entry: `aof`, `none@always`; a `#tree`
+    after it (`--trees`) names the source tree the workers run from."""
+    durability, _, policy = spec.partition("#")[0].partition("@")
     return durability, policy or POLICY[Durability(durability)]
+
+
+# --trees NAME=DIR,...: the support workers of each setting run from each of these checkouts
+# (their own virtualenv's Python, in their directory), side by side in every round.
+TREES: dict[str, Path] = {}
+
+
+def with_trees(durabilities: list[str], trees: str, parser: argparse.ArgumentParser) -> list[str]:
+    """The `--durability` entries, each once per `--trees` checkout (`setting#name`), the
+    first tree's first; as given without --trees."""
+    for entry in (t.strip() for t in trees.split(",") if t.strip()):
+        name, _, where = entry.partition("=")
+        if not (name and where and (Path(where) / ".venv" / "bin" / "python").exists()):
+            parser.error(f"--trees: {entry!r} is not NAME=DIR of a checkout with its .venv")
+        TREES[name] = Path(where).resolve()
+    return [f"{d}#{name}" for d in durabilities for name in TREES] if TREES else durabilities
+
+
+def tree_of(spec: str) -> Path | None:
+    """The checkout a `--durability` entry's `#tree` names (--trees), or None: this one."""
+    name = spec.partition("#")[2]
+    return TREES[name] if name else None
 
 
 @dataclass
@@ -173,6 +199,7 @@ class Round:
     gaps: dict[str, list[float]]  # seconds from a commit to the next turn, eager and queued
     stall_s: float  # the longest a slot stood free with nothing starting or ending (any process)
     cpu_s: float  # the worker processes' CPU time (user + system) over the timed window
+    split: Split  # where that CPU went, and the servers' own
 
     @property
     def rate(self) -> float:
@@ -183,19 +210,85 @@ class Round:
         return 1000 * self.cpu_s / max(1, self.turns)
 
 
-def cpu_s(procs: list[subprocess.Popen[bytes]]) -> float:
-    """CPU seconds so far of these worker processes and their pool processes: the machine is
-    shared, and CPU time is what load disturbs least."""
-    total = 0.0
+def cpu_parts(procs: list[subprocess.Popen[bytes]]) -> tuple[float, float, float, float]:
+    """CPU seconds so far of the workers' main processes (Celery's consumer, the dispatcher
+    and the sweeper) and of their pool processes (the tasks), apart, the pool processes' time
+    in the kernel (system), and the time they waited for a core: the machine is shared, and
+    CPU time is what load disturbs least."""
+    main = pool = pool_sys = pool_queued = 0.0
     for p in procs:
         try:
             root = psutil.Process(p.pid)
-            for proc in [root, *root.children(recursive=True)]:
+            times = root.cpu_times()
+            main += times.user + times.system
+            for proc in root.children(recursive=True):
                 times = proc.cpu_times()
-                total += times.user + times.system
+                pool += times.user + times.system
+                pool_sys += times.system
+                pool_queued += queued_s(proc.pid)
         except psutil.NoSuchProcess:
             continue
-    return total
+    return main, pool, pool_sys, pool_queued
+
+
+def queued_s(pid: int) -> float:
+    """Seconds the threads of process `pid` have waited, runnable, for a core (Linux
+    schedstat's run-queue wait): what the machine's other processes cost it."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            total += int(stat.read_text().split()[1])
+    return total / 1e9
+
+
+def pool_processes() -> int:
+    """How many processes run the tasks: the pool processes of the two workers (prefork), or
+    the two workers themselves (a green pool, whose turns run in its main process)."""
+    return 2 * int(POOL[1]) if POOL[0] == "prefork" else 2
+
+
+def server_cpu_s(url: str) -> float:
+    """CPU seconds so far of a server (INFO cpu): what the store's and the broker's work costs
+    the shared cores while the workers wait for their replies."""
+    with redis.Redis.from_url(url) as client:
+        info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+@dataclass
+class Split:
+    """A timed window's CPU seconds: the workers' main processes, their pool processes, the
+    store's server and the broker's (0 when not one server, a cluster or RabbitMQ)."""
+
+    main_s: float = 0.0
+    pool_s: float = 0.0
+    store_s: float = 0.0
+    broker_s: float = 0.0
+    wall_s: float = 0.0
+    pool_sys_s: float = 0.0  # of pool_s, in the kernel (system time)
+    pool_queued_s: float = 0.0  # the pool processes' threads waiting, runnable, for a core
+    processes: int = 2  # pool processes, for their wall time per turn
+
+    def per(self, n: int) -> str:
+        """The split, in ms per turn or task, and the cores busy over the window."""
+        n = max(1, n)
+        busy = (self.main_s + self.pool_s + self.store_s + self.broker_s) / max(1e-9, self.wall_s)
+        # A pool process's wall time per turn: its CPU, its wait for a core, and the rest
+        # (waiting on a socket or a lock: the store's, the broker's, its tool threads').
+        wall = 1000 * self.wall_s * self.processes / n
+        line = (f"main {1000 * self.main_s / n:.2f} + pool {1000 * self.pool_s / n:.2f} ms "
+                f"(system {1000 * self.pool_sys_s / n:.2f}), "
+                f"store {1000 * self.store_s / n:.2f}, broker {1000 * self.broker_s / n:.2f} ms; "
+                f"{busy:.2f} of the cores busy")  # fmt: skip
+        if not self.pool_s:  # a green pool: the turns ran in the main processes
+            return line
+        return (f"{line}; a pool process's {wall:.2f} ms: waiting for a core "
+                f"{1000 * self.pool_queued_s / n:.2f}, on sockets and locks "
+                f"{wall - 1000 * (self.pool_s + self.pool_queued_s) / n:.2f}")  # fmt: skip
+
+
+def _servers_cpu(urls: list[str]) -> list[float]:
+    return [server_cpu_s(u) if u.startswith("redis://") else 0.0 for u in urls]
 
 
 def support_round(
@@ -207,6 +300,7 @@ def support_round(
     durability: str = "none",
     eager: str = "0",
     one_at_a_time: bool = False,
+    tree: Path | None = None,
 ) -> Round:
     """`runs` support runs on two workers. The runs are submitted first and the clock runs
     from the workers being ready to the last run ending; `one_at_a_time`: the workers start
@@ -223,9 +317,12 @@ def support_round(
         for _ in range(runs):
             client.submit(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue)
     env = _env(broker_url, store.url, counts, store.port, durability=durability, eager=eager)
-    procs = _workers("turnstile.worker.runtime.app:app", queue, env, 2, work / f"{queue}.log")
+    procs = _workers(
+        "turnstile.worker.runtime.app:app", queue, env, 2, work / f"{queue}.log", tree=tree
+    )
+    servers = [store.url if isinstance(store, EmbeddedServer) else "", broker_url]
     try:
-        cpu_before = cpu_s(procs)
+        parts_before, servers_before = cpu_parts(procs), _servers_cpu(servers)
         started = time.perf_counter()
         for n in range(1, runs + 1) if one_at_a_time else [runs]:
             if one_at_a_time:
@@ -233,7 +330,13 @@ def support_round(
             while int(client.client.scard(stopped)) < n:
                 time.sleep(0.002 if one_at_a_time else 0.01)
         seconds = time.perf_counter() - started
-        cpu = cpu_s(procs) - cpu_before
+        parts, servers_after = cpu_parts(procs), _servers_cpu(servers)
+        split = Split(
+            parts[0] - parts_before[0], parts[1] - parts_before[1],
+            servers_after[0] - servers_before[0], servers_after[1] - servers_before[1], seconds,
+            parts[2] - parts_before[2], parts[3] - parts_before[3], pool_processes(),
+        )  # fmt: skip
+        cpu = split.main_s + split.pool_s
     finally:
         _stop(procs)
         if amqp.is_amqp(broker_url):  # deleted at the end: a later round's dispatcher may
@@ -245,6 +348,7 @@ def support_round(
     totals = [json.loads(p.read_text()) for p in counts.glob("*.json")]
     if os.environ.get("BENCH_COUNT_DETAIL"):
         print_detail(totals, turns)
+        print_gc(totals, turns)
     gaps: dict[str, list[float]] = {"eager": [], "queued": []}
     for t in totals:
         for path, samples in t.get("gaps", {}).items():
@@ -252,8 +356,24 @@ def support_round(
     return Round(
         seconds, turns, sum(t["round_trips"] for t in totals),
         sum(t["tool_round_trips"] for t in totals), gaps,
-        max((t.get("idle_with_free_slots_s", 0.0) for t in totals), default=0.0), cpu,
+        max((t.get("idle_with_free_slots_s", 0.0) for t in totals), default=0.0), cpu, split,
     )  # fmt: skip
+
+
+def print_gc(totals: list[dict[str, Any]], turns: int) -> None:
+    """BENCH_COUNT_DETAIL=1: the garbage collector's passes in the processes that ran the
+    turns, by generation: how many a turn, and their CPU a turn."""
+    by: dict[str, list[float]] = {}
+    for t in totals:
+        for generation, (count, seconds) in t.get("gc", {}).items():
+            by.setdefault(generation, [0, 0.0])
+            by[generation][0] += count
+            by[generation][1] += seconds
+    per = max(1, turns)
+    print("  gc passes per turn: " + ", ".join(
+        f"generation {g}: {c / per:.3f} ({1e6 * s / per:.1f} us a turn)"
+        for g, (c, s) in sorted(by.items())
+    ))  # fmt: skip
 
 
 def print_detail(totals: list[dict[str, Any]], turns: int) -> None:
@@ -285,9 +405,9 @@ def gap_line(label: str, gaps: dict[str, list[float]]) -> str:
     return "; ".join(parts) + ")"
 
 
-def noop_round(broker: EmbeddedServer, chains: int, length: int, work: Path) -> tuple[float, float]:
+def noop_round(broker: EmbeddedServer, chains: int, length: int, work: Path) -> tuple[float, Split]:
     """Seconds for `chains` chains of `length` no-op tasks, sent with a step's time limits,
-    timed the same way as the support runs, and the workers' CPU seconds over that time."""
+    timed the same way as the support runs, and the CPU seconds over that time."""
     queue = f"n-{uuid.uuid4().hex[:6]}"
     counts = Path(tempfile.mkdtemp(dir=work))
     noop_app.conf.update(broker_url=broker.url)
@@ -300,11 +420,17 @@ def noop_round(broker: EmbeddedServer, chains: int, length: int, work: Path) -> 
     env = _env(broker.url, None, counts, 0)
     procs = _workers("tests.bench.noop_app:app", queue, env, 2, work / f"{queue}.log")
     try:
-        cpu_before = cpu_s(procs)
+        parts_before, broker_before = cpu_parts(procs), server_cpu_s(broker.url)
         started = time.perf_counter()
         while int(done.get(f"bench:done:{queue}") or 0) < chains:
             time.sleep(0.01)
-        return time.perf_counter() - started, cpu_s(procs) - cpu_before
+        seconds = time.perf_counter() - started
+        parts = cpu_parts(procs)
+        split = Split(parts[0] - parts_before[0], parts[1] - parts_before[1], 0.0,
+                      server_cpu_s(broker.url) - broker_before, seconds,
+                      parts[2] - parts_before[2], parts[3] - parts_before[3],
+                      pool_processes())  # fmt: skip
+        return seconds, split
     finally:
         _stop(procs)
 
@@ -354,6 +480,10 @@ def main() -> None:
         "--profile", default=None, help="a directory: the support workers' cProfile output"
     )
     parser.add_argument(
+        "--trees", default="",
+        help="NAME=DIR,...: run the support workers from these checkouts, side by side",
+    )  # fmt: skip
+    parser.add_argument(
         "--kombu-poller", action="store_true",
         help="the support workers on kombu's own poller (the green pool's stall, for comparison)",
     )  # fmt: skip
@@ -364,7 +494,9 @@ def main() -> None:
         PROFILE[:] = [str(Path(args.profile).resolve())]
     TASK_EVENTS[0] = "1" if args.task_events else "0"
     POOL[:] = [args.pool, str(args.concurrency)]
-    durabilities = [d.strip() for d in args.durability.split(",") if d.strip()]
+    durabilities = with_trees(
+        [d.strip() for d in args.durability.split(",") if d.strip()], args.trees, parser
+    )
     eagers = [e.strip() for e in args.eager.split(",") if e.strip()]
     brokers = [b.strip() for b in args.brokers.split(",") if b.strip()]
     # The first is the one compared with the no-op.
@@ -388,6 +520,7 @@ def main() -> None:
     stalls: dict[Config, list[float]] = {c: [] for c in configs}
     cpu: dict[Config, list[float]] = {c: [] for c in configs}
     noop_cpu_ms: list[float] = []  # the no-op workers' CPU per task, per round
+    splits: list[str] = []  # per round, where the CPU went: the first setting's, the no-op's
     policies = sorted({setting(d)[1] for d in durabilities} | {"everysec"})
     with contextlib.ExitStack() as stack:
         stack.callback(_delete_amqp_queues)  # however the rounds end
@@ -414,8 +547,9 @@ def main() -> None:
                 store = cluster if c[3] == "cluster" and cluster is not None else single
                 broker_url = args.amqp_url if c[2] == "amqp" else broker.url
                 measured = support_round(
-                    broker_url, store, args.runs, work, durability=durability, eager=c[1]
-                )
+                    broker_url, store, args.runs, work, durability=durability, eager=c[1],
+                    tree=tree_of(c[0]),
+                )  # fmt: skip
                 rates[c].append(measured.rate)
                 turns_by[c] = measured.turns
                 per_turn = max(1, measured.turns)
@@ -424,13 +558,19 @@ def main() -> None:
                     gaps[c][path] += measured.gaps[path]
                 stalls[c].append(measured.stall_s)
                 cpu[c].append(measured.cpu_ms_per_turn)
+                if c == configs[0]:
+                    splits.append(f"{label[c]}: {measured.split.per(measured.turns)}")
             length = round(turns_by[configs[0]] / args.runs)
-            noop_seconds, noop_cpu = noop_round(servers["everysec"][0], args.runs, length, work)
+            noop_seconds, noop_split = noop_round(servers["everysec"][0], args.runs, length, work)
             noop_rate = args.runs * length / noop_seconds
+            noop_cpu = noop_split.main_s + noop_split.pool_s
             noop_cpu_ms.append(1000 * noop_cpu / (args.runs * length))
+            splits[-1] += f"; no-op: {noop_split.per(args.runs * length)}"
             ratios.append(rates[configs[0]][-1] / noop_rate)
             print(f"{i + 1:>5} " + " ".join(f"{rates[c][-1]:>18.1f}" for c in configs)
                   + f" {noop_rate:>14.1f} {ratios[-1]:>6.2f}")  # fmt: skip
+        for i, line in enumerate(splits):
+            print(f"CPU, round {i + 1}, per turn (task): {line}")
         idle: dict[str, dict[str, list[float]]] = {}
         if args.idle_runs:
             broker, store = servers[setting(durabilities[0])[1]]
@@ -438,7 +578,7 @@ def main() -> None:
                 durability = setting(durabilities[0])[0]
                 idle[e] = support_round(
                     broker.url, store, args.idle_runs, work, durability=durability, eager=e,
-                    one_at_a_time=True,
+                    one_at_a_time=True, tree=tree_of(durabilities[0]),
                 ).gaps  # fmt: skip
     report(
         Measured(durabilities, configs, label, ratios, rates, trips, gaps, idle, args.idle_runs,

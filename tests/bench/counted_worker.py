@@ -23,6 +23,7 @@ from turnstile.worker.runtime.pools import patch_if_green
 GREEN = patch_if_green(sys.argv[1:], dict(os.environ))
 
 import cProfile  # noqa: E402
+import gc  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
 import threading  # noqa: E402
@@ -152,6 +153,24 @@ def _gap(seconds: float, *, eager: bool) -> None:
 metrics.turn_gap = _gap
 
 
+# The garbage collector's passes in this process, by generation: how many, and the seconds
+# they took (gc.callbacks), written with the counts as "gc".
+gc_passes: dict[str, list[float]] = {}
+_gc_started = [0.0]
+
+
+def _gc_watch(phase: str, info: dict[str, int]) -> None:
+    if phase == "start":
+        _gc_started[0] = time.thread_time()
+        return
+    passes = gc_passes.setdefault(str(info["generation"]), [0, 0.0])
+    passes[0] += 1
+    passes[1] += time.thread_time() - _gc_started[0]
+
+
+gc.callbacks.append(_gc_watch)
+
+
 @signals.worker_process_init.connect
 def _reset(**kwargs: Any) -> None:
     counts.update(
@@ -160,6 +179,7 @@ def _reset(**kwargs: Any) -> None:
     gaps["eager"].clear()
     gaps["queued"].clear()
     slots.clear()
+    gc_passes.clear()
     if profiler is not None:
         profiler.enable()
 
@@ -192,6 +212,7 @@ def _write(**kwargs: Any) -> None:
                 **counts,
                 "detail": detail,
                 "gaps": gaps,
+                "gc": gc_passes,
                 "idle_with_free_slots_s": idle_with_free_slots(),
             }
         )
@@ -217,6 +238,37 @@ def idle_with_free_slots() -> float:
 def _write_green(**kwargs: Any) -> None:
     if GREEN:  # no pool processes: the turns ran here
         _write()
+    elif PROFILE_DIR:  # prefork: the main process's own, `main-<pid>-<thread>.prof`
+        for name, prof in main_profilers.items():
+            prof.create_stats()
+            prof.dump_stats(str(Path(PROFILE_DIR) / f"main-{os.getpid()}-{name}.prof"))
+
+
+# BENCH_PROFILE_DIR on prefork: the main process is profiled too (Celery's consumer on its main
+# thread from the worker being ready, the dispatcher and the sweeper on theirs), each thread on
+# its own profiler, written when the worker shuts down.
+main_profilers: dict[str, cProfile.Profile] = {}
+
+if PROFILE_DIR and not GREEN:
+    _thread_run = threading.Thread.run
+
+    def _profiled_run(self: threading.Thread) -> None:
+        if self.name not in BACKGROUND:
+            _thread_run(self)
+            return
+        prof = main_profilers[self.name] = cProfile.Profile(time.thread_time)
+        prof.enable()
+        try:
+            _thread_run(self)
+        finally:
+            prof.disable()
+
+    threading.Thread.run = _profiled_run  # type: ignore[method-assign]
+
+    @signals.worker_ready.connect
+    def _profile_consumer(**kwargs: Any) -> None:
+        prof = main_profilers["consumer"] = cProfile.Profile(time.thread_time)
+        prof.enable()
 
 
 if __name__ == "__main__":

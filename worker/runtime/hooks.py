@@ -30,7 +30,7 @@ from turnstile.worker.scheduling.versions import Requeuer
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import queues as served_queues
 from turnstile.worker.store import versions as job_versions
-from turnstile.worker.store.connect import UNAVAILABLE, connect
+from turnstile.worker.store.connect import UNAVAILABLE, connect, quiet_redis_hooks
 from turnstile.worker.store.connect import check as store_check
 from turnstile.worker.store.durability import DurabilityRefusedError, check_server
 from turnstile.worker.store.runs import RunStore
@@ -93,6 +93,15 @@ class LoggingHook(Hook):
 
     def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
         log.info("worker_ready", hostname=getattr(sender, "hostname", ""), pid=os.getpid())
+
+
+class RedisHooksHook(Hook):
+    """redis-py's metric hooks made to do nothing in the worker's processes when its
+    OpenTelemetry metrics are off (worker/store/connect.py `quiet_redis_hooks`), before the
+    pool forks, so every redis-py client of the worker's processes gains."""
+
+    def worker_init(self, **kwargs: Any) -> None:
+        quiet_redis_hooks()
 
 
 class DurabilityHook(Hook):
@@ -490,6 +499,7 @@ def worker_hooks(worker: WorkerServices) -> list[Hook]:
     return [
         ServedQueuesHook(config),  # its queues open to clients before the ready line says so
         LoggingHook(config),
+        RedisHooksHook(),
         ReachHook(config),
         DurabilityHook(config),
         SweeperHook(config, worker.send),

@@ -69,6 +69,7 @@ from turnstile.worker.store.scripts import (
     LEDGER,
     RUN,
     ScriptCall,
+    call_script,
     evalsha,
     register,
     with_scripts,
@@ -240,14 +241,14 @@ class RunStore:
         """Extend a running turn's in-flight lease; False once it is not in flight here."""
         call = renew_call(tenant=tenant, run_id=run_id, where=inflight_tag(queue),
                           lease_ms=lease_ms)  # fmt: skip
-        return bool(self._renew(keys=call.keys, args=call.args))
+        return bool(call_script(self.client, self._renew, call.keys, call.args))
 
     def hold(self, tenant: str, run_id: str, version: int, argv: list[str]) -> ReserveResult | None:
         """Take a ledger hold for the turn of `version` and record it on the run (see
         run_hold.lua); None when the run moved on, so no hold was taken."""
         call = hold_call(tenant, run_id, version, argv)
         try:
-            reply = self._hold(keys=call.keys, args=call.args)
+            reply = call_script(self.client, self._hold, call.keys, call.args)
         except UNAVAILABLE as exc:
             return ReserveResult(status="unavailable", admitted=False, detail=str(exc))
         if text(reply[0]) == "stale":
@@ -271,7 +272,7 @@ class RunStore:
         without moving the run on (see run_mark.lua)."""
         call = mark_call(tenant, run_id, version=version, status=status, fields=fields,
                          event=event)  # fmt: skip
-        return marked_from(self._mark(keys=call.keys, args=call.args))
+        return marked_from(call_script(self.client, self._mark, call.keys, call.args))
 
     def commit(self, change: Change) -> Committed:
         """Commit one change (run_commit.lua). A stopping commit of a run of a conversation
@@ -453,7 +454,7 @@ class RunStore:
         durability is `none`, wait for the write to reach the disk or the replicas first (see
         worker/store/durability.py). Returns the script's reply."""
         if not self.wait_for.waits and then is None:
-            return script(keys=call.keys, args=call.args)
+            return call_script(self.client, script, call.keys, call.args)
 
         def build(pipe: Any) -> None:
             evalsha(pipe, script, call.keys, call.args)

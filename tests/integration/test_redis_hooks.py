@@ -1,0 +1,79 @@
+"""redis-py's metric hooks in a worker's processes (worker/store/connect.py
+`quiet_redis_hooks`): with its OpenTelemetry metrics off, a command no longer looks for a
+collector, and commands answer as before. Each case runs in a process of its own: the hooks
+are the process's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from turnstile.worker.runtime.hooks import RedisHooksHook, worker_hooks
+from turnstile.worker.runtime.services import WorkerServices
+from turnstile.worker.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PROBE = """
+import json, sys
+from redis.observability import recorder
+from turnstile.worker.store.connect import connect_with_timeout, quiet_redis_hooks
+
+looked = [0]
+find = recorder._get_or_create_collector
+
+def counted():
+    looked[0] += 1
+    return find()
+
+recorder._get_or_create_collector = counted
+client = connect_with_timeout(sys.argv[1], 5.0, max_connections=2)
+replaced = quiet_redis_hooks() if sys.argv[2] == "quiet" else []
+looked[0] = 0
+script = client.register_script("return ARGV[1]")
+answers = [client.set(sys.argv[3], "v"), client.get(sys.argv[3]), script(keys=["k"], args=["x"])]
+pipe = client.pipeline(transaction=False)
+pipe.incr(sys.argv[3] + ":n")
+pipe.get(sys.argv[3])
+answers += pipe.execute()
+client.close()
+print(json.dumps({"replaced": replaced, "looked": looked[0], "answers": answers}))
+"""
+
+
+def _probe(redis_url: str, mode: str, key: str) -> dict[str, object]:
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, redis_url, mode, key],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    probe: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    return probe
+
+
+def test_quieted_hooks_look_for_no_collector_and_commands_answer_the_same(
+    redis_url: str, unique: str
+) -> None:
+    """As redis-py comes, every command looks for a metrics collector (none is set); quieted,
+    none does, and a command, a script call and a pipeline answer what they answered. The
+    names replaced include the two every command calls: a redis-py that renamed them fails
+    here, not silently."""
+    before = _probe(redis_url, "as-is", f"hooks:{unique}:a")
+    after = _probe(redis_url, "quiet", f"hooks:{unique}:b")
+    assert isinstance(before["looked"], int) and before["looked"] >= 5
+    assert after["looked"] == 0
+    assert before["answers"] == after["answers"] == [True, "v", "x", 1, "v"]
+    replaced = after["replaced"]
+    assert isinstance(replaced, list)
+    assert "redis.client.record_operation_duration" in replaced
+    assert "redis.connection.record_connection_count" in replaced
+
+
+def test_a_worker_quiets_the_hooks_as_it_starts() -> None:
+    """The worker's hooks include the one that quiets redis-py's, at worker_init (before the
+    pool forks)."""
+    config = Settings(redis_url=None)
+    hooks = worker_hooks(WorkerServices(config, app=None))  # type: ignore[arg-type]
+    assert any(isinstance(h, RedisHooksHook) for h in hooks)
