@@ -4,6 +4,7 @@ nothing and doubles nothing."""
 
 from __future__ import annotations
 
+import resource
 import subprocess
 import sys
 import time
@@ -139,3 +140,57 @@ def test_a_green_worker_killed_mid_wave_loses_and_doubles_nothing(
     expected = expected_rows()
     for i, run_id in enumerate(runs):  # each ends as its scenario does in process
         assert client.state(run_id).outcome == expected[LETTERS[i % len(LETTERS)]]["outcome"]
+
+
+# Run in front of a worker: takes every free descriptor up to 1,100 and keeps them open across
+# its exec, so that each one the worker opens is numbered past them.
+HOLD_LOW_FDS = (
+    "import os, resource, sys\n"
+    "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))\n"
+    "fd = os.open(os.devnull, os.O_RDONLY)\n"
+    "while fd < 1100:\n"
+    "    os.set_inheritable(fd, True)\n"
+    "    fd = os.dup(fd)\n"
+    "os.execv(sys.argv[1], sys.argv[1:])\n"
+)
+
+
+def test_a_green_worker_whose_descriptors_are_past_select_s_limit_runs_on(
+    redis_url: str, unique: str
+) -> None:
+    """select(2) takes no descriptor numbered 1,024 or more, and kombu polls with it under a
+    green pool: a worker with hundreds of turns in flight holds that many sockets, and its
+    broker connection made anew, or its wake pipe, stopped it ("Unrecoverable error"). Here
+    every descriptor the worker opens is numbered past 1,100, and its runs, more of them than
+    its slots (so its consumer also waits for a slot to free), all complete."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"the descriptor limit ({hard}) leaves no room past 1,100")
+    queue, tenant = f"fds-{unique}", f"t-{unique}"
+    worker = WorkerProcess(redis_url, [queue], name=f"fds-{unique}", pool="gevent")
+    supervisor, command = worker.args[:3], worker.args[3:]
+    assert supervisor[-1] == "tests.integration.supervise"
+    worker.args = [*supervisor, sys.executable, "-c", HOLD_LOW_FDS, *command]
+    worker.start()
+    try:
+        worker.wait_ready()
+        client = client_for(redis_url)
+        runs = [
+            client.submit(
+                tenant, USER, "support", GOAL, {"sleep_s": {"get_order": 0.3}}, queue=queue
+            )
+            for _ in range(60)  # the worker has 50 slots
+        ]
+
+        def ended() -> bool:
+            assert worker.process is not None and worker.process.poll() is None, worker.log()[
+                -3000:
+            ]
+            return all(client.run_hash(r)[1]["status"] == "stopped" for r in runs)
+
+        wait_until(ended, timeout_s=90, what="every run ends")
+        assert {client.state(r).outcome for r in runs} == {"completed"}
+        assert "Unrecoverable error" not in worker.log()
+    finally:
+        worker.stop()

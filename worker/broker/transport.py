@@ -28,6 +28,7 @@ import base64
 import binascii
 import hashlib
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -39,6 +40,7 @@ import redis
 import structlog
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
+from kombu.utils import eventio
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads as kombu_loads
 
@@ -113,6 +115,40 @@ def _body_problem(body: Any, encoding: Any) -> str | None:
     return None
 
 
+_eventio: Any = eventio  # its pollers are private: untyped here
+
+
+class _GreenPoll(_eventio._poll):  # type: ignore[misc]
+    """kombu's poll(2) poller, over gevent's cooperative `select.poll`, for a green worker.
+
+    Under a green pool kombu polls with select(2), which takes no descriptor numbered 1,024 or
+    more: ValueError, and the worker stops ("Unrecoverable error"). A green worker holds a
+    socket or two per turn in flight, so with hundreds of turns the wake pipe, or a broker
+    connection made again after an error, is numbered past it. gevent's poll waits on the hub
+    like its select and takes any descriptor. A descriptor no longer registered (a closed
+    socket's) is left alone on unregister, as kombu's select poller does."""
+
+    def unregister(self, fd: Any) -> Any:
+        with suppress(KeyError, ValueError):
+            return super().unregister(fd)
+        return fd
+
+
+def _green_poll() -> bool:
+    """Whether kombu took a cooperative `select.poll` (gevent's, or the green worker's own, see
+    worker/runtime/pools.py): the process was patched by gevent before kombu loaded."""
+    if "gevent.monkey" not in sys.modules:
+        return False
+    from gevent import monkey  # noqa: PLC0415 - only a green worker loads gevent
+
+    poll = getattr(_eventio, "xpoll", None)
+    return (
+        poll is not None
+        and monkey.is_module_patched("select")
+        and poll is not monkey.get_original("select", "poll")
+    )
+
+
 class Poller(kombu_redis.MultiChannelPoller):
     """kombu's poller of a transport's channels, whose wait is woken when an ack gives a
     channel its prefetch credit back.
@@ -132,6 +168,11 @@ class Poller(kombu_redis.MultiChannelPoller):
     _fd_to_chan: dict[int, Any]
     _paused_brpop: dict[int, Any]
     poller: Any
+
+    def __init__(self) -> None:
+        super().__init__()
+        if isinstance(self.poller, _eventio._select) and _green_poll():
+            self.poller = _GreenPoll()
 
     def _starved(self) -> bool:
         return any(c.active_queues and not c.qos.can_consume() for c in self._channels)
