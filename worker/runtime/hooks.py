@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import socket
 import threading
@@ -102,6 +103,38 @@ class RedisHooksHook(Hook):
 
     def worker_init(self, **kwargs: Any) -> None:
         quiet_redis_hooks()
+
+
+# The cyclic collector's thresholds in a worker (see GcHook): a young collection after this many
+# more allocations than frees of container objects (Python's default: 700), an older one after
+# 20 young ones (10), a full one after 10 older ones (10, and only once the objects that became
+# old since the last full one are a quarter of those it kept).
+GC_THRESHOLDS = (50_000, 20, 10)
+
+
+class GcHook(Hook):
+    """The cyclic garbage collector made to run about seventy times less often in a worker, and
+    the objects its start-up made (modules, the app, the jobs, the clients) set aside from it
+    (`gc.freeze`), in the main process before the pool forks, again once it is ready, and in
+    each pool process once started.
+
+    With Python's default thresholds a green worker with a thousand turns in flight collected
+    about 2,000 times in a 20 s run, 17 of them over its whole heap, and spent 6.4-8.4 s doing
+    so: a third of its CPU (tests/bench/bench_latency.py, 2,000 runs). A turn's own garbage is
+    mostly freed by reference counting; what a cycle keeps waits for the next young collection,
+    after at most 50,000 allocations. Frozen objects are never scanned, and a prefork pool
+    process no longer writes to the pages it shares with its parent when it collects."""
+
+    def worker_init(self, **kwargs: Any) -> None:
+        gc.set_threshold(*GC_THRESHOLDS)
+        gc.freeze()
+
+    def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
+        gc.freeze()
+        log.info("gc_tuned", thresholds=list(gc.get_threshold()), frozen=gc.get_freeze_count())
+
+    def worker_process_init(self, **kwargs: Any) -> None:
+        gc.freeze()
 
 
 class DurabilityHook(Hook):
@@ -511,4 +544,5 @@ def worker_hooks(worker: WorkerServices) -> list[Hook]:
         StopClaimingHook(worker),
         VersionsHook(worker),
         ExitCodeHook(),
+        GcHook(),  # last: what every other hook made at start-up is set aside with the rest
     ]
