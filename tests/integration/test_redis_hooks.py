@@ -10,9 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import redis
+
 from turnstile.worker.runtime.hooks import RedisHooksHook, worker_hooks
 from turnstile.worker.runtime.services import WorkerServices
 from turnstile.worker.settings import Settings
+from turnstile.worker.store.connect import connect_with_timeout, driver_info
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,3 +80,27 @@ def test_a_worker_quiets_the_hooks_as_it_starts() -> None:
     config = Settings(redis_url=None)
     hooks = worker_hooks(WorkerServices(config, app=None))  # type: ignore[arg-type]
     assert any(isinstance(h, RedisHooksHook) for h in hooks)
+
+
+def test_a_store_client_tells_the_server_redis_py_s_name_and_version_read_once(
+    redis_url: str,
+) -> None:
+    """Every connection of a store client says what redis-py's own would (CLIENT SETINFO), from
+    one DriverInfo read when the first client was made, not from the package's metadata per
+    connection."""
+    ours = [connect_with_timeout(redis_url, 2.0, max_connections=bound) for bound in (None, 4)]
+    plain = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        told = [client.client_info() for client in (*ours, plain)]
+        assert {(info["lib-name"], info["lib-ver"]) for info in told} == {
+            ("redis-py", redis.__version__)
+        }
+        for client in ours:
+            conn = client.connection_pool.get_connection()
+            try:
+                assert conn.driver_info is driver_info()
+            finally:
+                client.connection_pool.release(conn)
+    finally:
+        for client in (*ours, plain):
+            client.close()
