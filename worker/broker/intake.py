@@ -184,8 +184,10 @@ class Consumer(CeleryConsumer):
     def _bound_takes(self) -> None:
         """With `worker_disable_prefetch`, a take (transport.py) takes no more messages than the
         pool has free slots, as Celery's patched `can_consume` counts them."""
-        qos = self.task_consumer.channel.qos
-        if self.app.conf.worker_disable_prefetch and isinstance(qos, transport.QoS):
+        if not self.app.conf.worker_disable_prefetch:
+            return
+        qos = getattr(self.task_consumer.channel, "qos", None)  # py-amqp's channel has none
+        if isinstance(qos, transport.QoS):
             qos.free_slots = self._free_slots
 
     def _free_slots(self) -> int:
