@@ -14,7 +14,7 @@ import textwrap
 import uuid
 from collections.abc import Iterator
 from contextlib import suppress
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -91,6 +91,32 @@ def test_a_read_takes_up_to_the_credit_each_recorded_unacked(broker_url: str) ->
             m.ack()
         consumer.cancel()
     assert server.hlen("unacked") == 0 and server.zcard("unacked_index") == 0
+    server.close()
+
+
+def test_a_take_takes_no_more_than_the_free_slots_with_prefetch_disabled(broker_url: str) -> None:
+    """With Celery's `worker_disable_prefetch` (its consumer sets the QoS's `free_slots`:
+    intake.py), a read takes no more than the slots free, though the prefetch credit allows
+    more: five waiting, a credit of ten, two slots free: one read hands over two."""
+    name = f"take-{uuid.uuid4().hex[:8]}"
+    queue = _queue(name)
+    server = redis.Redis.from_url(broker_url, decode_responses=True)
+    got: list[Any] = []
+    with Connection(broker_url, transport=Transport) as conn:
+        _publish(conn, queue, 5)
+        consumer = Consumer(conn.default_channel, [queue],
+                            callbacks=[lambda body, m: got.append(m)])  # fmt: skip
+        consumer.qos(prefetch_count=10)
+        cast(Any, conn.default_channel).qos.free_slots = lambda: 2
+        consumer.consume()
+        for _ in range(2):  # the first read may meet NOSCRIPT (a new server) and load it
+            if not got:
+                conn.drain_events(timeout=WAIT_S)
+        assert [m.payload["n"] for m in got] == [0, 1]
+        assert server.llen(name) == 3
+        for m in got:
+            m.ack()
+        consumer.cancel()
     server.close()
 
 

@@ -20,10 +20,12 @@ from typing import Any
 
 import redis
 import structlog
+from celery.worker import state as worker_state
 from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu.transport import redis as kombu_redis
 
 from turnstile.errors import TurnstileError
+from turnstile.worker.broker import transport
 from turnstile.worker.broker.app import DEAD_LETTER_STORE
 from turnstile.worker.broker.deadletters import Reason, make, record
 from turnstile.worker.broker.layout import turnstile_queue
@@ -144,6 +146,9 @@ class Consumer(CeleryConsumer):
     # set by Celery's Consumer at run time
     connection_errors: tuple[type[BaseException], ...]
     channel_errors: tuple[type[BaseException], ...]
+    task_consumer: Any
+    controller: Any
+    pool: Any
 
     def dead_letter(self, message: Any, reason: Reason, detail: str) -> None:
         letter = make(_queue_of(message), reason, detail, _message_raw(message))
@@ -168,6 +173,26 @@ class Consumer(CeleryConsumer):
                 return None
             self._turnstile_dead_letters = client
         return client
+
+    def loop_args(self) -> tuple[Any, ...]:
+        """Celery's, after bounding the takes by the free slots (each time the consumer starts,
+        on a new channel)."""
+        self._bound_takes()
+        args: tuple[Any, ...] = super().loop_args()
+        return args
+
+    def _bound_takes(self) -> None:
+        """With `worker_disable_prefetch`, a take (transport.py) takes no more messages than the
+        pool has free slots, as Celery's patched `can_consume` counts them."""
+        if not self.app.conf.worker_disable_prefetch:
+            return
+        qos = getattr(self.task_consumer.channel, "qos", None)  # py-amqp's channel has none
+        if isinstance(qos, transport.QoS):
+            qos.free_slots = self._free_slots
+
+    def _free_slots(self) -> int:
+        limit = getattr(self.controller, "max_concurrency", None) or self.pool.num_processes
+        return int(limit) - len(worker_state.reserved_requests)
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
         self.dead_letter(message, Reason.BAD_BODY, f"{type(exc).__name__}: {exc}")

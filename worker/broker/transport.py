@@ -53,7 +53,9 @@ log = structlog.get_logger("turnstile.intake")
 # How often a worker looks again at a queue it left out as broken (a few TYPE reads).
 BROKEN_RECHECK_S = 5.0
 # The most messages one take (broker_take.lua) hands the consumer, within its prefetch credit: a
-# take's messages are handed to Celery one after another before the consumer reads again.
+# take's messages are handed to Celery one after another before the consumer reads again. Per
+# message handed over and acked, 8 cost 73 us of CPU, 16 70, 32 68, 64 and 128 66-67 (the ack's
+# round trip is most of it; tests/bench/bench_take.py): larger takes gain nothing more.
 TAKE_MOST = 32
 
 
@@ -229,6 +231,17 @@ class QoS(kombu_redis.QoS):
     (broker_take.lua) recorded already: kombu's record is a MULTI, a round trip per message."""
 
     channel: Channel
+    # With Celery's `worker_disable_prefetch`, the worker's free slots (set by its consumer,
+    # intake.py): Celery's patch of `can_consume` reads while one slot is free, and does not
+    # reach the estimate a take is sized by, so a take could exceed them; it takes no more.
+    free_slots: Callable[[], int] | None = None
+
+    def can_consume_max_estimate(self) -> int | None:  # type: ignore[override]  # kombu's: None
+        credit: int | None = super().can_consume_max_estimate()
+        if self.free_slots is None:
+            return credit
+        free = max(self.free_slots(), 0)
+        return free if credit is None else min(credit, free)
 
     def append(self, message: Any, delivery_tag: str) -> None:
         if delivery_tag and delivery_tag == self.channel._turnstile_recorded:
