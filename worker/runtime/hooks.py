@@ -210,6 +210,10 @@ class SweeperHook(Hook):
         self.stop.set()
 
 
+# How much longer than its own poll a stopping worker waits for its dispatcher thread.
+SHUTDOWN_JOIN_S = 1.0
+
+
 class DispatcherHook(Hook):
     """With fair share, the dispatcher: a thread in each worker's main process that moves
     steps from the tenants' pending lists to the broker (worker/scheduling/dispatcher.py)."""
@@ -217,6 +221,7 @@ class DispatcherHook(Hook):
     def __init__(self, config: Settings, send_many: fair_dispatcher.PublishMany) -> None:
         self.config, self.send_many = config, send_many
         self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
 
     def worker_ready(self, sender: Any = None, **kwargs: Any) -> None:
         config = self.config
@@ -231,15 +236,19 @@ class DispatcherHook(Hook):
             dispatcher.capacity = capacity
             dispatcher.loop(self.stop)
 
-        _with_store(config, self.stop, "turnstile-dispatcher", dispatch)
+        self.thread = _with_store(config, self.stop, "turnstile-dispatcher", dispatch)
 
     def worker_shutdown(self, **kwargs: Any) -> None:
+        """Stop, and wait for the dispatcher to give its lock up (its wait for a nudge ends
+        within `dispatch_poll_s`)."""
         self.stop.set()
+        if self.thread is not None:
+            self.thread.join(self.config.dispatch_poll_s + SHUTDOWN_JOIN_S)
 
 
 def _with_store(
     config: Settings, stop: threading.Event, name: str, run: Callable[[redis.Redis], None]
-) -> None:
+) -> threading.Thread:
     """`run` on a thread of its own with a client of the store, made there: a cluster's client
     reads the slot map when it is made, so a cluster that is down as the worker starts is
     waited for (a single server's client connects at its first command)."""
@@ -255,7 +264,9 @@ def _with_store(
             run(client)
             return
 
-    threading.Thread(target=target, name=name, daemon=True).start()
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    return thread
 
 
 def _queues(consumer: Any) -> list[str]:

@@ -386,6 +386,16 @@ class Dispatcher:
                 self.gauge_tenants.add(tenant)
 
     def loop(self, stop: threading.Event) -> None:
+        """Dispatch while this worker leads, until `stop`; then give the lock up, so that
+        another worker's dispatcher takes over at its next try (within a second) instead of
+        after LOCK_MS: a deploy's stopped workers held dispatch up for up to 3 s."""
+        try:
+            self._loop(stop)
+        finally:
+            with contextlib.suppress(Exception):  # the store is down: the lock lapses
+                locks.resign(self.client, locks.DISPATCHER, self.token)
+
+    def _loop(self, stop: threading.Event) -> None:
         while not stop.is_set():
             try:
                 self.announce()
