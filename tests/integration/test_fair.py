@@ -19,6 +19,7 @@ from turnstile.jobs.support.scenarios import GOAL, USER
 from turnstile.worker.broker import layout
 from turnstile.worker.cli.main import app
 from turnstile.worker.client._client import Client
+from turnstile.worker.dev.embedded import EmbeddedServer
 from turnstile.worker.scheduling import fair
 from turnstile.worker.scheduling.dispatcher import DEPTH_SHARE, Dispatcher
 from turnstile.worker.scheduling.sweeper import Sweeper
@@ -183,32 +184,35 @@ def test_removing_a_cap_lets_the_waiting_steps_go(redis_url: str, unique: str) -
 
 
 def test_a_pass_takes_no_more_than_each_tenant_has_pending(
-    redis_url: str, unique: str, monkeypatch: pytest.MonkeyPatch
+    unique: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A pass with room for 200 steps and four pending (three of one tenant, one of another)
     sends the four in round robin and asks each tenant for one take more than it has (the take
-    that finds it empty and drops it), not a take per slot of room."""
+    that finds it empty and drops it), not a take per slot of room. On a server of its own: a
+    worker's dispatcher on the session's (another test's, still running) would take them too."""
     queue, first, second = f"room-{unique}", f"a-{unique}", f"b-{unique}"
-    client = client_for(redis_url)
-    for tenant, n in ((first, 3), (second, 1)):
-        for _ in range(n):
-            client.submit(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue)
-    sent: list[str] = []
-    config = Settings(redis_url=redis_url, dispatch_depth=200)
-    dispatcher = Dispatcher(client.client, None, config,
-                            lambda batch: sent.extend(m.tenant for m, _, _ in batch))  # fmt: skip
-    asked: list[str] = []
-    take_many = dispatcher.taker.take_many
+    with EmbeddedServer() as server:
+        client = client_for(server.url)
+        for tenant, n in ((first, 3), (second, 1)):
+            for _ in range(n):
+                client.submit(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue)
+        sent: list[str] = []
+        config = Settings(redis_url=server.url, dispatch_depth=200)
+        dispatcher = Dispatcher(
+            client.client, None, config, lambda batch: sent.extend(m.tenant for m, _, _ in batch)
+        )
+        asked: list[str] = []
+        take_many = dispatcher.taker.take_many
 
-    def counted(tenants: list[str], on: str) -> list[Any]:
-        asked.extend(tenants)
-        return take_many(tenants, on)
+        def counted(tenants: list[str], on: str) -> list[Any]:
+            asked.extend(tenants)
+            return take_many(tenants, on)
 
-    monkeypatch.setattr(dispatcher.taker, "take_many", counted)
-    assert dispatcher.dispatch() == 4
-    assert sent == [first, second, first, first]
-    assert sorted(asked) == sorted([first] * 4 + [second] * 2)
-    assert fair.tenant_view(client.client, first, [queue]).waiting == 0
+        monkeypatch.setattr(dispatcher.taker, "take_many", counted)
+        assert dispatcher.dispatch() == 4
+        assert sent == [first, second, first, first]
+        assert sorted(asked) == sorted([first] * 4 + [second] * 2)
+        assert fair.tenant_view(client.client, first, [queue]).waiting == 0
 
 
 def test_a_step_lost_by_the_dispatcher_is_sent_again(redis_url: str, unique: str) -> None:
