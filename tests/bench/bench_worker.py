@@ -23,6 +23,10 @@ first is the one compared with the no-op). Each runs on the servers' fsync polic
 for: `aof` on `appendfsync always` (the one it accepts), `none` and `replica` on `everysec`
 (`replica` adds a replica following the store); `setting@policy` picks another, e.g.
 `none@always` for the cost of the policy alone. The no-op runs on the everysec broker.
+The settings of a round share their servers, and each round starts one setting further on, so
+none is always first or always after the same other (one after another on reused servers read
+~20% slower, whatever its code); a setting during which a server rewrote its AOF (a forked
+child on the same cores) says so.
 
 `--brokers redis,amqp` measures each setting on both brokers side by side in each round: the
 store's own kind of server (Redis) and RabbitMQ (`--amqp-url`, quorum queues, publisher
@@ -200,6 +204,7 @@ class Round:
     stall_s: float  # the longest a slot stood free with nothing starting or ending (any process)
     cpu_s: float  # the worker processes' CPU time (user + system) over the timed window
     split: Split  # where that CPU went, and the servers' own
+    rewrites: int = 0  # AOF rewrites of the store or the broker under way in the window
 
     @property
     def rate(self) -> float:
@@ -291,6 +296,19 @@ def _servers_cpu(urls: list[str]) -> list[float]:
     return [server_cpu_s(u) if u.startswith("redis://") else 0.0 for u in urls]
 
 
+def _rewrites(urls: list[str], *, ended: bool = False) -> int:
+    """AOF rewrites of these servers (INFO persistence): those done since they started, and,
+    at a window's end (`ended`), one more for each still under way; so the difference over a
+    window counts each rewrite that overlapped it (one under way at its start ends later)."""
+    total = 0
+    for url in (u for u in urls if u.startswith("redis://")):
+        with redis.Redis.from_url(url) as client:
+            info = client.info("persistence")
+        total += int(info.get("aof_rewrites", 0))
+        total += int(info.get("aof_rewrite_in_progress", 0)) if ended else 0
+    return total
+
+
 def support_round(
     broker_url: str,
     store: EmbeddedServer | EmbeddedCluster,
@@ -323,6 +341,7 @@ def support_round(
     servers = [store.url if isinstance(store, EmbeddedServer) else "", broker_url]
     try:
         parts_before, servers_before = cpu_parts(procs), _servers_cpu(servers)
+        rewrites_before = _rewrites(servers)
         started = time.perf_counter()
         for n in range(1, runs + 1) if one_at_a_time else [runs]:
             if one_at_a_time:
@@ -331,6 +350,7 @@ def support_round(
                 time.sleep(0.002 if one_at_a_time else 0.01)
         seconds = time.perf_counter() - started
         parts, servers_after = cpu_parts(procs), _servers_cpu(servers)
+        rewrites = _rewrites(servers, ended=True) - rewrites_before
         split = Split(
             parts[0] - parts_before[0], parts[1] - parts_before[1],
             servers_after[0] - servers_before[0], servers_after[1] - servers_before[1], seconds,
@@ -357,6 +377,7 @@ def support_round(
         seconds, turns, sum(t["round_trips"] for t in totals),
         sum(t["tool_round_trips"] for t in totals), gaps,
         max((t.get("idle_with_free_slots_s", 0.0) for t in totals), default=0.0), cpu, split,
+        rewrites,
     )  # fmt: skip
 
 
@@ -521,6 +542,7 @@ def main() -> None:
     cpu: dict[Config, list[float]] = {c: [] for c in configs}
     noop_cpu_ms: list[float] = []  # the no-op workers' CPU per task, per round
     splits: list[str] = []  # per round, where the CPU went: the first setting's, the no-op's
+    rewrites: dict[Config, list[int]] = {c: [] for c in configs}  # AOF rewrites, per round
     policies = sorted({setting(d)[1] for d in durabilities} | {"everysec"})
     with contextlib.ExitStack() as stack:
         stack.callback(_delete_amqp_queues)  # however the rounds end
@@ -541,7 +563,12 @@ def main() -> None:
               + f" {'no-op tasks/s':>14} {'ratio':>6}")  # fmt: skip
         for i in range(args.rounds):
             turns_by = {}
-            for c in configs:
+            # Each round starts one setting further on: the settings share servers, and one
+            # run after another on the same servers ran ~20% slower whatever its code (an AOF
+            # rewrite's fork, say, set off by the data the last one wrote), so no setting is
+            # always first or always after a given other.
+            shift = i % len(configs)
+            for c in configs[shift:] + configs[:shift]:
                 durability, policy = setting(c[0])
                 broker, single = servers[policy]
                 store = cluster if c[3] == "cluster" and cluster is not None else single
@@ -557,6 +584,7 @@ def main() -> None:
                 for path in ("eager", "queued"):
                     gaps[c][path] += measured.gaps[path]
                 stalls[c].append(measured.stall_s)
+                rewrites[c].append(measured.rewrites)
                 cpu[c].append(measured.cpu_ms_per_turn)
                 if c == configs[0]:
                     splits.append(f"{label[c]}: {measured.split.per(measured.turns)}")
@@ -582,7 +610,7 @@ def main() -> None:
                 ).gaps  # fmt: skip
     report(
         Measured(durabilities, configs, label, ratios, rates, trips, gaps, idle, args.idle_runs,
-                 stalls, cpu, noop_cpu_ms)
+                 stalls, cpu, noop_cpu_ms, rewrites)
     )  # fmt: skip
 
 
@@ -600,6 +628,7 @@ class Measured:
     stalls: dict[Config, list[float]]  # per round, the longest a slot stood free unused (s)
     cpu: dict[Config, list[float]]  # per round, the workers' CPU ms per turn
     noop_cpu_ms: list[float]  # per round, the no-op workers' CPU ms per task
+    rewrites: dict[Config, list[int]]  # per round, the servers' AOF rewrites under way
 
 
 def report(m: Measured) -> None:
@@ -621,6 +650,8 @@ def report(m: Measured) -> None:
             f" per round"
             f" {', '.join(f'{x:.3f}' for x in m.stalls[c])})"
         )
+        if any(m.rewrites[c]):  # a forked child on the same cores: that round reads low
+            line += f"; AOF rewrites under way, per round: {m.rewrites[c]}"
         if c != base:
             per_round = [r / b for r, b in zip(m.rates[c], m.rates[base], strict=True)]
             line += (
