@@ -131,11 +131,33 @@ def worker(
     os.environ.update(worker_environment(config, os.environ))
     worker = build_worker(config)
     events = ["-E"] if config.task_events else []  # Celery's task events: see settings
-    code: int | None = worker.app.start(
-        ["worker", "-Q", ",".join(names), "-c", str(concurrency), "-P", pool, "-n", node,
-         *events, "-l", loglevel.upper(), "--without-gossip", "--without-mingle"]
+    code = run_celery_worker(
+        worker.app,
+        ["-Q", ",".join(names), "-c", str(concurrency), "-P", pool, "-n", node, *events,
+         "-l", loglevel.upper(), "--without-gossip", "--without-mingle"],
     )  # fmt: skip
     raise typer.Exit(code or worker.announced_exitcode())
+
+
+def run_celery_worker(app: Any, args: list[str]) -> int | None:
+    """Celery's `worker` command on `app` with `args`, parsed and run as `app.start(["worker",
+    *args])` would, without Celery's whole command line: its group (celery.bin.celery) loads
+    the `amqp` shell's click_repl and prompt_toolkit, ~0.15 s of a worker start's ~1.3 s of
+    CPU, for nothing a worker runs. The group's own work is not needed here: the app is given,
+    and it sets no environment, loader or user options. Returns the command's exit status."""
+    from celery.bin.base import CLIContext
+    from celery.bin.worker import worker as worker_command
+    from click.exceptions import Exit
+
+    # no_color None is Celery's own default (colour on a terminal); its stub says bool only.
+    obj = CLIContext(app=app, no_color=None, workdir=None)  # type: ignore[arg-type]
+    try:
+        code: int | None = worker_command.main(
+            args=args, obj=obj, prog_name="turnstile worker", standalone_mode=False
+        )
+    except Exit as exc:  # as Celery.start: a command may raise it past click's own handling
+        return exc.exit_code
+    return code
 
 
 def _supervise(child: list[str], redis_url: str, broker_url: str | None, jobs: str) -> int:
