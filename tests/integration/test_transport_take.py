@@ -52,6 +52,22 @@ def _first_read(conn: Connection, got: list[Any]) -> None:
             conn.drain_events(timeout=WAIT_S)
 
 
+def _five_read_once(
+    conn: Connection, queue: Queue, got: list[Any], prefetch: int, free_slots: int | None = None
+) -> Consumer:
+    """Five messages published to `queue`, and a consumer of it with this prefetch credit (and
+    this many free slots, as Celery's `worker_disable_prefetch` tells the QoS) after its first
+    read: what that read handed over is in `got`."""
+    _publish(conn, queue, 5)
+    consumer = Consumer(conn.default_channel, [queue], callbacks=[lambda body, m: got.append(m)])
+    consumer.qos(prefetch_count=prefetch)
+    if free_slots is not None:
+        cast(Any, conn.default_channel).qos.free_slots = lambda: free_slots
+    consumer.consume()
+    _first_read(conn, got)
+    return consumer
+
+
 def _publish(conn: Connection, queue: Queue, count: int) -> None:
     producer = Producer(conn.default_channel)
     for n in range(count):
@@ -73,12 +89,7 @@ def test_a_read_takes_up_to_the_credit_each_recorded_unacked(broker_url: str) ->
     server = redis.Redis.from_url(broker_url, decode_responses=True)
     got: list[Any] = []
     with Connection(broker_url, transport=Transport) as conn:
-        _publish(conn, queue, 5)
-        consumer = Consumer(conn.default_channel, [queue],
-                            callbacks=[lambda body, m: got.append(m)])  # fmt: skip
-        consumer.qos(prefetch_count=3)
-        consumer.consume()
-        _first_read(conn, got)
+        consumer = _five_read_once(conn, queue, got, prefetch=3)
         assert [m.payload["n"] for m in got] == [0, 1, 2]
         records = _unacked(server)
         assert set(records) == {m.delivery_tag for m in got}
@@ -109,13 +120,7 @@ def test_a_take_takes_no_more_than_the_free_slots_with_prefetch_disabled(broker_
     server = redis.Redis.from_url(broker_url, decode_responses=True)
     got: list[Any] = []
     with Connection(broker_url, transport=Transport) as conn:
-        _publish(conn, queue, 5)
-        consumer = Consumer(conn.default_channel, [queue],
-                            callbacks=[lambda body, m: got.append(m)])  # fmt: skip
-        consumer.qos(prefetch_count=10)
-        cast(Any, conn.default_channel).qos.free_slots = lambda: 2
-        consumer.consume()
-        _first_read(conn, got)
+        consumer = _five_read_once(conn, queue, got, prefetch=10, free_slots=2)
         assert [m.payload["n"] for m in got] == [0, 1]
         assert server.llen(name) == 3
         for m in got:
