@@ -24,9 +24,9 @@ for: `aof` on `appendfsync always` (the one it accepts), `none` and `replica` on
 (`replica` adds a replica following the store); `setting@policy` picks another, e.g.
 `none@always` for the cost of the policy alone. The no-op runs on the everysec broker.
 The settings of a round share their servers, and each round starts one setting further on, so
-none is always first or always after the same other (one after another on reused servers read
-~20% slower, whatever its code); a setting during which a server rewrote its AOF (a forked
-child on the same cores) says so.
+none is always first or always after the same other (on one machine the first of a round read
+~20% faster than the same code after it); a setting during which a server rewrote its AOF (a
+forked child on the same cores) says so.
 
 `--brokers redis,amqp` measures each setting on both brokers side by side in each round: the
 store's own kind of server (Redis) and RabbitMQ (`--amqp-url`, quorum queues, publisher
@@ -563,10 +563,10 @@ def main() -> None:
               + f" {'no-op tasks/s':>14} {'ratio':>6}")  # fmt: skip
         for i in range(args.rounds):
             turns_by = {}
-            # Each round starts one setting further on: the settings share servers, and one
-            # run after another on the same servers ran ~20% slower whatever its code (an AOF
-            # rewrite's fork, say, set off by the data the last one wrote), so no setting is
-            # always first or always after a given other.
+            # Each round starts one setting further on: the settings share servers, and on one
+            # machine the first of a round read ~20% faster than the same code after it (on
+            # another, no clear order effect: docs/benchmarks.md), so no setting is always
+            # first or always after a given other.
             shift = i % len(configs)
             for c in configs[shift:] + configs[:shift]:
                 durability, policy = setting(c[0])
