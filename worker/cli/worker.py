@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from turnstile.worker.cli.common import NO_STORE, BrokerUrl, RedisUrl, fail
 from turnstile.worker.settings import Settings
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 WORKER_NAME = re.compile(r"^[A-Za-z0-9_.%-]{1,100}(@[A-Za-z0-9_.%-]{1,200})?$")
@@ -139,7 +142,7 @@ def worker(
     raise typer.Exit(code or worker.announced_exitcode())
 
 
-def run_celery_worker(app: Any, args: list[str]) -> int | None:
+def run_celery_worker(app: Celery, args: list[str]) -> int | None:
     """Celery's `worker` command on `app` with `args`, parsed and run as `app.start(["worker",
     *args])` would, without Celery's whole command line: its group (celery.bin.celery) loads
     the `amqp` shell's click_repl and prompt_toolkit, for nothing a worker runs (a worker's CPU
