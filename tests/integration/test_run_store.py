@@ -4,6 +4,8 @@ the next step is queued with the commit or not at all."""
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Sequence
 
 import pytest
 
@@ -11,7 +13,9 @@ from tests.integration.workers import client_for
 from turnstile.jobs.support.scenarios import GOAL, USER
 from turnstile.worker.broker.message import StepMessage
 from turnstile.worker.scheduling import fair
+from turnstile.worker.runtime.heartbeat import Heartbeat
 from turnstile.worker.store import keys
+from turnstile.worker.store.records import InFlight
 from turnstile.worker.store.runs import Change
 
 pytestmark = pytest.mark.integration
@@ -113,3 +117,47 @@ def test_a_leaving_commit_gives_the_step_slot_back_only_if_it_takes(
     active = client.client.zrange(keys.active(tenant), 0, -1)
     assert sorted(active) == (["other"] if status == "stopped" else sorted([run_id, "other"]))
     assert client.client.lrange(keys.FAIR_WAKE, 0, -1) == ["1"]
+
+
+def test_a_heartbeat_renews_every_turn_in_flight_in_one_round_trip(
+    redis_url: str, unique: str
+) -> None:
+    """The heartbeat renews the lease of each turn it beats for, all in one call of the
+    store's `renew_all` (one pipeline); a turn no longer in flight here is answered False and
+    keeps its lease as it was; a turn whose block ended is no longer renewed."""
+    client = client_for(redis_url)
+    store, tenant, queue = client.store, f"t-{unique}", f"nobody-{unique}"
+    runs = [client.submit(tenant, USER, "support", GOAL, {}, queue=queue) for _ in range(3)]
+    for run_id in runs[:2]:
+        loaded = store.load(
+            tenant=tenant, run_id=run_id, version=1, queue=queue, inflight_lease_ms=1_000,
+            delivery=f"d-{run_id}",
+        )  # fmt: skip
+        assert loaded.kind == "go", loaded
+
+    def leases() -> list[float | None]:
+        return [client.client.zscore(keys.leases(tenant), run_id) for run_id in runs]
+
+    before = leases()
+    turns = [InFlight(tenant, run_id, queue, 60_000) for run_id in runs]
+    batches: list[int] = []
+
+    def renew_all(batch: Sequence[InFlight]) -> list[bool]:
+        batches.append(len(batch))
+        return store.renew_all(batch)
+
+    assert store.renew_all(turns) == [True, True, False]
+    renewed = leases()
+    for was, now in zip(before[:2], renewed[:2], strict=True):
+        assert was is not None and now is not None and now >= was + 59_000
+    assert renewed[2] == before[2]  # never loaded: its pickup lease, untouched
+
+    heartbeat: Heartbeat[InFlight] = Heartbeat(0.05, renew_all)
+    with heartbeat.beating(turns[0]), heartbeat.beating(turns[1]):
+        deadline = time.monotonic() + 10
+        while not batches and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert batches and batches[0] == 2  # both turns, in one call
+    ended = len(batches)
+    time.sleep(0.2)
+    assert len(batches) <= ended + 1  # nothing left to beat for: no more calls

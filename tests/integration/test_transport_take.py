@@ -111,6 +111,39 @@ def test_a_read_takes_up_to_the_credit_each_recorded_unacked(broker_url: str) ->
     server.close()
 
 
+def test_an_ack_and_a_reject_remove_the_record_a_requeue_puts_the_message_back(
+    broker_url: str,
+) -> None:
+    """The QoS's ack and its reject without requeue (one script call each, broker_ack.lua)
+    remove the message's unacked record from both the hash and the index; a reject with
+    requeue puts the message back on its list, as kombu's does; and after a flush of the
+    server (the script gone) an ack still removes its record."""
+    name = f"ack-{uuid.uuid4().hex[:8]}"
+    queue = _queue(name)
+    server = redis.Redis.from_url(broker_url, decode_responses=True)
+    got: list[Any] = []
+    with Connection(broker_url, transport=Transport) as conn:
+        consumer = _five_read_once(conn, queue, got, prefetch=3)
+        acked, rejected, requeued = got
+        acked.ack()
+        rejected.reject(requeue=False)
+        assert set(_unacked(server)) == {requeued.delivery_tag}
+        assert server.zrange("unacked_index", 0, -1) == [requeued.delivery_tag]
+        requeued.reject(requeue=True)
+        assert server.hlen("unacked") == 0 and server.zcard("unacked_index") == 0
+        assert server.llen(name) == 3  # the two never read, and the one requeued
+        server.script_flush()  # both scripts gone: the take and the ack load theirs again
+        for _ in range(2):
+            if len(got) == 3:
+                conn.drain_events(timeout=WAIT_S)
+        assert len(got) > 3
+        for m in got[3:]:
+            m.ack()
+        consumer.cancel()
+    assert server.hlen("unacked") == 0 and server.zcard("unacked_index") == 0
+    server.close()
+
+
 def test_a_take_takes_no_more_than_the_free_slots_with_prefetch_disabled(broker_url: str) -> None:
     """With Celery's `worker_disable_prefetch` (its consumer sets the QoS's `free_slots`:
     intake.py), a read takes no more than the slots free, though the prefetch credit allows

@@ -48,7 +48,7 @@ LIBRARIES = {
 }  # function libraries, put in front of a script: no KEYS
 # Scripts that run on the Redis broker, never the store: kombu's keys (`unacked`, the queues'
 # lists) on the one server its Redis transport supports (no cluster), in no one slot.
-BROKER_ONLY = {"broker_take"}
+BROKER_ONLY = {"broker_take", "broker_ack"}
 
 
 def _slots(script_keys: list[str]) -> set[int]:

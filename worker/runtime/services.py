@@ -38,6 +38,7 @@ from turnstile.worker.scheduling.limits import time_limits
 from turnstile.worker.scheduling.ratelimits import Buckets
 from turnstile.worker.settings import Settings
 from turnstile.worker.store.connect import connect
+from turnstile.worker.store.records import InFlight
 from turnstile.worker.store.runs import Claim, NextStep, RunStore, Started, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -56,6 +57,8 @@ class Services:
     jobs: Jobs
     # Enqueue the next step, with its soft and hard time limits.
     send: Callable[[StepMessage, float, float], None]
+    # Renews the in-flight lease of every turn the process runs.
+    heartbeat: Heartbeat[InFlight]
     # The next step (with its soft and hard time limits) as the commit that makes it due
     # queues it itself, or None: then `send` sends it after the commit (fair share off, the
     # drills).
@@ -66,7 +69,6 @@ class Services:
     pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(READ_POOL_SIZE, "turnstile-tool")
     )  # the process's tool-call threads, shared by its turns
-    heartbeat: Heartbeat = field(default_factory=lambda: Heartbeat(5.0))
     # The shared buckets of the model endpoints' rate limits (worker/scheduling/ratelimits.py).
     buckets: Buckets | None = None
     # The process's MCP connections (worker/mcp/): a job's tools from its MCP servers.
@@ -169,7 +171,7 @@ def build_services(
         send=send,
         next_step=next_step,
         claim=claim,
-        heartbeat=Heartbeat(config.inflight_lease_s / 3),
+        heartbeat=Heartbeat(config.inflight_lease_s / 3, store.renew_all),
         # Tool calls of every turn in flight: greenlets on a green worker, so one set per turn.
         pool=ThreadPoolExecutor(READ_POOL_SIZE * turns, "turnstile-tool"),
         buckets=buckets,

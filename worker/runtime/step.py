@@ -38,6 +38,7 @@ from turnstile.worker.runtime.results import StepResult
 from turnstile.worker.runtime.services import Services
 from turnstile.worker.scheduling.limits import hold_id, time_limits
 from turnstile.worker.settings import Settings
+from turnstile.worker.store.records import InFlight
 from turnstile.worker.store.runs import Loaded, now_iso
 
 log = structlog.get_logger("turnstile.step")
@@ -148,7 +149,7 @@ class Step:
                           pool=self.services.pool, live=sink or NO_LIVE)  # fmt: skip
         try:
             with (
-                self.services.heartbeat.beating(self._renew_lease),
+                self.services.heartbeat.beating(self._in_flight()),
                 pools.soft_limit(soft_s, SoftTimeLimitExceeded),
             ):
                 move = turn(state, runtime, view=this.view)
@@ -209,10 +210,11 @@ class Step:
             attempt=max(1, self.writer.loaded.attempts),
         )  # fmt: skip
 
-    def _renew_lease(self) -> None:
-        self.services.store.renew(
-            tenant=self.msg.tenant, run_id=self.msg.run_id, queue=self.msg.queue,
-            lease_ms=int(self.settings.inflight_lease_s * 1000),
+    def _in_flight(self) -> InFlight:
+        """This turn, as the heartbeat renews its in-flight lease."""
+        return InFlight(
+            self.msg.tenant, self.msg.run_id, self.msg.queue,
+            int(self.settings.inflight_lease_s * 1000),
         )  # fmt: skip
 
     @staticmethod

@@ -1,6 +1,7 @@
 """What the run store's scripts are given and what they answer, as values: a submission to a
 conversation (`Joining`), one commit (`Change`, with the next step it queues or claims), and
-each script's reply decoded (`Joined`, `Loaded`, `Committed`, `Started`). Pure: no I/O; the
+each script's reply decoded (`Joined`, `Loaded`, `Committed`, `Started`), and a turn in
+flight whose lease a heartbeat renews (`InFlight`). Pure: no I/O; the
 replies' shapes are the ones the scripts' headers give (worker/store/lua/run_*.lua).
 """
 
@@ -11,6 +12,17 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from turnstile.worker.store.values import text
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A turn running on this worker, whose in-flight lease run_renew.lua extends by
+    `lease_ms` while it runs from `queue`."""
+
+    tenant: str
+    run_id: str
+    queue: str
+    lease_ms: int
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from turnstile.worker.store.records import (
     Change,
     Claim,
     Committed,
+    InFlight,
     Joined,
     Joining,
     Loaded,
@@ -239,9 +240,27 @@ class RunStore:
 
     def renew(self, *, tenant: str, run_id: str, queue: str, lease_ms: int) -> bool:
         """Extend a running turn's in-flight lease; False once it is not in flight here."""
-        call = renew_call(tenant=tenant, run_id=run_id, where=inflight_tag(queue),
-                          lease_ms=lease_ms)  # fmt: skip
-        return bool(call_script(self.client, self._renew, call.keys, call.args))
+        return self.renew_all([InFlight(tenant, run_id, queue, lease_ms)])[0]
+
+    @reached()
+    def renew_all(self, turns: Sequence[InFlight]) -> list[bool]:
+        """Extend the in-flight leases of `turns` in one round trip (a worker's heartbeat over
+        the hundreds of turns a green worker runs); for each, False once it is not in flight
+        where it says. A call that failed on the server raises, after the others ran."""
+        calls = [
+            renew_call(
+                tenant=t.tenant, run_id=t.run_id, where=inflight_tag(t.queue), lease_ms=t.lease_ms
+            )
+            for t in turns
+        ]
+        if not calls:
+            return []
+
+        def build(pipe: Any) -> None:
+            for call in calls:
+                evalsha(pipe, self._renew, call.keys, call.args)
+
+        return [bool(r) for r in with_scripts(self.client, (self._renew,), build)]
 
     def hold(self, tenant: str, run_id: str, version: int, argv: list[str]) -> ReserveResult | None:
         """Take a ledger hold for the turn of `version` and record it on the run (see
