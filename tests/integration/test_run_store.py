@@ -12,8 +12,8 @@ import pytest
 from tests.integration.workers import client_for
 from turnstile.jobs.support.scenarios import GOAL, USER
 from turnstile.worker.broker.message import StepMessage
-from turnstile.worker.scheduling import fair
 from turnstile.worker.runtime.heartbeat import Heartbeat
+from turnstile.worker.scheduling import fair
 from turnstile.worker.store import keys
 from turnstile.worker.store.records import InFlight
 from turnstile.worker.store.runs import Change

@@ -1,6 +1,8 @@
 """A script called on its own (`scripts.call_script`): what redis-py's `Script` answers and
 raises, without redis-py's per-command path, on a pool of one connection as a worker's step
-services bound theirs (a connection not given back would leave the next call waiting)."""
+services bound theirs (a connection not given back would leave the next call waiting). And a
+pipeline calling scripts (`scripts.with_scripts`): what redis-py's pipeline answers, without
+its path, on the same pool."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import redis
 
 from turnstile.worker.dev.embedded import EmbeddedServer
 from turnstile.worker.store.connect import connect_with_timeout
-from turnstile.worker.store.scripts import call_script
+from turnstile.worker.store.scripts import call_script, evalsha, with_scripts
 
 ECHO = "return {KEYS[1], ARGV[1], tonumber(ARGV[2]) + 1, {1, 'a'}, false}"
 
@@ -103,3 +105,59 @@ def test_a_client_on_one_connection_calls_through_redis_py(redis_url: str, uniqu
         assert sent == ["EVALSHA"]
     finally:
         client.close()
+
+
+def _build(script: Any, key: str) -> Callable[[Any], None]:
+    def build(pipe: Any) -> None:
+        evalsha(pipe, script, [key], ["é", 41])
+        pipe.exists(key + ":h")
+        pipe.hmget(key + ":h", "a", "b")
+        pipe.zrem(key + ":z", "nobody")
+        pipe.incr(key + ":h")  # WRONGTYPE: an error, in its place or raised
+
+    return build
+
+
+def test_a_pipeline_answers_what_redis_py_answers(client: redis.Redis, unique: str) -> None:
+    """The replies, each decoded and given its response callback as redis-py gives them, with
+    an error in its place (`raise_on_error=False`) or raised; none through the client's own
+    command path; the one connection given back each time."""
+    script = client.register_script(ECHO)
+    client.script_load(ECHO)
+    key = f"k:{unique}"
+    client.hset(key + ":h", "a", "1")
+    pipe = client.pipeline(transaction=False)
+    _build(script, key)(pipe)
+    expected = pipe.execute(raise_on_error=False)
+    sent = _counting(client)
+    for _ in range(3):
+        got = with_scripts(client, (script,), _build(script, key), raise_on_error=False)
+        assert got[:4] == expected[:4] == [[key, "é", 42, [1, "a"], None], 1, ["1", None], 0]
+        assert type(got[4]) is type(expected[4]) is redis.ResponseError
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        with_scripts(client, (script,), _build(script, key))
+    assert sent == []
+
+
+def test_a_pipeline_reloads_lost_scripts_and_survives_a_killed_connection(
+    own_server: EmbeddedServer,
+) -> None:
+    """After SCRIPT FLUSH the pipeline loads its scripts and runs again; a connection the
+    server closed between two pipelines is replaced (the connection's own Retry)."""
+    client = connect_with_timeout(own_server.url, 1.0, max_connections=1)
+    killer = redis.Redis.from_url(own_server.url)
+    try:
+        script = client.register_script(ECHO)
+
+        def build(pipe: Any) -> None:
+            evalsha(pipe, script, ["k"], ["a", 1])
+            pipe.hmget("h", "a")
+
+        assert with_scripts(client, (script,), build) == [["k", "a", 2, [1, "a"], None], [None]]
+        client.script_flush()
+        assert with_scripts(client, (script,), build)[0][2] == 2
+        assert int(killer.client_kill_filter(_type="normal", skipme=True)) >= 1
+        assert with_scripts(client, (script,), build)[0][2] == 2
+    finally:
+        client.close()
+        killer.close()

@@ -25,6 +25,7 @@ from turnstile.jobs.support.shop import (
 from turnstile.worker.dev import shop as shop_module
 from turnstile.worker.dev.embedded import EmbeddedServer
 from turnstile.worker.dev.shop import RedisShop, ShopContention, ShopError, shop_keys
+from turnstile.worker.store import scripts
 
 pytestmark = pytest.mark.integration
 
@@ -367,13 +368,14 @@ def test_a_shop_remembers_a_bounded_number_of_orders(
         shop.get_order(TENANT, f"{unique}-{name}", SMALL)
     assert len(shop._seen) == 2
     reads: list[Any] = []
-    original = shop._read
+    original = scripts.call_script
 
-    def counted(**kwargs: Any) -> Any:
-        reads.append(kwargs)
-        return original(**kwargs)
+    def counted(client: redis.Redis, script: Any, keys: Any, args: Any) -> Any:
+        if script is shop._read:
+            reads.append(args)
+        return original(client, script, keys, args)
 
-    monkeypatch.setattr(shop, "_read", counted)
+    monkeypatch.setattr(scripts, "call_script", counted)
     for name, read in (("c", 0), ("a", 1)):
         shop.write_once(
             TENANT, f"{unique}-{name}", key="k", name="issue_refund", order_id=SMALL,
@@ -413,15 +415,18 @@ def test_a_replay_of_this_calls_own_write_is_not_reported_as_a_replay(
     """If the compare-and-set finds the record this very call stored (a client retry after a
     lost reply), the call still reports a fresh write."""
     shop = RedisShop(client)
-    original = shop._write
+    original = scripts.call_script
     replies: list[Any] = []
 
-    def twice(**kwargs: Any) -> Any:
-        replies.append(original(**kwargs))
-        replies.append(original(**kwargs))  # the retry of a write whose reply was lost
+    def twice(client: redis.Redis, script: Any, keys: Any, args: Any) -> Any:
+        if script is not shop._write:
+            return original(client, script, keys, args)
+        replies.append(original(client, script, keys, args))
+        # the retry of a write whose reply was lost
+        replies.append(original(client, script, keys, args))
         return replies[-1]
 
-    monkeypatch.setattr(shop, "_write", twice)
+    monkeypatch.setattr(scripts, "call_script", twice)
     result = shop.write_once(
         TENANT, unique, key="k1", name="issue_refund", order_id=SMALL, rule=refund_rule(100)
     )

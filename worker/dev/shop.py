@@ -31,8 +31,7 @@ import redis
 
 from turnstile.errors import TurnstileError
 from turnstile.jobs.support.shop import Applied, Order, demo_orders
-from turnstile.worker.store import keys
-from turnstile.worker.store.scripts import register
+from turnstile.worker.store import keys, scripts
 from turnstile.worker.store.values import text
 
 
@@ -116,8 +115,8 @@ class RedisShop:
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
-        self._read = register(client, "shop_read")
-        self._write = register(client, "shop_write")
+        self._read = scripts.register(client, "shop_read")
+        self._write = scripts.register(client, "shop_write")
         # (orders key, order id) -> the order's bytes as last read or written here; a write
         # that finds its order here tries its compare-and-set without reading first.
         self._seen: OrderedDict[tuple[str, str], bytes | str] = OrderedDict()
@@ -139,10 +138,10 @@ class RedisShop:
     ) -> tuple[_Done | None, dict[str, bytes | str]]:
         """One round trip: seed if new, then the done record (if asked and stored) and the
         order (or every order)."""
-        done, flat = self._read(
-            keys=[one.orders, one.done],
-            args=[done_field, "1" if every else "0", order_id, *_SEED],
-        )
+        done, flat = scripts.call_script(
+            self.client, self._read, [one.orders, one.done],
+            [done_field, "1" if every else "0", order_id, *_SEED],
+        )  # fmt: skip
         stored = None if done is None else msgspec.json.decode(done, type=_Done)
         found = _pairs(flat)
         for seen_id, raw in found.items():
@@ -229,9 +228,11 @@ class RedisShop:
         """The second round trip (the only one when `seen` was remembered). `_Changed` with
         the order as it is when it is no longer `seen`."""
         order = b"" if applied.order is None else msgspec.json.encode(applied.order)
-        reply = self._write(
-            keys=list(one),
-            args=[
+        reply = scripts.call_script(
+            self.client,
+            self._write,
+            list(one),
+            [
                 field,
                 order_id,
                 b"" if seen is None else seen,
