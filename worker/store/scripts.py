@@ -109,18 +109,29 @@ def _plain_pool(client: redis.Redis) -> Any:
     return pool
 
 
-def _evalsha(pool: Any, sha: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+def _exchange(pool: Any, pack: Callable[[Any], Any], read: Callable[[Any], Any]) -> Any:
+    """On a connection of `pool`: what `pack` packs sent, and `read`'s reading of the reply;
+    sent again on the connection's own Retry after a connection error (which disconnects it
+    between tries, as redis-py's commands do); the connection given back."""
     conn = pool.get_connection()
     try:
-        packed = conn.pack_command("EVALSHA", sha, len(keys), *keys, *args)
+        packed = pack(conn)
 
         def once() -> Any:
             conn.send_packed_command(packed)
-            return conn.read_response()
+            return read(conn)
 
         return conn.retry.call_with_retry(once, lambda _error: conn.disconnect())
     finally:
         pool.release(conn)
+
+
+def _evalsha(pool: Any, sha: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+    return _exchange(
+        pool,
+        lambda conn: conn.pack_command("EVALSHA", sha, len(keys), *keys, *args),
+        lambda conn: conn.read_response(),
+    )
 
 
 def evalsha(pipe: Any, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> None:
@@ -137,25 +148,20 @@ def _run_stack(
     with less of redis-py's work around it (as `call_script` does for one call; the run's load,
     a pipeline of three, spent 6% of a green worker's CPU in redis-py's): the commands packed
     at once on a connection of the pool, each reply read and given redis-py's response
-    callback, an error in its place; sent again on the connection's own Retry after a
-    connection error (as redis-py's pipeline does, so its commands must bear running twice)."""
-    conn = pool.get_connection()
-    try:
-        packed = conn.pack_commands([args for args, _ in commands])
+    callback, an error in its place; sent again after a connection error, as redis-py's
+    pipeline does (`_exchange`), so its commands must bear running twice."""
 
-        def once() -> list[Any]:
-            conn.send_packed_command(packed)
-            replies: list[Any] = []
-            for args, options in commands:
-                try:
-                    replies.append(cast(Any, client).parse_response(conn, args[0], **options))
-                except redis.exceptions.ResponseError as exc:
-                    replies.append(exc)
-            return replies
+    def read(conn: Any) -> list[Any]:
+        replies: list[Any] = []
+        for args, options in commands:
+            try:
+                replies.append(cast(Any, client).parse_response(conn, args[0], **options))
+            except redis.exceptions.ResponseError as exc:
+                replies.append(exc)
+        return replies
 
-        replies: list[Any] = conn.retry.call_with_retry(once, lambda _e: conn.disconnect())
-    finally:
-        pool.release(conn)
+    stacked = [args for args, _ in commands]
+    replies: list[Any] = _exchange(pool, lambda conn: conn.pack_commands(stacked), read)
     if raise_on_error:
         for reply in replies:
             if isinstance(reply, redis.exceptions.ResponseError):
