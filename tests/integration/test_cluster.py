@@ -43,6 +43,7 @@ from turnstile.worker.scheduling import fair
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 from turnstile.worker.store.connect import connect, connect_async
+from turnstile.worker.store.pending import sent_score
 from turnstile.worker.store.scripts import FAIR, LEDGER, RUN, evalsha, register, with_scripts
 from turnstile.worker.store.values import server_ms
 
@@ -390,28 +391,32 @@ def test_the_queues_part_of_an_eager_check_is_read_before_the_commit(
 ) -> None:
     """On a cluster the queue's part of run_commit.lua's check is read by the worker: a claim
     is allowed only while the queue is neither paused nor draining, no other tenant waits on
-    it, and no step sent to the broker within the window waits there but the tenant's own
-    first steps."""
+    it, and no other tenant's step sent to the broker within the window waits there; the read
+    gives the highest priority of the tenant's own sent continuations (-1: none), which the
+    script holds against the run's."""
     r, queue, tenant, other = client.client, f"qa-{unique}", f"me-{unique}", f"you-{unique}"
 
-    def allows() -> bool:
+    def allows() -> int | None:
         return fair.queue_allows_claim(r, tenant, queue, 60_000)
 
-    assert allows()
+    assert allows() == -1
     r.sadd(keys.fair_active(queue), tenant)  # this tenant's own steps wait: still its turn
-    assert allows()
-    r.zadd(keys.fair_sent(queue), {f"{tenant}|run-a:1": server_ms(r)})  # its own first step
-    assert allows()
-    r.zadd(keys.fair_sent(queue), {f"{tenant}|run-b:4": server_ms(r)})  # its continuation
-    assert not allows()
-    r.zrem(keys.fair_sent(queue), f"{tenant}|run-b:4")
+    assert allows() == -1
+    r.zadd(keys.fair_sent(queue), {f"{tenant}|run-a:1": sent_score(server_ms(r), 9)})
+    assert allows() == -1  # its own first step
+    r.zadd(keys.fair_sent(queue), {f"{tenant}|run-b:4": sent_score(server_ms(r), 3)})
+    r.zadd(keys.fair_sent(queue), {f"{tenant}|run-d:2": sent_score(server_ms(r), 6)})
+    assert allows() == 6  # its continuations: the highest of their priorities
+    r.zadd(keys.fair_sent(queue), {f"{tenant}|run-e:2": server_ms(r)})
+    assert allows() == 10  # one noted with no priority outranks any
+    r.zrem(keys.fair_sent(queue), f"{tenant}|run-b:4", f"{tenant}|run-d:2", f"{tenant}|run-e:2")
     r.zadd(keys.fair_sent(queue), {f"{other}|run-c:1": server_ms(r) - 120_000})  # lost: old
-    assert allows()
+    assert allows() == -1
     r.zadd(keys.fair_sent(queue), {f"{other}|run-c:1": server_ms(r)})  # another's, waiting
-    assert not allows()
+    assert allows() is None
     r.zrem(keys.fair_sent(queue), f"{other}|run-c:1")
     r.sadd(keys.fair_active(queue), other)  # another tenant waits on the queue
-    assert not allows()
+    assert allows() is None
     r.srem(keys.fair_active(queue), other)
     r.hset(keys.queue_control(queue), "draining", "1")
-    assert not allows()
+    assert allows() is None

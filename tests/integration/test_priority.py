@@ -1,6 +1,7 @@
 """Priorities within a tenant's fair share, on a real Valkey: the order the pending sets give
 (a higher priority first, a continuation before a first step of its level, a waiting step's
-priority rising with its wait), the eager claim yielding to a step that outranks it, and every
+priority rising with its wait), the eager claim yielding to a step that outranks it (waiting,
+or sent and not loaded), and every
 bad priority refused in one line with nothing written, from the client, the CLI and HTTP."""
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from turnstile.worker.scheduling.priority import PriorityError
 from turnstile.worker.settings import Settings
 from turnstile.worker.store import keys
 from turnstile.worker.store.runs import Change
+from turnstile.worker.store.values import server_ms
 
 pytestmark = pytest.mark.integration
 
@@ -193,6 +195,44 @@ def test_an_eager_claim_yields_to_a_waiting_step_that_outranks_it(
     _submit(client, tenant, queue, 6)
     assert _commit_claiming(client, tenant, queue, 5)
     assert _taken(_taker(client), tenant, queue)[0] == (old_5, 1)
+
+
+def test_an_eager_claim_goes_past_its_tenants_sent_continuations_of_no_higher_priority(
+    redis_url: str, unique: str
+) -> None:
+    """A continuation the dispatcher sent to the broker and no worker has loaded yet holds its
+    slot and waits only for a worker: a commit of the same tenant claims its run's next step
+    past one of the same or a lower priority (the run goes on where it is), not past one of a
+    higher priority, nor past another tenant's sent step of any priority; a sent step noted
+    without a priority (a dispatcher of an earlier release) outranks every claim."""
+    client = client_for(redis_url)
+    tenant, other, queue = f"t-{unique}", f"o-{unique}", f"nobody-{unique}"
+    taker = _taker(client)
+    sent_run = _submit(client, tenant, queue, 5)
+    _continue(client, tenant, sent_run, queue)
+    assert taker._fill(queue, 10) == 2  # its first step and its continuation, both sent
+    score = client.client.zscore(keys.fair_sent(queue), f"{tenant}|{sent_run}:2")
+    assert score is not None and score % 1 == 6 / 16  # sent with its priority, 5
+    assert _commit_claiming(client, tenant, queue, 5)  # the same priority: goes on
+    assert _commit_claiming(client, tenant, queue, 9)  # a higher one: goes on
+    assert not _commit_claiming(client, tenant, queue, 4)  # the sent one outranks it
+    queued = _pending_run(client, tenant, queue)  # its next step, queued instead
+    assert _taken(taker, tenant, queue) == [(queued, 2)]
+    _submit(client, other, queue, 0)
+    assert taker._fill(queue, 10) == 1  # another tenant's first step, sent
+    assert not _commit_claiming(client, tenant, queue, 9)
+    _taken(taker, tenant, queue)
+    assert taker._fill(queue, 10) == 0  # the next pass: the other tenant has nothing waiting
+    client.client.delete(keys.fair_sent(queue))  # its step was loaded
+    assert _commit_claiming(client, tenant, queue, 9)
+    client.client.zadd(keys.fair_sent(queue), {f"{tenant}|run-x:3": server_ms(client.client)})
+    assert not _commit_claiming(client, tenant, queue, 9)
+
+
+def _pending_run(client: Client, tenant: str, queue: str) -> str:
+    """The run whose continuation waits in the tenant's pending set (there is one)."""
+    (entry,) = client.client.zrange(keys.pending(tenant, queue, "cont"), 0, -1)
+    return str(json.loads(str(entry))["run_id"])
 
 
 # -- with real workers ------------------------------------------------------------------------

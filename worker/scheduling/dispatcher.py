@@ -66,6 +66,7 @@ WEIGHTS_EVERY_S = 1.0  # a weight changed by hand applies within this long
 GAUGES_EVERY_S = 1.0  # how often the dispatcher publishes each tenant's share as metrics
 BROKEN_RECHECK_S = 5.0  # a broken queue is tried again this long after it failed
 RECORDS_EVERY_S = 1.0  # how often the store's record of broken queues is read again
+PRIORITY = "priority"  # a taken entry's run priority (fair_take.lua's reply), for keys.fair_sent
 
 
 class RoundRobin:
@@ -306,6 +307,7 @@ class Dispatcher:
         queue's set) or is at a cap (its active runs are pruned, then it tries again)."""
         if reply[0] == "ok":
             entry: dict[str, Any] = json.loads(reply[1])
+            entry[PRIORITY] = int(reply[2])  # noted with the step as sent (pending.Sent)
             return entry
         if reply[0] == "empty":
             self._drop(tenant, queue)
@@ -340,7 +342,7 @@ class Dispatcher:
         ]  # fmt: skip
         refused: redis.ResponseError | None = None
         try:
-            self._mark_sent(batch)
+            self._mark_sent(batch, [int(e[PRIORITY]) for e in entries])
         except redis.ResponseError as exc:  # the queue's key: sent all the same, then said
             refused = exc
         except Exception as exc:  # then a commit may claim past these steps: only less fair
@@ -355,12 +357,18 @@ class Dispatcher:
         if refused is not None:
             raise refused
 
-    def _mark_sent(self, batch: list[tuple[StepMessage, float, float]]) -> None:
-        """Note each step as sent and not yet loaded (keys.fair_sent; its load removes it), before
-        it is published: while another tenant's step waits on the broker, no commit claims its
-        own run's next step. Entries older than the window are dropped (lost on the way)."""
+    def _mark_sent(
+        self, batch: list[tuple[StepMessage, float, float]], priorities: list[int]
+    ) -> None:  # fmt: skip
+        """Note each step as sent and not yet loaded, with its run's priority (keys.fair_sent;
+        its load removes it), before it is published: while another tenant's step, or one of
+        a higher priority, waits on the broker, no commit claims its own run's next step.
+        Entries older than the window are dropped (lost on the way)."""
         now = server_ms(self.client)
-        steps = [(msg.tenant, msg.run_id, msg.version, msg.queue) for msg, _, _ in batch]
+        steps = [
+            pending.Sent(msg.tenant, msg.run_id, msg.version, msg.queue, priority)
+            for (msg, _, _), priority in zip(batch, priorities, strict=True)
+        ]
         self.sent_tenants |= {msg.tenant for msg, _, _ in batch}
         pending.mark_sent(self.client, steps, now_ms=now, window_ms=self.sent_window_ms)
 

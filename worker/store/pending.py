@@ -8,6 +8,7 @@ fair_take.lua, run_commit.lua); this module reads and writes their keys (keys.py
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -139,11 +140,15 @@ def claim_keys(tenant: str, queue: str, *, split: bool) -> list[str]:
             keys.fair_sent(queue), keys.FAIR_QUEUES, keys.FAIR_WAKE, starts]  # fmt: skip
 
 
-def queue_allows_claim(client: redis.Redis, tenant: str, queue: str, window_ms: int) -> bool:
+def queue_allows_claim(
+    client: redis.Redis, tenant: str, queue: str, window_ms: int
+) -> int | None:  # fmt: skip
     """The queue's part of an eager commit's check (run_commit.lua's `may_claim`), read in one
-    round trip on a cluster, where the script cannot: the queue is neither paused nor
-    draining, no other tenant has steps pending on it, and no step sent to the broker in the
-    last `window_ms` waits there but this tenant's own first steps."""
+    round trip on a cluster, where the script cannot: None unless the queue is neither paused
+    nor draining, no other tenant has steps pending on it, and no other tenant's step sent to
+    the broker in the last `window_ms` waits there; then the highest priority of this
+    tenant's continuations waiting there (-1: none), which the script holds against the run's
+    (a claim passes only those of no higher priority)."""
     pipe = client.pipeline(transaction=False)
     pipe.hmget(keys.queue_control(queue), PAUSED, DRAINING)
     pipe.scard(keys.fair_active(queue))
@@ -152,15 +157,20 @@ def queue_allows_claim(client: redis.Redis, tenant: str, queue: str, window_ms: 
                           withscores=True)  # fmt: skip
     flags, active, own, sent = pipe.execute()
     if any(flags) or int(active) - int(bool(own)) > 0:
-        return False
+        return None
     if not sent:
-        return True
+        return -1
     since = server_ms(client) - window_ms  # the store's clock (a cluster's pipeline has none)
-    recent = [str(member) for member, score in sent if score >= since]
+    recent = [(str(member), float(score)) for member, score in sent if score >= since]
     if len(recent) > SENT_SCAN - 1:
-        return False
+        return None
     mine = f"{tenant}|"
-    return all(m.startswith(mine) and m.rpartition(":")[2] == "1" for m in recent)
+    if not all(member.startswith(mine) for member, _ in recent):
+        return None
+    return max(
+        (sent_priority(score) for member, score in recent if member.rpartition(":")[2] != "1"),
+        default=-1,
+    )
 
 
 # -- a step's slot, and a tenant's steps ---------------------------------------------------
@@ -286,7 +296,7 @@ class Taker:
         return take_call(tenant, queue, slot_extra_ms=self.slot_extra_ms, aging_ms=self.aging_ms)
 
     def take(self, tenant: str, queue: str) -> Any:
-        """The script's reply: ("ok", entry), ("empty",) or a cap's name."""
+        """The script's reply: ("ok", entry, priority), ("empty",) or a cap's name."""
         call = self._call(tenant, queue)
         return self.script(keys=call.keys, args=call.args)
 
@@ -358,17 +368,43 @@ def prune_active(client: redis.Redis, tenant: str) -> int:
     return len(ended)
 
 
+@dataclass(frozen=True)
+class Sent:
+    """A step the dispatcher sends to the broker, as keys.fair_sent notes it."""
+
+    tenant: str
+    run_id: str
+    version: int
+    queue: str
+    priority: int  # its run's, as fair_take.lua took it
+
+
+def sent_score(now_ms: int, priority: int) -> float:
+    """A sent step's score in keys.fair_sent: when it was sent (ms) and, as the fraction
+    (priority + 1) / 16, its run's priority (fair_lib.lua `fair_sent_priority` reads it; exact
+    in a double for any time in ms)."""
+    return now_ms + (min(9, max(0, priority)) + 1) / 16
+
+
+def sent_priority(score: float) -> int:
+    """The priority a keys.fair_sent score holds (`sent_score`); 10, above every priority, for
+    a score that holds none."""
+    p = round((score - math.floor(score)) * 16) - 1
+    return p if 0 <= p <= 9 else 10
+
+
 def mark_sent(
-    client: redis.Redis, steps: Sequence[tuple[str, str, int, str]], *, now_ms: int,
-    window_ms: int, pipe: Any | None = None,
+    client: redis.Redis, steps: Sequence[Sent], *, now_ms: int, window_ms: int,
+    pipe: Any | None = None,
 ) -> None:  # fmt: skip
-    """Note each (tenant, run id, version, queue) as sent to the broker and not yet loaded
-    (keys.fair_sent; its load removes it); entries older than the window are dropped."""
+    """Note each step as sent to the broker and not yet loaded (keys.fair_sent; its load
+    removes it), with its priority; entries older than the window are dropped."""
     with writing(client, pipe) as out:
-        for queue in {queue for *_, queue in steps}:
+        for queue in {step.queue for step in steps}:
             out.zremrangebyscore(keys.fair_sent(queue), "-inf", now_ms - window_ms)
-        for tenant, run_id, version, queue in steps:
-            out.zadd(keys.fair_sent(queue), {sent_member(tenant, run_id, version): now_ms})
+        for step in steps:
+            member = sent_member(step.tenant, step.run_id, step.version)
+            out.zadd(keys.fair_sent(step.queue), {member: sent_score(now_ms, step.priority)})
 
 
 def sent_since(client: redis.Redis, queue: str, since_ms: int) -> int:

@@ -128,8 +128,9 @@ class Claim:
     keys: list[str]  # tenant control, caps, queue control, fair_active, fair_sent, queues, wake
     args: list[str]  # tenant, in-flight lease, where, token, sent window, slot lease, queue
     # On a cluster, the queue's part of the check, read before the commit (the queue's keys
-    # are in no tenant's slot; `keys` then holds the tenant's two only): False, no claim.
-    queue_allows: Callable[[Any], bool] | None = None
+    # are in no tenant's slot; `keys` then holds the tenant's two only): None, no claim; else
+    # the highest priority of the tenant's continuations sent and not loaded (-1: none).
+    queue_allows: Callable[[Any], int | None] | None = None
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -349,9 +350,12 @@ class RunStore:
         if claim is None or claim.queue_allows is None:
             return claim
         try:
-            return claim if claim.queue_allows(self.client) else None
+            sent_top = claim.queue_allows(self.client)
         except UNAVAILABLE:
             return None  # the commit itself says whether the store is there
+        if sent_top is None:
+            return None
+        return replace(claim, args=[*claim.args, str(sent_top)])
 
     def _announce(self, step: NextStep | None) -> None:
         """On a cluster, a step the commit queued, announced after the reply. A crash before

@@ -120,7 +120,7 @@ local function fair_levels(cont, start, starts)
 end
 
 -- The entry fair share takes next from a tenant's pending sets on a queue (first steps only
--- if `starts`): its set and its entry; nil when nothing may go.
+-- if `starts`): its set, its entry and its run's priority; nil when nothing may go.
 local function fair_next(cont, start, starts, aging_ms)
   local best, best_score
   for _, level in ipairs(fair_levels(cont, start, starts)) do
@@ -133,7 +133,23 @@ local function fair_next(cont, start, starts, aging_ms)
     return nil
   end
   if best[3] then
-    return cont, best[3]
+    return cont, best[3], best[1]
   end
-  return start, best[4]
+  return start, best[4], best[1]
+end
+
+--[[
+A step sent to the broker and not yet loaded (the queue's fair_sent set, see keys.py): its
+member names the step ("<tenant>|<run id>:<version>", which its load removes), its score is
+when it was sent (ms) plus (its run's priority + 1) / 16, so an eager claim can tell which
+sent steps outrank it. The fraction is exact in a double for any time in ms (2^41 + 4 bits),
+and a whole score, from a dispatcher that did not say, reads as outranking every priority
+(pending.py `sent_score` writes it).
+]]
+local function fair_sent_priority(score)
+  local p = math.floor((score - math.floor(score)) * 16 + 0.5) - 1
+  if p < 0 or p > 9 then
+    return 10
+  end
+  return p
 end

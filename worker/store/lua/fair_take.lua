@@ -22,7 +22,8 @@ Returns
   {"capped", in_flight, cap}       at its cap on turns in flight: the step stays pending
   {"capped_runs", active, cap}     only first steps wait, and the tenant is at its cap on
                                    active runs (the caller prunes runs that ended, see fair.py)
-  {"ok", entry}                    the entry, moved out of pending into a slot
+  {"ok", entry, priority}          the entry, moved out of pending into a slot, and its
+                                   run's priority (the dispatcher notes it as sent with it)
 ]]
 local now = fair_now()
 local waiting = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
@@ -41,7 +42,7 @@ if runs_cap then
   active = redis.call('ZCARD', KEYS[6])
   starts = active < runs_cap
 end
-local set, entry = fair_next(KEYS[1], KEYS[2], starts, tonumber(ARGV[2]))
+local set, entry, priority = fair_next(KEYS[1], KEYS[2], starts, tonumber(ARGV[2]))
 if not entry then
   return {'capped_runs', active, runs_cap}
 end
@@ -56,4 +57,4 @@ if version == '1' then
 end
 local lease = tonumber(ARGV[1]) + math.floor((tonumber(step.hard_s) or 0) * 1000)
 redis.call('ZADD', KEYS[4], now + lease, run_id .. ':' .. version)
-return {'ok', entry}
+return {'ok', entry, priority}

@@ -16,12 +16,17 @@ Eager continuation: a commit that would queue the next step may instead claim it
 committing worker (which asks only when it is free to run it at once: see runtime/task.py),
 when fair share would pick this run anyway: no other tenant has steps pending on the queue
 (KEYS 20) or sent to the broker and not yet loaded (KEYS 21, entries younger than the window),
-no other continuation of the tenant's is sent and not loaded, no step of the tenant's waits in
-its pending sets on the queue that fair share would take before this one (KEYS 14 and 24: one
-of a higher effective priority, or a continuation of the same priority; see fair_lib.lua), the
-tenant is under its cap on turns in flight, and neither the tenant nor the queue is paused or
-draining (the tenant's first steps of the same priority wait: fair share sends a level's
-continuations before its first steps).
+no continuation of the tenant's of a higher priority is sent and not loaded, no step of the
+tenant's waits in its pending sets on the queue that fair share would take before this one
+(KEYS 14 and 24: one of a higher effective priority, or a continuation of the same priority;
+see fair_lib.lua), the tenant is under its cap on turns in flight, and neither the tenant nor
+the queue is paused or draining (the tenant's first steps of the same priority wait: fair
+share sends a level's continuations before its first steps).
+The tenant's own sent continuations of the same or a lower priority do not stop a claim: they
+hold their slots already and wait only for a worker to read them, so the run that is here goes
+on (as a sticky worker would), at most the delivery's chain of turns, while fair share's order
+over the steps still waiting is kept. A sent step's priority is in its score (fair_lib.lua,
+`fair_sent_priority`).
 The claimed step takes the slot the queued one would (the previous step's is given back),
 then is loaded here, by the very function run_load.lua runs (`run_load_at`), with its
 in-flight lease, attempt token and ledger hold: the worker runs that turn at once, and a
@@ -29,12 +34,14 @@ worker that dies before the turn commits leaves a lease that lapses, as for any 
 
 Cluster: the queue's keys (KEYS 19-23) are in no tenant's slot, so on a Valkey/Redis Cluster a
 script cannot read them with the tenant's (the tenant's pending set of first steps, KEYS 24,
-then comes as KEYS 19). There the caller reads the queue's part of the check
-(its flags, fair_active, fair_sent) just before the commit, and asks to claim only if it
-passed; the script then takes KEYS 1-19 only, checks the tenant's part (its pause, its pending
-steps that outrank this one, its cap) as above, and a step it queues after all is announced by the caller,
-after the reply. The check is about fairness only: a claim the read let through a moment too
-late runs one turn early, never twice (the version and the in-flight lease see to that).
+then comes as KEYS 19). There the caller reads the queue's part of the check (its flags,
+fair_active, fair_sent) just before the commit, and asks to claim only if it passed, saying
+the highest priority of the tenant's sent continuations; the script then takes KEYS 1-19
+only, checks the tenant's part (that priority against the run's, its pause, its pending steps
+that outrank this one, its cap) as above, and a step it queues after all is announced by the
+caller, after the reply. The check is about fairness only: a claim the read let through a
+moment too late runs one turn early, never twice (the version and the in-flight lease see to
+that).
 
 Holds: every hold taken for the version being replaced is in the run's field `holds` (see
 run_load.lua and run_hold.lua). The settlements listed here are checked all together first
@@ -99,7 +106,8 @@ ARGV
   then, to claim it instead where it may be (KEYS 17-24): the tenant, the in-flight lease (ms),
   where the turn runs ("<queue>|<pid>|<host>"), the claimed delivery's token, the window of
   sent steps (ms), the claimed step's slot lease (ms), the queue, "1" on a cluster (see
-  "Cluster") or "", and the priority aging (ms); else nothing. A commit that asked to claim
+  "Cluster") or "", the priority aging (ms), and on a cluster the highest priority of the
+  tenant's continuations sent and not loaded (-1: none); else nothing. A commit that asked to claim
   and queued instead announces the step itself (see fair.Pending.announce, which the caller
   pipelines after a commit that did not ask), so a claimed step adds its tenant to no set of
   tenants with work.
@@ -124,10 +132,12 @@ Returns
 local ARGV = cmsgpack.unpack(ARGV[1])
 
 -- The tenant's part of the check: no continuation of its waits, and it is under its cap.
-local function tenant_may_claim(claim, give_back, now)
+local function tenant_may_claim(claim, give_back, now, mine)
+  if claim.split and claim.sent_top > mine then
+    return false  -- a sent continuation of the tenant's outranks this one (the caller read it)
+  end
   -- The tenant's own pending steps on the queue: the claim is fair share's next pick only if
   -- no waiting step outranks this one (fair_lib.lua's order, with this step queued now).
-  local mine = fair_priority(KEYS[1])
   local levels = fair_levels(KEYS[14], claim.starts, true)
   local oldest = now  -- its level's oldest step: this one, or a first step waiting longer
   for _, level in ipairs(levels) do
@@ -164,8 +174,9 @@ local function may_claim(claim, give_back, now)
   if (redis.call('HGET', KEYS[17], 'paused') or '') ~= '' then
     return false
   end
+  local mine = fair_priority(KEYS[1])
   if claim.split then
-    return tenant_may_claim(claim, give_back, now)  -- the caller checked the queue (see "Cluster")
+    return tenant_may_claim(claim, give_back, now, mine)  -- the caller read the queue's part
   end
   local flags = redis.call('HMGET', KEYS[19], 'paused', 'draining')
   if (flags[1] or '') ~= '' or (flags[2] or '') ~= '' then
@@ -176,19 +187,27 @@ local function may_claim(claim, give_back, now)
       return false
     end
   end
-  local sent = redis.call('ZRANGEBYSCORE', KEYS[21], now - claim.window, '+inf', 'LIMIT', 0, 257)
-  if #sent > 256 then
+  local sent = redis.call('ZRANGEBYSCORE', KEYS[21], now - claim.window, '+inf', 'WITHSCORES',
+    'LIMIT', 0, 257)
+  if #sent > 512 then
     return false
   end
   local own = claim.tenant .. '|'
-  for _, entry in ipairs(sent) do
-    -- Another tenant's step, or a continuation of this tenant's (which fair share sends
-    -- before this one); this tenant's first steps come after its continuations anyway.
-    if string.sub(entry, 1, #own) ~= own or string.match(entry, ':(%d+)$') ~= '1' then
+  for i = 1, #sent, 2 do
+    local entry = sent[i]
+    -- Another tenant's step: its turn comes first. This tenant's own sent steps hold their
+    -- slots already and wait only for a worker: its first steps come after its continuations
+    -- anyway, and this run goes on past its sent continuations of no higher priority (see
+    -- "Eager continuation").
+    if string.sub(entry, 1, #own) ~= own then
+      return false
+    end
+    local continuation = string.match(entry, ':(%d+)$') ~= '1'
+    if continuation and fair_sent_priority(tonumber(sent[i + 1])) > mine then
       return false
     end
   end
-  return tenant_may_claim(claim, give_back, now)
+  return tenant_may_claim(claim, give_back, now, mine)
 end
 
 local version, open = unpack(redis.call('HMGET', KEYS[1], 'version', 'holds'))
@@ -354,6 +373,7 @@ if next_entry ~= '' and claimer ~= '' then
     tenant = claimer, lease = ARGV[i + 6], where = ARGV[i + 7], token = ARGV[i + 8],
     window = tonumber(ARGV[i + 9]), slot_lease = tonumber(ARGV[i + 10]), queue = ARGV[i + 11],
     split = ARGV[i + 12] == '1', aging = tonumber(ARGV[i + 13]),
+    sent_top = tonumber(ARGV[i + 14] or '') or 10,
   }
   claim.starts = claim.split and KEYS[19] or KEYS[24]
   if may_claim(claim, give_back, now) then
