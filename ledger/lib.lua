@@ -59,6 +59,10 @@ Compose the script as `ledger.scripts.library_source()` followed by your own cod
 
 Call it before your own writes and abort on anything but 'settled'; it never raises for a
 refusal. It calls TIME itself, which is allowed because scripts replicate their effects.
+A script that has read TIME already calls ledger_settle_at(keys, argv, now) and
+ledger_reserve_at(keys, argv, now) instead; one that makes several ledger changes at one `now`
+may charge the due expiries once, first (ledger_expire_due(keys, now, LEDGER_EXPIRE_BATCH,
+journal_maxlen)), and pass `expired` true to each.
 
 To settle several reservations in one script all or nothing, first call
 
@@ -219,8 +223,9 @@ end
 
 -- Reserve at time `now`: the body of reserve.lua, so that another script can take a hold in
 -- the same atomic step as its own reads (the worker's load script does). keys and argv as in
--- reserve.lua; the reply is reserve.lua's.
-local function ledger_reserve_at(keys, argv, now)
+-- reserve.lua; the reply is reserve.lua's. `expired`: the caller charged the due expiries at
+-- this `now` already (ledger_expire_due), in the same script.
+local function ledger_reserve_at(keys, argv, now, expired)
   local id = argv[1]
   if not ledger_valid_id(id) then
     return { 'invalid', 'reservation id must be 1..256 characters with no spaces' }
@@ -241,7 +246,9 @@ local function ledger_reserve_at(keys, argv, now)
     return { 'invalid', 'nothing to reserve' }
   end
 
-  ledger_expire_due(keys, now, LEDGER_EXPIRE_BATCH, maxlen)
+  if not expired then
+    ledger_expire_due(keys, now, LEDGER_EXPIRE_BATCH, maxlen)
+  end
 
   local record_field = 'r:' .. id
   local existing = redis.call('HGET', keys[3], record_field)
@@ -419,14 +426,17 @@ end
 
 -- Settle at time `now`: book the actual usage of a pending or expired reservation (kind
 -- 'settle', the default), or release it (kind 'release', no pairs). argv as for
--- ledger_settle; the reply is documented at the top of this file.
-local function ledger_settle_at(keys, argv, now, kind)
+-- ledger_settle; the reply is documented at the top of this file. `expired` as for
+-- ledger_reserve_at.
+local function ledger_settle_at(keys, argv, now, kind, expired)
   kind = kind or 'settle'
   local refusal, id, maxlen, dims, actual = ledger_parse_resolve(argv, kind)
   if refusal then
     return refusal
   end
-  ledger_expire_due(keys, now, LEDGER_EXPIRE_BATCH, maxlen)
+  if not expired then
+    ledger_expire_due(keys, now, LEDGER_EXPIRE_BATCH, maxlen)
+  end
   local reply, state, deadline, created, soft, amounts = ledger_lookup(keys, id, dims, actual)
   if reply then
     return reply

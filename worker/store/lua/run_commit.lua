@@ -4,7 +4,7 @@ summary fields, settle the turn's ledger reservations, close every other hold th
 has open, append the events, move the run in the status and outcome indexes, and set or clear
 its lease. Used for every change a run goes through: a turn, a park, a decision, a failure.
 This body follows the ledger's library (see ledger/lib.lua), fair_lib.lua and run_lib.lua, so
-`ledger_settle`, `ledger_settle_check`, `fair_queue`, `fair_levels` and `run_load_at` are in
+`ledger_settle_at`, `ledger_settle_check`, `fair_queue`, `fair_levels` and `run_load_at` are in
 scope.
 
 The next step: with fair share on, a commit that leaves the run running also queues the run's
@@ -266,6 +266,16 @@ if conv_at and ARGV[4] == 'stopped' then
 end
 
 local ledger_keys = {KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]}
+-- The ledger's due expiries, charged once at this commit's `now`, before its first ledger
+-- change (each change would otherwise look again, at the same time, with a read of its own).
+local expired = false
+local function ledger_due()
+  if not expired then
+    ledger_expire_due(ledger_keys, now, LEDGER_EXPIRE_BATCH, maxlen)
+    expired = true
+  end
+  return true
+end
 for s = 1, n_settles do
   local refusal = ledger_settle_check(ledger_keys, settles[s])
   if refusal then
@@ -275,14 +285,14 @@ for s = 1, n_settles do
 end
 local settled = {}
 for s = 1, n_settles do
-  ledger_settle(ledger_keys, settles[s])
+  ledger_settle_at(ledger_keys, settles[s], now, 'settle', ledger_due())
   settled[settles[s][1]] = true
 end
 for id in string.gmatch(open or '', '%S+') do
   if not settled[id] then
     local argv = {id, maxlen}
     if not ledger_settle_check(ledger_keys, argv) then
-      ledger_settle_at(ledger_keys, argv, now, 'release')
+      ledger_settle_at(ledger_keys, argv, now, 'release', ledger_due())
     end
   end
 end
@@ -384,7 +394,8 @@ if next_entry ~= '' and claimer ~= '' then
     local loaded = run_load_at(
       {KEYS[1], KEYS[3], KEYS[17], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12],
        KEYS[13], KEYS[#KEYS]},
-      {run_id, tostring(new_version), claim.lease, claim.where, claim.token, ''})
+      {run_id, tostring(new_version), claim.lease, claim.where, claim.token, ''}, now,
+      ledger_due())
     return {'ok', new_version, 2, loaded}
   end
   queued = fair_queue(KEYS[14], KEYS[15], KEYS[16], KEYS[1], run_id, tostring(new_version),

@@ -2,13 +2,15 @@
 The load of a run for one step (see run_load.lua, which documents its keys, arguments and
 reply), as a function: run_load.lua calls it for a delivered step, and run_commit.lua for the
 step an eager commit claims, so a claimed step is gated, counted and admitted exactly as a
-delivered one. This body follows the ledger's library (`ledger_reserve`).
+delivered one. This body follows the ledger's library (`ledger_reserve_at`).
 
-  K  the keys of run_load.lua, in its order (run, leases, control, inflight, six ledger keys,
-     the run's live readers)
-  A  its arguments, in its order (run id, version, in-flight lease, where, token, after)
+  K        the keys of run_load.lua, in its order (run, leases, control, inflight, six ledger
+           keys, the run's live readers)
+  A        its arguments, in its order (run id, version, in-flight lease, where, token, after)
+  now      the script's time (ms), when the caller has read it; nil: read here
+  expired  the caller charged the ledger's due expiries at `now` (see ledger/lib.lua)
 ]]
-local function run_load_at(K, A)
+local function run_load_at(K, A, now, expired)
   local fields = redis.call('HMGET', K[1], 'version', 'status', 'state', 'attempt_version',
     'attempt_tokens', 'cancel_by', 'cancel_reason', 'hold', 'holds', 'updated_ms', 'supersede_by',
     'followups')
@@ -39,8 +41,10 @@ local function run_load_at(K, A)
     end
     redis.call('HSET', K[1], 'attempt_tokens', table.concat(tokens, ' '))
   end
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if not now then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
   local running = redis.call('HGET', K[4], A[1])
   if running then
     local token, lease = string.match(running, '|([^|]*)|(%d+)$')
@@ -68,7 +72,7 @@ local function run_load_at(K, A)
     if stored.unfit then
       hold, reply = 'unfit', stored.unfit
     else
-      reply = ledger_reserve({K[5], K[6], K[7], K[8], K[9], K[10]}, stored.argv)
+      reply = ledger_reserve_at({K[5], K[6], K[7], K[8], K[9], K[10]}, stored.argv, now, expired)
       hold, hold_id = reply[1], stored.argv[1]
       if hold == 'admitted' then
         local open = fields[9] or ''
