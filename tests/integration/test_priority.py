@@ -168,6 +168,35 @@ def _commit_claiming(client: Client, tenant: str, queue: str, priority: int) -> 
     return committed.claimed is not None
 
 
+def test_a_claimed_step_is_loaded_by_its_commit_as_a_delivery_would_be(
+    redis_url: str, unique: str
+) -> None:
+    """The commit that claims the next step leaves what a delivered step's load would: the new
+    version running, the claimed delivery's in-flight entry and its in-flight lease (not the
+    pickup lease a queued step gets), its attempt counted, the next slot taken and the
+    previous one given back, the step's ledger hold taken and recorded on the run."""
+    client = client_for(redis_url)
+    tenant, queue = f"t-{unique}", f"nobody-{unique}"
+    r = client.client
+    before = server_ms(r)
+    assert _commit_claiming(client, tenant, queue, 5)
+    (run_id,) = [str(m) for m in r.zrange(keys.runs(tenant), 0, -1)]
+    run = {str(k): str(v) for k, v in r.hgetall(keys.run(tenant, run_id)).items()}
+    assert (run["version"], run["status"], run["attempt_version"], run["attempts"]) == (
+        "2", "running", "2", "1")  # fmt: skip
+    assert run["attempt_tokens"] == f"tok-{run_id}"
+    where, token, lease = str(r.hget(keys.inflight(tenant), run_id)).rsplit("|", 2)
+    assert token == f"tok-{run_id}" and where.startswith(f"{queue}|")
+    in_flight_ms = client.config.inflight_lease_s * 1000
+    assert before + in_flight_ms <= int(lease) <= server_ms(r) + in_flight_ms
+    assert r.zscore(keys.leases(tenant), run_id) == int(lease)
+    slots = [str(m) for m in r.zrange(keys.slots(tenant), 0, -1)]
+    assert slots == [f"{run_id}:2"]
+    hold_id = json.loads(run["hold"])["argv"][0]  # the next turn's hold, taken by the claim
+    assert run["holds"] == hold_id
+    assert str(r.hget(keys.ledger(tenant)[2], f"r:{hold_id}")).startswith("P|")
+
+
 def test_an_eager_claim_yields_to_a_waiting_step_that_outranks_it(
     redis_url: str, unique: str
 ) -> None:

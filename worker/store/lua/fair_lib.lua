@@ -24,13 +24,18 @@ local function fair_now()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- The run's priority (0-9) as its hash holds it.
-local function fair_priority(run)
-  local p = tonumber(redis.call('HGET', run, 'priority') or '')
+-- A run's priority (0-9) from its hash's field `priority` as read (nil: none).
+local function fair_priority_of(raw)
+  local p = tonumber(raw or '')
   if p == nil or p ~= math.floor(p) or p < 0 or p > 9 then
     return FAIR_DEFAULT_PRIORITY
   end
   return p
+end
+
+-- The run's priority (0-9) as its hash holds it.
+local function fair_priority(run)
+  return fair_priority_of(redis.call('HGET', run, 'priority'))
 end
 
 --[[

@@ -174,7 +174,7 @@ local function may_claim(claim, give_back, now)
   if (redis.call('HGET', KEYS[17], 'paused') or '') ~= '' then
     return false
   end
-  local mine = fair_priority(KEYS[1])
+  local mine = claim.priority
   if claim.split then
     return tenant_may_claim(claim, give_back, now, mine)  -- the caller read the queue's part
   end
@@ -210,7 +210,8 @@ local function may_claim(claim, give_back, now)
   return tenant_may_claim(claim, give_back, now, mine)
 end
 
-local version, open = unpack(redis.call('HMGET', KEYS[1], 'version', 'holds'))
+local version, open, priority = unpack(redis.call('HMGET', KEYS[1], 'version', 'holds',
+  'priority'))
 if not version then
   return {'missing'}
 end
@@ -296,24 +297,42 @@ for id in string.gmatch(open or '', '%S+') do
     end
   end
 end
-redis.call('HDEL', KEYS[1], 'holds')
 
+-- Whether the next step is claimed (see "Eager continuation"): decided before the run's
+-- writes, which the check does not read, so that the claimed load's writes are not made twice.
+local claim, claiming = nil, false
+if next_entry ~= '' and claimer ~= '' then
+  claim = {
+    tenant = claimer, lease = ARGV[i + 6], where = ARGV[i + 7], token = ARGV[i + 8],
+    window = tonumber(ARGV[i + 9]), slot_lease = tonumber(ARGV[i + 10]), queue = ARGV[i + 11],
+    split = ARGV[i + 12] == '1', aging = tonumber(ARGV[i + 13]),
+    sent_top = tonumber(ARGV[i + 14] or '') or 10, priority = fair_priority_of(priority),
+  }
+  claim.starts = claim.split and KEYS[19] or KEYS[24]
+  claiming = may_claim(claim, give_back, now)
+end
+
+-- The run's hash: the fields cleared (its open holds, now settled or released; the caller's;
+-- the next hold, when dropped), then the fields written, one command each.
+local gone = {'holds'}
 for j = 0, n_hdel - 1 do
-  redis.call('HDEL', KEYS[1], ARGV[hdel_at + j])
+  gone[#gone + 1] = ARGV[hdel_at + j]
 end
 if hold == '-' then
-  redis.call('HDEL', KEYS[1], 'hold')
-elseif hold ~= '' then
-  redis.call('HSET', KEYS[1], 'hold', hold)
+  gone[#gone + 1] = 'hold'
 end
-
+redis.call('HDEL', KEYS[1], unpack(gone))
 local new_version = tonumber(version) + 1
 local run_id, status, outcome = ARGV[1], ARGV[4], ARGV[5]
-redis.call('HSET', KEYS[1], 'version', new_version, 'status', status, 'outcome', outcome,
-  'detail', ARGV[6], 'reason', ARGV[7], 'updated_ms', string.format('%d', now))
-if ARGV[3] ~= '' then
-  redis.call('HSET', KEYS[1], 'state', ARGV[3])
+local written = {'version', new_version, 'status', status, 'outcome', outcome,
+  'detail', ARGV[6], 'reason', ARGV[7], 'updated_ms', string.format('%d', now)}
+if hold ~= '' and hold ~= '-' then
+  written[#written + 1], written[#written + 2] = 'hold', hold
 end
+if ARGV[3] ~= '' then
+  written[#written + 1], written[#written + 2] = 'state', ARGV[3]
+end
+redis.call('HSET', KEYS[1], unpack(written))
 for j = 0, n_events - 1 do
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[9], '*', 'event', ARGV[events_at + j])
 end
@@ -326,7 +345,7 @@ if outcome ~= '' and status == 'stopped' then
 end
 if ARGV[8] == '' then
   redis.call('ZREM', KEYS[3], run_id)
-else
+elseif not claiming then  -- a claimed step's load sets its in-flight lease
   redis.call('ZADD', KEYS[3], now + tonumber(ARGV[8]), run_id)
 end
 redis.call('HDEL', KEYS[7], run_id)
@@ -378,26 +397,20 @@ if conv_at and status == 'stopped' then
   end
 end
 local queued = 0
-if next_entry ~= '' and claimer ~= '' then
-  local claim = {
-    tenant = claimer, lease = ARGV[i + 6], where = ARGV[i + 7], token = ARGV[i + 8],
-    window = tonumber(ARGV[i + 9]), slot_lease = tonumber(ARGV[i + 10]), queue = ARGV[i + 11],
-    split = ARGV[i + 12] == '1', aging = tonumber(ARGV[i + 13]),
-    sent_top = tonumber(ARGV[i + 14] or '') or 10,
-  }
-  claim.starts = claim.split and KEYS[19] or KEYS[24]
-  if may_claim(claim, give_back, now) then
-    if give_back ~= '' then
-      redis.call('ZREM', KEYS[16], give_back)
-    end
-    redis.call('ZADD', KEYS[16], now + claim.slot_lease, run_id .. ':' .. new_version)
-    local loaded = run_load_at(
-      {KEYS[1], KEYS[3], KEYS[17], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12],
-       KEYS[13], KEYS[#KEYS]},
-      {run_id, tostring(new_version), claim.lease, claim.where, claim.token, ''}, now,
-      ledger_due())
-    return {'ok', new_version, 2, loaded}
+if claiming then
+  if give_back ~= '' then
+    redis.call('ZREM', KEYS[16], give_back)
   end
+  redis.call('ZADD', KEYS[16], now + claim.slot_lease, run_id .. ':' .. new_version)
+  -- The check found the tenant not paused, and the run's turn in flight was cleared above.
+  local loaded = run_load_at(
+    {KEYS[1], KEYS[3], KEYS[17], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12],
+     KEYS[13], KEYS[#KEYS]},
+    {run_id, tostring(new_version), claim.lease, claim.where, claim.token, ''},
+    {now = now, expired = ledger_due(), paused = '', idle = true})
+  return {'ok', new_version, 2, loaded}
+end
+if claim then
   queued = fair_queue(KEYS[14], KEYS[15], KEYS[16], KEYS[1], run_id, tostring(new_version),
     next_entry, give_back)
   if not claim.split then

@@ -7,10 +7,13 @@ delivered one. This body follows the ledger's library (`ledger_reserve_at`).
   K        the keys of run_load.lua, in its order (run, leases, control, inflight, six ledger
            keys, the run's live readers)
   A        its arguments, in its order (run id, version, in-flight lease, where, token, after)
-  now      the script's time (ms), when the caller has read it; nil: read here
-  expired  the caller charged the ledger's due expiries at `now` (see ledger/lib.lua)
+  given    what the caller (run_commit.lua's claim) knows already, or nil: `now`, the
+           script's time (ms); `expired`, the ledger's due expiries are charged at `now` (see
+           ledger/lib.lua); `paused`, the tenant's pause flag as read; `idle`, no turn of the
+           run is in flight (the caller just cleared it)
 ]]
-local function run_load_at(K, A, now, expired)
+local function run_load_at(K, A, given)
+  given = given or {}
   local fields = redis.call('HMGET', K[1], 'version', 'status', 'state', 'attempt_version',
     'attempt_tokens', 'cancel_by', 'cancel_reason', 'hold', 'holds', 'updated_ms', 'supersede_by',
     'followups')
@@ -41,11 +44,12 @@ local function run_load_at(K, A, now, expired)
     end
     redis.call('HSET', K[1], 'attempt_tokens', table.concat(tokens, ' '))
   end
+  local now = given.now
   if not now then
     local t = redis.call('TIME')
     now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
-  local running = redis.call('HGET', K[4], A[1])
+  local running = not given.idle and redis.call('HGET', K[4], A[1])
   if running then
     local token, lease = string.match(running, '|([^|]*)|(%d+)$')
     if tonumber(lease or '0') > now and (after == '' or token ~= after) then
@@ -60,7 +64,7 @@ local function run_load_at(K, A, now, expired)
   redis.call('ZADD', K[2], lease_until, A[1])
   redis.call('HSET', K[4], A[1], A[4] .. '|' .. A[5] .. '|'
     .. string.format('%d', lease_until))
-  local paused = redis.call('HGET', K[3], 'paused') or ''
+  local paused = given.paused or redis.call('HGET', K[3], 'paused') or ''
   local cancel_by = fields[6] or ''
   local supersede_by = fields[11] or ''
 
@@ -72,7 +76,8 @@ local function run_load_at(K, A, now, expired)
     if stored.unfit then
       hold, reply = 'unfit', stored.unfit
     else
-      reply = ledger_reserve_at({K[5], K[6], K[7], K[8], K[9], K[10]}, stored.argv, now, expired)
+      reply = ledger_reserve_at({K[5], K[6], K[7], K[8], K[9], K[10]}, stored.argv, now,
+        given.expired)
       hold, hold_id = reply[1], stored.argv[1]
       if hold == 'admitted' then
         local open = fields[9] or ''
