@@ -24,13 +24,21 @@ pytestmark = pytest.mark.integration
 
 TURNSTILE = str(Path(sys.executable).parent / "turnstile")
 STOP_TIMEOUT_S = 30
+# The command as a terminal starts it in the foreground: with Ctrl-C (SIGINT) at its default.
+# A suite run as a background job of a shell without job control has SIGINT ignored, which a
+# child inherits and Python keeps, and the Ctrl-C these tests send would then do nothing.
+FOREGROUND = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
 
 
 def _command(cwd: Path, *args: str, **env: str) -> subprocess.Popen[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
     return subprocess.Popen(
-        [TURNSTILE, "dev-server", *args], cwd=cwd, env={**base, **env}, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True,
+        [sys.executable, "-c", FOREGROUND, TURNSTILE, "dev-server", *args], cwd=cwd,
+        env={**base, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
     )  # fmt: skip
 
 

@@ -205,9 +205,10 @@ def fair_active(queue: str) -> str:
 
 def fair_sent(queue: str) -> str:
     """Zset: "<tenant>|<run id>:<version>" of each step the dispatcher sent to the broker on
-    `queue` that no delivery has loaded yet, scored by when it was sent (ms). Another tenant's
-    step here is waiting for a worker, so no commit claims its own next step (eager
-    continuation, see run_commit.lua)."""
+    `queue` that no delivery has loaded yet, scored by when it was sent (ms) plus its run's
+    priority as the fraction (priority + 1) / 16 (pending.py `sent_score`). While another
+    tenant's step here waits for a worker, or a continuation of the same tenant's of a higher
+    priority, no commit claims its own next step (eager continuation, see run_commit.lua)."""
     return f"{PREFIX}:fair:sent:{queue}"
 
 
