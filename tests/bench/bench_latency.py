@@ -5,7 +5,7 @@ workers with a zero-latency model, for the ratio.
 
     uv run python -m tests.bench.bench_latency [--runs 1000] [--prefork-runs 40]
         [--concurrency 500] [--latency-s 1.0] [--processes 1,2] [--skip-prefork]
-        [--skip-zero] [--leases deployed|tests]
+        [--skip-zero] [--leases deployed|tests] [--trees NAME=DIR,...]
 
 Per configuration: turns/s (committed turns over the time from the first submission to the
 last run ending), turns in flight (sampled every 0.1 s: mean and peak), and the PSS of all
@@ -15,6 +15,9 @@ the model's server and the store over the timed window (on one machine they shar
 the workers' start-up is left out). Prefork at 1 s
 latency turns `concurrency` turns a second at best, so it gets `--prefork-runs` runs, not
 `--runs`: its rate is already steady.
+With `--trees now=.,before=<checkout>` each configuration runs once per checkout (its workers
+from that checkout's .venv), in turn, so two versions are measured side by side on the same
+machine state; each line then names its tree.
 Goals (issue 12): with 2 processes, gevent's turns/s at 1 s >= 0.8x its turns/s at zero
 latency; <= 1 GB PSS for all workers together; <= 2 MB PSS per in-flight turn.
 """
@@ -30,6 +33,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -127,8 +131,10 @@ def measure(
     *,
     extra: dict[str, str],
     submitted: Callable[[Any, str, str], None] | None = None,
+    tree: Path | None = None,
 ) -> Figures:
-    """One configuration on fresh servers: submit `runs` at once, sample until all end."""
+    """One configuration on fresh servers: submit `runs` at once, sample until all end (the
+    workers from checkout `tree`'s .venv, when given)."""
     with (
         EmbeddedServer() as server,
         wire_server("openai", "support_run", delay_s=latency_s, by_turn=True) as wire,
@@ -138,7 +144,7 @@ def measure(
         per = concurrency if pool == "prefork" else max(1, concurrency // 50)
         workers = [
             WorkerProcess(server.url, [queue], name=f"lat{i}-{queue}", env={**wire.env, **extra},
-                          concurrency=per, pool=pool).start()
+                          concurrency=per, pool=pool, tree=tree).start()
             for i in range(processes)
         ]  # fmt: skip
         try:
@@ -231,7 +237,19 @@ def main() -> None:
     parser.add_argument(
         "--dispatch-depth", type=int, default=None, help="TURNSTILE_DISPATCH_DEPTH for workers"
     )
+    parser.add_argument(
+        "--trees", default="",
+        help="NAME=DIR,...: run each configuration's workers from these checkouts, in turn",
+    )  # fmt: skip
     args = parser.parse_args()
+    trees: dict[str, Path | None] = {"": None}
+    if args.trees:
+        trees = {}
+        for entry in (t.strip() for t in args.trees.split(",") if t.strip()):
+            name, _, where = entry.partition("=")
+            if not (name and where and (Path(where) / ".venv" / "bin" / "python").exists()):
+                parser.error(f"--trees: {entry!r} is not NAME=DIR of a checkout with its .venv")
+            trees[name] = Path(where).resolve()
     results: list[dict[str, Any]] = []
     for processes in (int(p) for p in args.processes.split(",")):
         configs = [("gevent", args.concurrency, args.latency_s, args.runs)]
@@ -245,16 +263,23 @@ def main() -> None:
             extra = dict(DEPLOYED_LEASES) if args.leases == "deployed" else {}
             if args.dispatch_depth is not None:
                 extra["TURNSTILE_DISPATCH_DEPTH"] = str(args.dispatch_depth)
-            figures = measure(pool, processes, concurrency, latency_s, runs, extra=extra)
-            results.append(asdict(figures))
-            print(json.dumps(asdict(figures)), flush=True)
-    for processes in {r["processes"] for r in results}:
-        slow = [r for r in results if r["processes"] == processes and r["pool"] == "gevent"]
+            for name, tree in trees.items():
+                figures = measure(
+                    pool, processes, concurrency, latency_s, runs, extra=extra, tree=tree
+                )
+                results.append({**asdict(figures), "tree": name})
+                print(json.dumps(results[-1] if name else asdict(figures)), flush=True)
+    for processes, name in {(r["processes"], r["tree"]) for r in results}:
+        slow = [
+            r for r in results
+            if r["processes"] == processes and r["pool"] == "gevent" and r["tree"] == name
+        ]  # fmt: skip
         at = {r["latency_s"]: r["turns_per_s"] for r in slow}
         if len(at) == 2 and at.get(0.0):
             ratio = at[args.latency_s] / at[0.0]
-            print(f"{processes} process(es): gevent turns/s at {args.latency_s} s latency / at "
-                  f"zero latency = {ratio:.2f} (goal >= 0.8)")  # fmt: skip
+            which = f" ({name})" if name else ""
+            print(f"{processes} process(es){which}: gevent turns/s at {args.latency_s} s latency "
+                  f"/ at zero latency = {ratio:.2f} (goal >= 0.8)")  # fmt: skip
 
 
 if __name__ == "__main__":

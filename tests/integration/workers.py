@@ -56,8 +56,13 @@ class WorkerProcess:
         broker_url: str | None = None,
         concurrency: int = 1,
         pool: str = "prefork",
+        tree: Path | None = None,
     ) -> None:
+        """`tree`: run the worker from that checkout's own .venv (a benchmark's side by side
+        comparison); None: this one's."""
         self.name, self.pool = name, pool
+        python = str(tree / ".venv" / "bin" / "python") if tree is not None else sys.executable
+        turnstile = str(Path(python).parent / "turnstile")
         self.log_path = Path(tempfile.mkdtemp(prefix="turnstile-worker-")) / f"{name}.log"
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")},
@@ -69,7 +74,7 @@ class WorkerProcess:
             **(env or {}),
         }
         self.args = [
-            sys.executable, "-m", "celery", "-A", "turnstile.worker.runtime.app:app", "worker",
+            python, "-m", "celery", "-A", "turnstile.worker.runtime.app:app", "worker",
             "-Q", ",".join(queues), "-c", str(concurrency), "-P", "prefork",
             "-n", f"{name}@%h", "--without-gossip", "--without-mingle",
             "--without-heartbeat", "-l", "WARNING",
@@ -77,7 +82,7 @@ class WorkerProcess:
         if pool != "prefork":
             self.args = [
                 sys.executable, "-m", "tests.integration.supervise",
-                TURNSTILE, "worker", "--redis-url", redis_url, "-Q", ",".join(queues),
+                turnstile, "worker", "--redis-url", redis_url, "-Q", ",".join(queues),
                 "-c", str(concurrency * GREEN_PER_PROCESS), "--pool", pool,
                 "-n", f"{name}@%h", "--loglevel", "WARNING",
             ]  # fmt: skip
