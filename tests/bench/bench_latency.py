@@ -38,6 +38,7 @@ from typing import Any
 
 import psutil
 
+from tests.bench.bench_worker import parse_trees
 from tests.integration.workers import WorkerProcess, client_for
 from tests.wire.wire import MODELS, wire_server
 from turnstile.jobs.support.scenarios import GOAL, USER
@@ -242,14 +243,7 @@ def main() -> None:
         help="NAME=DIR,...: run each configuration's workers from these checkouts, in turn",
     )  # fmt: skip
     args = parser.parse_args()
-    trees: dict[str, Path | None] = {"": None}
-    if args.trees:
-        trees = {}
-        for entry in (t.strip() for t in args.trees.split(",") if t.strip()):
-            name, _, where = entry.partition("=")
-            if not (name and where and (Path(where) / ".venv" / "bin" / "python").exists()):
-                parser.error(f"--trees: {entry!r} is not NAME=DIR of a checkout with its .venv")
-            trees[name] = Path(where).resolve()
+    trees: dict[str, Path | None] = {**parse_trees(args.trees, parser)} or {"": None}
     results: list[dict[str, Any]] = []
     for processes in (int(p) for p in args.processes.split(",")):
         configs = [("gevent", args.concurrency, args.latency_s, args.runs)]

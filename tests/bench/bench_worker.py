@@ -175,14 +175,22 @@ def setting(spec: str) -> tuple[str, str]:
 TREES: dict[str, Path] = {}
 
 
-def with_trees(durabilities: list[str], trees: str, parser: argparse.ArgumentParser) -> list[str]:
-    """The `--durability` entries, each once per `--trees` checkout (`setting#name`), the
-    first tree's first; as given without --trees."""
+def parse_trees(trees: str, parser: argparse.ArgumentParser) -> dict[str, Path]:
+    """`--trees NAME=DIR,...` as {name: checkout}, in the order given; a parser error for an
+    entry that names no checkout with its .venv (bench_latency takes the same option)."""
+    out: dict[str, Path] = {}
     for entry in (t.strip() for t in trees.split(",") if t.strip()):
         name, _, where = entry.partition("=")
         if not (name and where and (Path(where) / ".venv" / "bin" / "python").exists()):
             parser.error(f"--trees: {entry!r} is not NAME=DIR of a checkout with its .venv")
-        TREES[name] = Path(where).resolve()
+        out[name] = Path(where).resolve()
+    return out
+
+
+def with_trees(durabilities: list[str], trees: str, parser: argparse.ArgumentParser) -> list[str]:
+    """The `--durability` entries, each once per `--trees` checkout (`setting#name`), the
+    first tree's first; as given without --trees."""
+    TREES.update(parse_trees(trees, parser))
     return [f"{d}#{name}" for d in durabilities for name in TREES] if TREES else durabilities
 
 
