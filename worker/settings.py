@@ -140,7 +140,8 @@ class Settings(BaseSettings):
     # How many steps the dispatcher keeps waiting on a queue's broker list, at least: enough
     # that no worker waits for the dispatcher, few enough that a newcomer's step is near the
     # front. It grows to a quarter of the turns the queue's live workers can hold in flight
-    # (each announces its pool's limit), so hundreds of green slots fill in few passes.
+    # (each announces its pool's limit), so hundreds of green slots fill in few passes, and
+    # deeper still while the workers empty it between two passes (dispatcher.py, `Depths`).
     dispatch_depth: int = Field(default=16, ge=1, le=10_000)
     # Eager continuation: a turn whose commit queues its run's next step may run that step at
     # once, in the same worker, while fair share would pick it anyway (no other tenant waiting

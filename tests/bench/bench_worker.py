@@ -213,6 +213,10 @@ class Round:
     cpu_s: float  # the worker processes' CPU time (user + system) over the timed window
     split: Split  # where that CPU went, and the servers' own
     rewrites: int = 0  # AOF rewrites of the store or the broker under way in the window
+    # Deliveries running, mean over each process's span, summed; and the seconds a process
+    # sat idle with a slot free, summed (counted_worker.idle_split)
+    in_flight: float = 0.0
+    idle_free_s: float = 0.0
 
     @property
     def rate(self) -> float:
@@ -258,6 +262,11 @@ def pool_processes() -> int:
     """How many processes run the tasks: the pool processes of the two workers (prefork), or
     the two workers themselves (a green pool, whose turns run in its main process)."""
     return 2 * int(POOL[1]) if POOL[0] == "prefork" else 2
+
+
+def pool_slots() -> int:
+    """The slots of the two workers: their pool processes, or their greenlets."""
+    return 2 * int(POOL[1])
 
 
 def server_cpu_s(url: str) -> float:
@@ -385,7 +394,8 @@ def support_round(
         seconds, turns, sum(t["round_trips"] for t in totals),
         sum(t["tool_round_trips"] for t in totals), gaps,
         max((t.get("idle_with_free_slots_s", 0.0) for t in totals), default=0.0), cpu, split,
-        rewrites,
+        rewrites, sum(t.get("idle_split", {}).get("mean_in_flight", 0.0) for t in totals),
+        sum(t.get("idle_split", {}).get("idle_free_s", 0.0) for t in totals),
     )  # fmt: skip
 
 
@@ -595,7 +605,11 @@ def main() -> None:
                 rewrites[c].append(measured.rewrites)
                 cpu[c].append(measured.cpu_ms_per_turn)
                 if c == configs[0]:
-                    splits.append(f"{label[c]}: {measured.split.per(measured.turns)}")
+                    splits.append(
+                        f"{label[c]}: {measured.split.per(measured.turns)}; deliveries "
+                        f"running {measured.in_flight:.1f} of {pool_slots()} (mean), the "
+                        f"workers idle with a slot free {measured.idle_free_s:.2f} s"
+                    )
             length = round(turns_by[configs[0]] / args.runs)
             noop_seconds, noop_split = noop_round(servers["everysec"][0], args.runs, length, work)
             noop_rate = args.runs * length / noop_seconds

@@ -214,6 +214,7 @@ def _write(**kwargs: Any) -> None:
                 "gaps": gaps,
                 "gc": gc_passes,
                 "idle_with_free_slots_s": idle_with_free_slots(),
+                "idle_split": idle_split(),
             }
         )
     )
@@ -232,6 +233,30 @@ def idle_with_free_slots() -> float:
         if t_next <= last_start and in_flight < concurrency:
             longest = max(longest, (t_next - t) - (busy_next - busy))
     return longest
+
+
+def idle_split() -> dict[str, float]:
+    """Over the window from this process's first task start to its last end: its length, the
+    mean tasks in flight, and the seconds the process sat idle (neither ran nor waited for a
+    core) with a slot free and with every slot taken."""
+    concurrency = int(os.environ.get("TURNSTILE_CONCURRENCY", "1")) if GREEN else 1
+    free = full = weighted = 0.0
+    in_flight = 0
+    for (t, d, busy), (t_next, _, busy_next) in itertools.pairwise(slots):
+        in_flight += d
+        idle = max(0.0, (t_next - t) - (busy_next - busy))
+        weighted += in_flight * (t_next - t)
+        if in_flight < concurrency:
+            free += idle
+        else:
+            full += idle
+    span = slots[-1][0] - slots[0][0] if slots else 0.0
+    return {
+        "span_s": span,
+        "mean_in_flight": weighted / max(1e-9, span),
+        "idle_free_s": free,
+        "idle_full_s": full,
+    }
 
 
 @signals.worker_shutdown.connect

@@ -24,7 +24,8 @@ from turnstile.worker.scheduling import fair
 from turnstile.worker.scheduling.dispatcher import DEPTH_SHARE, Dispatcher
 from turnstile.worker.scheduling.sweeper import Sweeper
 from turnstile.worker.settings import Settings
-from turnstile.worker.store import keys
+from turnstile.worker.store import keys, pending
+from turnstile.worker.store.values import server_ms
 
 pytestmark = pytest.mark.integration
 
@@ -213,6 +214,49 @@ def test_a_pass_takes_no_more_than_each_tenant_has_pending(
         assert sent == [first, second, first, first]
         assert sorted(asked) == sorted([first] * 4 + [second] * 2)
         assert fair.tenant_view(client.client, first, [queue]).waiting == 0
+
+
+def test_a_list_its_workers_empty_between_passes_is_kept_deeper(unique: str) -> None:
+    """The dispatcher keeps a queue's broker list at its base depth (a quarter of its live
+    workers' capacity here) until a pass finds it empty after the pass before filled it (the
+    workers took every step before the dispatcher came back): it then doubles, up to the
+    workers' capacity; a pass that finds more than half of it still there halves it back, and
+    a list found empty after a pass that had less to send does not grow. The broker list is
+    the publish callback's, emptied as workers would take its steps. On a server of its own,
+    as the test above."""
+    queue, tenant = f"deep-{unique}", f"d-{unique}"
+    with EmbeddedServer() as server:
+        client = client_for(server.url)
+        for _ in range(150):
+            client.submit(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue)
+        pending.announce_capacity(
+            client.client, "w1", [queue], 64, server_ms(client.client) + 60_000
+        )
+        broker: list[str] = []
+        config = Settings(redis_url=server.url, dispatch_depth=4)
+        dispatcher = Dispatcher(
+            client.client, lambda q: len(broker), config,
+            lambda batch: broker.extend(m.run_id for m, _, _ in batch),
+        )  # fmt: skip
+        assert dispatcher.wanted_depth(queue) == 64 // DEPTH_SHARE
+
+        def taken(n: int | None = None) -> None:
+            del broker[: len(broker) if n is None else n]
+
+        assert dispatcher.dispatch() == 16  # the base
+        taken()
+        assert dispatcher.dispatch() == 32  # found empty after a full pass: doubled
+        taken()
+        assert dispatcher.dispatch() == 64  # again, up to the workers' capacity
+        taken(10)
+        assert dispatcher.dispatch() == 0  # 54 still there, more than half of 64: halved to 32
+        taken()
+        assert dispatcher.dispatch() == 32  # the pass before sent nothing: it stays at 32
+        taken()
+        assert dispatcher.dispatch() == 6  # doubled to 64 again, and the last 6 are sent
+        taken()
+        assert dispatcher.dispatch() == 0
+        assert fair.tenant_view(client.client, tenant, [queue]).waiting == 0
 
 
 def test_a_step_lost_by_the_dispatcher_is_sent_again(redis_url: str, unique: str) -> None:

@@ -2,7 +2,8 @@
 
 One dispatcher at a time (a thread in each worker's main process, beside the sweeper; a lock
 elects it) keeps each queue's broker list about `dispatch_depth` long (or a DEPTH_SHARE of the
-turns its live workers announce they can hold, if more), taking steps from the tenants round
+turns its live workers announce they can hold, if more; deeper while the workers empty it
+between two passes, see `Depths`), taking steps from the tenants round
 robin (`weight` consecutive steps each, a weighted round robin) and skipping a tenant at its
 cap on turns in flight or on active runs. A take (pop + slot) is one script (fair_take.lua); a
 dispatcher that dies between it and the publish loses that message, and the run's pickup lease
@@ -54,6 +55,11 @@ CAPACITY_TTL_MS = 10_000  # an announcement not renewed this long is a worker go
 # then refills it in batches as large as the turns that end meanwhile, so a green worker's
 # hundreds of slots do not wait on passes of a few steps each.
 DEPTH_SHARE = 4
+# And deeper while its workers drain it between two passes (`Depths`): a pass finds the list
+# empty after the pass before filled it, so the workers waited on the dispatcher (whose pass,
+# a greenlet of a busy green worker, took 10-70 ms: 16 steps a pass fed 300 a second).
+# Held at its ceiling (the workers' capacity), a list's capacity is read again this often.
+CEILING_EVERY_S = 0.1
 # After a pass, the dispatcher lets the nudges of this long gather before the next: at
 # hundreds of commits a second, a pass per nudge would send a step or two for a pass's five
 # round trips; this way a pass sends what ended meanwhile, and a step waits at most this more.
@@ -93,6 +99,41 @@ class RoundRobin:
         self.credit = 0
 
 
+class Depths:
+    """How deep the dispatcher keeps each queue's broker list: its base (`dispatch_depth`, or a
+    DEPTH_SHARE of the turns its live workers can hold in flight if more), doubled at a pass
+    that finds the list empty though the pass before filled it (every step sent was taken
+    before the dispatcher came back: the workers waited on it), up to the turns its live
+    workers can hold in flight, and halved back toward the base at a pass that finds more
+    than half of it still there. A step sent to a list that its workers empty between two
+    passes waits no longer behind the others than a pass, so a deeper list costs a newcomer
+    nothing then; once the workers keep up, the list shrinks back to its base."""
+
+    def __init__(self) -> None:
+        self.wanted: dict[str, int] = {}  # queue -> the depth wanted now
+        self.filled: set[str] = set()  # queues whose last pass sent all the room it had
+
+    def room(self, queue: str, base: int, ceiling: int, on_broker: int | None) -> int:
+        """The steps to send now to the queue, whose list holds `on_broker` (None: not known,
+        the list is then kept at its base as if empty)."""
+        if on_broker is None:
+            return base
+        wanted = max(base, self.wanted.get(queue, base))
+        if on_broker == 0 and queue in self.filled:
+            wanted = max(base, min(ceiling, 2 * wanted))
+        elif on_broker > wanted // 2:
+            wanted = max(base, wanted // 2)
+        self.wanted[queue] = wanted
+        return wanted - on_broker
+
+    def sent(self, queue: str, room: int, sent: int) -> None:
+        """What the pass over the queue sent of its room."""
+        if room > 0 and sent >= room:
+            self.filled.add(queue)
+        else:
+            self.filled.discard(queue)
+
+
 class Dispatcher:
     """Feeds each queue's broker list from the tenants' pending lists, fairly."""
 
@@ -118,7 +159,9 @@ class Dispatcher:
         # This worker, as it announces itself: its name, its queues, its turns in flight.
         self.capacity: tuple[str, list[str], int] | None = None
         self.announced = 0.0
-        self.depths: dict[str, tuple[float, int]] = {}  # queue -> (when read, depth wanted)
+        # queue -> (when read, its base depth, its live workers' turns in flight)
+        self.depths: dict[str, tuple[float, int, int]] = {}
+        self.deeper = Depths()
         self.linger_s = 0.0 if config.durability == Durability.REPLICA else LINGER_S
         self.slot_extra_ms = slot_extra_ms(config)
         self.sent_window_ms = sent_window_ms(config)
@@ -161,17 +204,30 @@ class Dispatcher:
         self.announced = now
 
     def wanted_depth(self, queue: str) -> int:
-        """How many steps to keep on the queue's broker list: `dispatch_depth`, or a
-        DEPTH_SHARE of the turns its live workers can hold in flight if that is more (read
-        at most once a second)."""
+        """How many steps to keep on the queue's broker list at least (its base, see
+        `Depths`): `dispatch_depth`, or a DEPTH_SHARE of the turns its live workers can hold
+        in flight if that is more (read at most once a second)."""
+        return self._capacity(queue)[0]
+
+    def _capacity(self, queue: str, every_s: float = 1.0) -> tuple[int, int]:
+        """The queue's base depth and the most its list is kept deep: the turns its live
+        workers can hold in flight (the base, if more), read at most once every `every_s`."""
         now = time.monotonic()
-        read_at, depth = self.depths.get(queue, (0.0, 0))
-        if now - read_at < 1.0:
-            return depth
-        slots = pending.live_capacity(self.client, queue)
-        depth = max(self.config.dispatch_depth, slots // DEPTH_SHARE)
-        self.depths[queue] = (now, depth)
-        return depth
+        read_at, depth, slots = self.depths.get(queue, (0.0, 0, 0))
+        if now - read_at >= every_s:
+            slots = pending.live_capacity(self.client, queue)
+            depth = max(self.config.dispatch_depth, slots // DEPTH_SHARE)
+            self.depths[queue] = (now, depth, slots)
+        return depth, max(depth, slots)
+
+    def room(self, queue: str) -> int:
+        """How many steps to send to the queue now (see `Depths`)."""
+        base, ceiling = self._capacity(queue)
+        if self.deeper.wanted.get(queue, 0) >= ceiling > base:
+            # Held at the workers' capacity: read it sooner (a worker that just started).
+            base, ceiling = self._capacity(queue, CEILING_EVERY_S)
+        on_broker = None if self.broker_depth is None else self.broker_depth(queue)
+        return self.deeper.room(queue, base, ceiling, on_broker)
 
     def dispatch(self) -> int:
         """One pass over every queue; returns how many steps were sent to the broker. A
@@ -184,9 +240,10 @@ class Dispatcher:
             if queue in self.broken and now < self.broken[queue][1]:
                 continue
             try:
-                room = self.wanted_depth(queue) - self.depth(queue)
-                if room > 0:
-                    sent += self._fill(queue, room)
+                room = self.room(queue)
+                filled = self._fill(queue, room) if room > 0 else 0
+                self.deeper.sent(queue, room, filled)
+                sent += filled
             except redis.ResponseError as exc:  # the queue's keys, not the store: skip it
                 self._broken(queue, str(exc))
             else:
