@@ -220,8 +220,9 @@ def test_a_list_its_workers_empty_between_passes_is_kept_deeper(unique: str) -> 
     """The dispatcher keeps a queue's broker list at its base depth (a quarter of its live
     workers' capacity here) until a pass finds it empty after the pass before filled it (the
     workers took every step before the dispatcher came back): it then doubles, up to the
-    workers' capacity; a pass that finds more than half of it still there halves it back, and
-    a list found empty after a pass that had less to send does not grow. The broker list is
+    workers' capacity; a pass that finds more than half of it still there halves it back, a
+    list found empty after a pass that sent nothing does not grow, and one whose pending steps
+    ran out goes back to its base. The broker list is
     the publish callback's, emptied as workers would take its steps. On a server of its own,
     as the test above."""
     queue, tenant = f"deep-{unique}", f"d-{unique}"
@@ -254,9 +255,11 @@ def test_a_list_its_workers_empty_between_passes_is_kept_deeper(unique: str) -> 
         assert dispatcher.dispatch() == 32  # the pass before sent nothing: it stays at 32
         taken()
         assert dispatcher.dispatch() == 6  # doubled to 64 again, and the last 6 are sent
-        taken()
-        assert dispatcher.dispatch() == 0
         assert fair.tenant_view(client.client, tenant, [queue]).waiting == 0
+        taken()
+        for _ in range(40):
+            client.submit(tenant, USER, "support", GOAL, ZERO_LATENCY, queue=queue)
+        assert dispatcher.dispatch() == 16  # the steps had run out: back to the base
 
 
 def test_a_step_lost_by_the_dispatcher_is_sent_again(redis_url: str, unique: str) -> None:

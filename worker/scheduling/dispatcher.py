@@ -105,9 +105,12 @@ class Depths:
     that finds the list empty though the pass before filled it (every step sent was taken
     before the dispatcher came back: the workers waited on it), up to the turns its live
     workers can hold in flight, and halved back toward the base at a pass that finds more
-    than half of it still there. A step sent to a list that its workers empty between two
-    passes waits no longer behind the others than a pass, so a deeper list costs a newcomer
-    nothing then; once the workers keep up, the list shrinks back to its base."""
+    than half of it still there; a pass that had less to send than its room (the pending steps
+    ran out) sets it back to the base. A step sent to a list that its workers empty between
+    two passes waits no longer behind the others than a pass, so a deeper list costs a
+    newcomer nothing then. At worst, when the workers stop keeping up just after the list
+    grew, a newcomer waits behind up to the workers' capacity of steps (every slot turning
+    over once) instead of a DEPTH_SHARE of it, and the list shrinks back from the next pass."""
 
     def __init__(self) -> None:
         self.wanted: dict[str, int] = {}  # queue -> the depth wanted now
@@ -130,8 +133,10 @@ class Depths:
         """What the pass over the queue sent of its room."""
         if room > 0 and sent >= room:
             self.filled.add(queue)
-        else:
-            self.filled.discard(queue)
+            return
+        self.filled.discard(queue)
+        if room > 0:  # less pending than room: nothing to keep up with
+            self.wanted.pop(queue, None)
 
 
 class Dispatcher:
