@@ -121,7 +121,8 @@ class Depths:
         the list is then kept at its base as if empty)."""
         if on_broker is None:
             return base
-        wanted = max(base, self.wanted.get(queue, base))
+        # Within the ceiling as it is now: workers that left take the depth they made with them.
+        wanted = min(ceiling, max(base, self.wanted.get(queue, base)))
         if on_broker == 0 and queue in self.filled:
             wanted = max(base, min(ceiling, 2 * wanted))
         elif on_broker > wanted // 2:
