@@ -25,6 +25,9 @@ from tests.integration.workers import (
 from turnstile.jobs.support.scenarios import BY_LETTER, GOAL, USER
 from turnstile.worker.cli.main import app
 from turnstile.worker.dev.embedded import EmbeddedServer
+from turnstile.worker.ops import flags
+from turnstile.worker.ops.subjects import Subject
+from turnstile.worker.store import controls
 from turnstile.worker.store.durability import DurabilityRefusedError
 from turnstile.worker.store.runs import NotDurableError
 
@@ -222,8 +225,9 @@ def test_a_killed_server_keeps_every_acknowledged_write(
     aof_server: EmbeddedServer, unique: str
 ) -> None:
     """With durability `aof`, the server is SIGKILLed right after acknowledged submissions,
-    approvals and denials and restarted on the same AOF directory: every acknowledged run,
-    decision and outcome an observer saw is still there."""
+    approvals and denials (its tenant paused first) and restarted on the same AOF directory:
+    every acknowledged run, decision, outcome and flag an observer saw is still there, and
+    the approved runs complete once the tenant is resumed."""
     queue, idle, tenant = f"dur-{unique}", f"idle-{unique}", f"t-{unique}"
     env = {"TURNSTILE_DURABILITY": "aof"}
     client = client_for(aof_server.url, durability="aof")
@@ -239,6 +243,10 @@ def test_a_killed_server_keeps_every_acknowledged_write(
             what="runs to suspend or end",
         )
         seen = {r: _outcome(client, r) for r in plain}  # what an observer was shown
+        # The tenant paused first, so no turn of an approved run is cut by the kill: a kill
+        # in the middle of one would fail its approved call (an observation for the model,
+        # which asks again: a new approval) instead of testing what the server keeps.
+        flags.pause(client, Subject(tenant=tenant), by="ann")
         denied = [client.deny(r, by="ann", reason="no").outcome for r in held[:2]]
         assert denied == ["approval_denied", "approval_denied"]
         for run_id in held[2:]:
@@ -257,6 +265,8 @@ def test_a_killed_server_keeps_every_acknowledged_write(
         for run_id in late:
             assert _outcome(after, run_id) == ("running", "")
         assert _runs(aof_server.url, tenant) == len(held) + len(plain) + len(late)
+        assert controls.tenant_paused(after.client, tenant)  # the pause was acknowledged too
+        flags.resume(after, Subject(tenant=tenant), by="ann")
         # The worker reconnects (Celery's broker backoff), the sweeper re-sends what the kill
         # lost: seconds alone, more after the other drills of the serial part.
         wait_until(
