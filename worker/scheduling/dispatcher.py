@@ -124,7 +124,7 @@ class Depths:
         # Within the ceiling as it is now: workers that left take the depth they made with them.
         wanted = min(ceiling, max(base, self.wanted.get(queue, base)))
         if on_broker == 0 and queue in self.filled:
-            wanted = max(base, min(ceiling, 2 * wanted))
+            wanted = min(ceiling, 2 * wanted)  # the ceiling is never under the base
         elif on_broker > wanted // 2:
             wanted = max(base, wanted // 2)
         self.wanted[queue] = wanted
