@@ -37,8 +37,15 @@ import uuid
 from typing import Any
 
 import psutil
-import psycopg
-from dbos import DBOS, DBOSClient, DBOSConfig, EnqueueOptions
+
+try:
+    import psycopg
+    from dbos import DBOS, DBOSClient, DBOSConfig, EnqueueOptions
+except ImportError:
+    sys.exit(
+        "bench_peer_dbos needs DBOS, which is not one of Turnstile's dependencies: "
+        "uv run --with dbos==3.4.0 python -m tests.bench.bench_peer_dbos"
+    )
 
 STEPS = 5  # a run's durable steps, as a support run's turns
 QUEUE = "bench"
@@ -92,7 +99,12 @@ def _postgres_cpu_s() -> float:
 def dbos_round(pg: str, mode: str, runs: int, concurrency: int) -> dict[str, float]:
     """One round of one mode on a database of its own, dropped after."""
     db = f"turnstile_peer_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(f"{pg}/postgres", autocommit=True) as admin:
+    try:
+        admin = psycopg.connect(f"{pg}/postgres", autocommit=True)
+    except psycopg.OperationalError as exc:
+        sys.exit(f"bench_peer_dbos needs a PostgreSQL server it may create databases on "
+                 f"(--pg {pg}): {str(exc).strip().splitlines()[0]}")  # fmt: skip
+    with admin:
         admin.execute(f"CREATE DATABASE {db}")
         if mode == "async":
             admin.execute(f"ALTER DATABASE {db} SET synchronous_commit TO off")
