@@ -9,13 +9,21 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
+import pytest
 import redis
 
+from turnstile.worker.dev.embedded import EmbeddedServer
 from turnstile.worker.runtime.hooks import RedisHooksHook, worker_hooks
 from turnstile.worker.runtime.services import WorkerServices
 from turnstile.worker.settings import Settings
-from turnstile.worker.store.connect import connect_with_timeout, driver_info
+from turnstile.worker.store.connect import (
+    UNNAMED,
+    connect_with_timeout,
+    driver_info,
+    open_connection,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -95,12 +103,47 @@ def test_a_store_client_tells_the_server_redis_py_s_name_and_version_read_once(
         assert {(info["lib-name"], info["lib-ver"]) for info in told} == {
             ("redis-py", redis.__version__)
         }
-        for client in ours:
-            conn = client.connection_pool.get_connection()
+        for client in ours:  # redis-py's handshake tells nothing itself: no DriverInfo per
+            conn = client.connection_pool.get_connection()  # connection, no metadata read
             try:
-                assert conn.driver_info is driver_info()
+                assert conn.driver_info is UNNAMED
+                # redis-py types the function as taking nothing; it is called with the connection
+                assert cast(object, conn.redis_connect_func) is open_connection
             finally:
                 client.connection_pool.release(conn)
+        assert driver_info().lib_version == redis.__version__
     finally:
         for client in (*ours, plain):
             client.close()
+
+
+def test_a_store_connection_opens_with_no_ping_and_keeps_its_auth_and_database() -> None:
+    """A new connection of a store client (connect.py `open_connection`) opens with redis-py's
+    handshake and no health-check PING before it: the server counts HELLO and the two CLIENT
+    SETINFO (three commands) where redis-py with the same health check counts a PING more. A
+    URL's user, password and database still hold (its own server: the test adds a user)."""
+    with EmbeddedServer() as server:
+        admin = redis.Redis.from_url(server.url, decode_responses=True)
+        ours = connect_with_timeout(server.url, 2.0, max_connections=4)
+        theirs = redis.Redis.from_url(server.url, decode_responses=True, health_check_interval=30)
+        admin.acl_setuser("probe", enabled=True, passwords=["+s3cret"], keys=["*"],
+                          commands=["+@all"])  # fmt: skip
+        url = server.url.replace("redis://", "redis://probe:s3cret@") + "/2"
+        signed = connect_with_timeout(url, 2.0, max_connections=4)
+        wrong = connect_with_timeout(url.replace("s3cret", "wrong"), 2.0, max_connections=4)
+        try:
+            told = ours.client_info()
+            assert told["tot-cmds"] == "3"  # HELLO, SETINFO twice (this one not yet counted)
+            assert theirs.client_info()["tot-cmds"] == "4"  # the PING first
+            assert (told["lib-name"], told["lib-ver"]) == ("redis-py", redis.__version__)
+            told = signed.client_info()
+            assert told["tot-cmds"] == "4"  # HELLO with AUTH, SELECT, SETINFO twice
+            assert (told["user"], told["db"], told["lib-name"]) == ("probe", 2, "redis-py")
+            signed.set("probe:key", "here")
+            with redis.Redis.from_url(server.url + "/2", decode_responses=True) as db2:
+                assert db2.get("probe:key") == "here"
+            with pytest.raises(redis.AuthenticationError):
+                wrong.ping()
+        finally:
+            for client in (ours, theirs, signed, wrong, admin):
+                client.close()
